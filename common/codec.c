@@ -1,0 +1,195 @@
+/*
+ * The codec's public entry points: argument checks, the choice of instruction
+ * set, and the split of each call between a vector kernel and the scalar one.
+ */
+#include "common/codec.h"
+
+#include "common/codec_kernels.h"
+#include "common/err.h"
+#include "common/pack.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+struct kernels {
+	size_t (*quantize)(const struct aps_format *f, const float *x, size_t n, int k,
+	                   uint8_t *out, struct aps_codec_stats *st);
+	size_t (*decode)(const struct aps_format *f, const uint8_t *codes, size_t n, int k,
+	                 float *out, bool accumulate);
+	float (*maxabs)(const float *x, size_t n);
+};
+
+static enum aps_codec_isa current_isa = APS_ISA_AUTO;
+
+static const char *const isa_names[] = {
+	[APS_ISA_AUTO] = "auto",
+	[APS_ISA_SCALAR] = "scalar",
+	[APS_ISA_AVX2] = "avx2",
+	[APS_ISA_AVX512] = "avx512",
+};
+
+static bool cpu_has(enum aps_codec_isa isa)
+{
+	switch (isa) {
+	case APS_ISA_AUTO:
+	case APS_ISA_SCALAR:
+		return true;
+#if defined(APS_HAVE_X86_KERNELS)
+	case APS_ISA_AVX2:
+		return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+	case APS_ISA_AVX512:
+		return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+		       __builtin_cpu_supports("avx512vl");
+#else
+	default:
+		return false;
+#endif
+	}
+	return false;
+}
+
+static enum aps_codec_isa best_isa(void)
+{
+	if (cpu_has(APS_ISA_AVX512))
+		return APS_ISA_AVX512;
+	if (cpu_has(APS_ISA_AVX2))
+		return APS_ISA_AVX2;
+	return APS_ISA_SCALAR;
+}
+
+static enum aps_codec_isa isa_from_env(void)
+{
+	const char *want = getenv("APS_CODEC_ISA");
+
+	if (want == NULL)
+		return best_isa();
+	for (int i = APS_ISA_SCALAR; i <= APS_ISA_AVX512; i++) {
+		if (strcmp(want, isa_names[i]) == 0 && cpu_has((enum aps_codec_isa)i))
+			return (enum aps_codec_isa)i;
+	}
+	return best_isa();
+}
+
+enum aps_codec_isa aps_codec_get_isa(void)
+{
+	if (current_isa == APS_ISA_AUTO)
+		current_isa = isa_from_env();
+	return current_isa;
+}
+
+int aps_codec_set_isa(enum aps_codec_isa isa)
+{
+	if (isa < APS_ISA_AUTO || isa > APS_ISA_AVX512 || !cpu_has(isa))
+		return APS_EINVAL;
+	current_isa = isa == APS_ISA_AUTO ? best_isa() : isa;
+	return 0;
+}
+
+const char *aps_codec_isa_name(enum aps_codec_isa isa)
+{
+	if (isa < APS_ISA_AUTO || isa > APS_ISA_AVX512)
+		return "unknown";
+	return isa_names[isa];
+}
+
+static const struct kernels *vector_kernels(void)
+{
+#if defined(APS_HAVE_X86_KERNELS)
+	static const struct kernels avx2 = { aps_avx2_quantize, aps_avx2_decode, aps_avx2_maxabs };
+	static const struct kernels avx512 = { aps_avx512_quantize, aps_avx512_decode,
+		                               aps_avx512_maxabs };
+
+	switch (aps_codec_get_isa()) {
+	case APS_ISA_AVX2:
+		return &avx2;
+	case APS_ISA_AVX512:
+		return &avx512;
+	default:
+		break;
+	}
+#endif
+	return NULL;
+}
+
+static bool scale_ok(int k)
+{
+	return k >= -APS_CODEC_SCALE_MAX && k <= APS_CODEC_SCALE_MAX;
+}
+
+int aps_codec_quantize(const struct aps_format *f, const float *x, size_t n,
+                       const struct aps_quant_opts *opts, uint8_t *out, size_t out_len,
+                       struct aps_codec_stats *stats)
+{
+	const struct kernels *vk = vector_kernels();
+	struct aps_quant_opts tail_opts;
+	struct aps_codec_stats st = { 0 };
+	size_t done = 0;
+
+	if (f == NULL || opts == NULL || (n > 0 && (x == NULL || out == NULL)))
+		return APS_EINVAL;
+	if (!scale_ok(opts->scale_exp))
+		return APS_ERANGE;
+	if (out_len < aps_format_packed_size(f, n))
+		return APS_ESHORT;
+	if (vk != NULL && opts->rounding == APS_ROUND_NEAREST)
+		done = vk->quantize(f, x, n, opts->scale_exp, out, &st);
+	tail_opts = *opts;
+	tail_opts.index0 += done;
+	aps_scalar_quantize(f, x + done, n - done, &tail_opts,
+	                    out + aps_format_packed_size(f, done), &st);
+	if (stats != NULL)
+		*stats = st;
+	return 0;
+}
+
+static int decode(const struct aps_format *f, const uint8_t *codes, size_t codes_len, size_t n,
+                  int k, float *out, bool accumulate)
+{
+	const struct kernels *vk = vector_kernels();
+	size_t done = 0;
+
+	if (f == NULL || (n > 0 && (codes == NULL || out == NULL)))
+		return APS_EINVAL;
+	if (!scale_ok(k))
+		return APS_ERANGE;
+	if (codes_len < aps_format_packed_size(f, n))
+		return APS_ESHORT;
+	if (vk != NULL)
+		done = vk->decode(f, codes, n, k, out, accumulate);
+	aps_scalar_decode(f, codes + aps_format_packed_size(f, done), n - done, k, out + done,
+	                  accumulate);
+	return 0;
+}
+
+int aps_codec_dequantize(const struct aps_format *f, const uint8_t *codes, size_t codes_len,
+                         size_t n, int scale_exp, float *out)
+{
+	return decode(f, codes, codes_len, n, scale_exp, out, false);
+}
+
+int aps_codec_accumulate(const struct aps_format *f, const uint8_t *codes, size_t codes_len,
+                         size_t n, int scale_exp, float *acc)
+{
+	return decode(f, codes, codes_len, n, scale_exp, acc, true);
+}
+
+float aps_codec_maxabs(const float *x, size_t n)
+{
+	const struct kernels *vk = vector_kernels();
+
+	if (x == NULL || n == 0)
+		return 0.0f;
+	if (vk != NULL)
+		return vk->maxabs(x, n);
+	return aps_scalar_maxabs(x, n);
+}
+
+size_t aps_codec_count_nonfinite(const struct aps_format *f, const uint8_t *codes, size_t n)
+{
+	struct aps_bitreader r = { .in = codes };
+	size_t count = 0;
+
+	for (size_t i = 0; i < n; i++)
+		count += aps_format_code_is_nonfinite(f, aps_bitreader_get(&r, f->bits));
+	return count;
+}

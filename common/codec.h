@@ -1,0 +1,82 @@
+/*
+ * The low-precision codec: fp32 values times 2^k to packed codes and back.
+ *
+ * Semantics are APS.md section 1, bit for bit, on every path: round to nearest
+ * with ties to even (or stochastic rounding), subnormals, saturation judged
+ * after rounding, signed zeros, canonical NaN. Codes are packed densely in a
+ * little-endian bit stream (DESIGN.md). The scalar path is the reference; the
+ * AVX2 and AVX-512 paths are chosen at run time and give the same bits.
+ */
+#ifndef APS_COMMON_CODEC_H
+#define APS_COMMON_CODEC_H
+
+#include "common/format.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Scale exponents outside this range are rejected with APS_ERANGE. */
+#define APS_CODEC_SCALE_MAX 320
+
+enum aps_rounding {
+	APS_ROUND_NEAREST = 0,
+	APS_ROUND_STOCHASTIC = 1,
+};
+
+struct aps_quant_opts {
+	int scale_exp; /* k: values are quantized as x * 2^k */
+	enum aps_rounding rounding;
+	uint64_t seed;   /* stochastic rounding: run seed */
+	uint64_t stream; /* stochastic rounding: tensor and step */
+	uint64_t index0; /* stochastic rounding: global index of x[0] */
+};
+
+/* Per-call counts; a caller that accumulates over calls adds them up. */
+struct aps_codec_stats {
+	uint64_t overflow;  /* finite inputs that saturated to +-max finite */
+	uint64_t nonfinite; /* inf and NaN inputs */
+	uint64_t flushed;   /* non-zero finite inputs that became zero */
+	float maxabs;       /* largest |x| over finite inputs (before scaling) */
+};
+
+/* Instruction sets a caller may pin the codec to (tests, benchmarks). */
+enum aps_codec_isa {
+	APS_ISA_AUTO = 0,
+	APS_ISA_SCALAR,
+	APS_ISA_AVX2,
+	APS_ISA_AVX512,
+};
+
+/*
+ * Quantizes n values x[i] * 2^k into packed codes in out (out_len bytes, at
+ * least aps_format_packed_size(f, n)). stats may be NULL. Returns 0,
+ * APS_EINVAL, APS_ESHORT or APS_ERANGE (|k| > APS_CODEC_SCALE_MAX).
+ */
+int aps_codec_quantize(const struct aps_format *f, const float *x, size_t n,
+                       const struct aps_quant_opts *opts, uint8_t *out, size_t out_len,
+                       struct aps_codec_stats *stats);
+
+/* out[i] = decode(code i) * 2^-k, rounded once to fp32. Same errors. */
+int aps_codec_dequantize(const struct aps_format *f, const uint8_t *codes, size_t codes_len,
+                         size_t n, int scale_exp, float *out);
+
+/* acc[i] += decode(code i) * 2^-k, each product rounded to fp32 before the add. */
+int aps_codec_accumulate(const struct aps_format *f, const uint8_t *codes, size_t codes_len,
+                         size_t n, int scale_exp, float *acc);
+
+/* Largest |x[i]| over finite values; 0 for n == 0. */
+float aps_codec_maxabs(const float *x, size_t n);
+
+/* Counts inf and NaN codes in a packed buffer of n codes. */
+size_t aps_codec_count_nonfinite(const struct aps_format *f, const uint8_t *codes, size_t n);
+
+/*
+ * Pins the codec to an instruction set. Returns APS_EINVAL when the CPU lacks
+ * it. APS_ISA_AUTO picks the best one; the environment variable
+ * APS_CODEC_ISA=scalar|avx2|avx512 sets the initial choice.
+ */
+int aps_codec_set_isa(enum aps_codec_isa isa);
+enum aps_codec_isa aps_codec_get_isa(void);
+const char *aps_codec_isa_name(enum aps_codec_isa isa);
+
+#endif

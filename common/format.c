@@ -1,0 +1,153 @@
+/*
+ * Format descriptions: parsing names into the constants every codec path
+ * uses, and the exact value of a code. Encoding lives in codec_scalar.c.
+ */
+#include "common/format.h"
+
+#include "common/err.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#define FP32_EXP_BITS 8
+#define FP32_MAN_BITS 23
+
+static void fill_limits(struct aps_format *f)
+{
+	uint32_t exp_ones = (1u << f->exp_bits) - 1;
+	uint32_t man_ones = (1u << f->man_bits) - 1;
+
+	f->bits = (uint8_t)(1 + f->exp_bits + f->man_bits);
+	f->bias = (1 << (f->exp_bits - 1)) - 1;
+	f->emin = 1 - f->bias;
+	f->emax = f->fn ? f->bias + 1 : f->bias;
+	f->sign_bit = 1u << (f->bits - 1);
+	if (f->fn) {
+		f->inf_code = 0;
+		f->nan_code = (exp_ones << f->man_bits) | man_ones;
+		f->max_code = f->nan_code - 1;
+	} else {
+		f->inf_code = exp_ones << f->man_bits;
+		/* Y = 0 has no NaN code: NaN is encoded as inf (APS.md 1). */
+		f->nan_code = f->man_bits ? f->inf_code | (1u << (f->man_bits - 1)) : f->inf_code;
+		f->max_code = f->inf_code - 1;
+	}
+	f->max_finite = (float)aps_format_decode(f, f->max_code);
+	f->min_normal = (float)ldexp(1.0, f->emin);
+	f->min_subnormal = f->man_bits ? (float)ldexp(1.0, f->emin - f->man_bits) : 0.0f;
+}
+
+int aps_format_make(int exp_bits, int man_bits, bool fn, struct aps_format *out)
+{
+	bool is_fp32 = exp_bits == FP32_EXP_BITS && man_bits == FP32_MAN_BITS && !fn;
+	struct aps_format f = { 0 };
+
+	if (exp_bits < 2 || exp_bits > 8 || man_bits < 0)
+		return APS_EFORMAT;
+	if (1 + exp_bits + man_bits > 16 && !is_fp32)
+		return APS_EFORMAT;
+	/* The fn layout needs a mantissa to tell NaN from the largest normal. */
+	if (fn && man_bits == 0)
+		return APS_EFORMAT;
+	/* With X = 8 the fn layout's top binade would lie beyond fp32. */
+	if (fn && exp_bits == 8)
+		return APS_EFORMAT;
+	f.exp_bits = (uint8_t)exp_bits;
+	f.man_bits = (uint8_t)man_bits;
+	f.fn = fn;
+	fill_limits(&f);
+	snprintf(f.name, sizeof(f.name), "e%dm%d%s", exp_bits, man_bits, fn ? "fn" : "");
+	*out = f;
+	return 0;
+}
+
+static const struct {
+	const char *name;
+	int exp_bits, man_bits;
+	bool fn;
+} named_formats[] = {
+	{ "fp32", 8, 23, false }, { "bf16", 8, 7, false }, { "fp16", 5, 10, false },
+	{ "e5m2", 5, 2, false },  { "e4m3", 4, 3, false }, { "e4m3fn", 4, 3, true },
+	{ "e3m0", 3, 0, false },
+};
+
+static int parse_generic(const char *name, int *exp_bits, int *man_bits, bool *fn)
+{
+	char tail[4] = "";
+	int used = 0;
+
+	if (sscanf(name, "e%2dm%2d%n", exp_bits, man_bits, &used) != 2)
+		return APS_EFORMAT;
+	if (name[used] != '\0' && strcmp(name + used, "fn") != 0)
+		return APS_EFORMAT;
+	/* Reject "e04m3" and "e4m+3": digits only, no leading zeros. */
+	snprintf(tail, sizeof(tail), "%s", name + used);
+	char canon[APS_FORMAT_NAME_MAX];
+	snprintf(canon, sizeof(canon), "e%dm%d%s", *exp_bits, *man_bits, tail);
+	if (strcmp(canon, name) != 0)
+		return APS_EFORMAT;
+	*fn = tail[0] != '\0';
+	return 0;
+}
+
+int aps_format_parse(const char *name, struct aps_format *out)
+{
+	int exp_bits, man_bits, ret;
+	bool fn;
+
+	if (name == NULL || out == NULL)
+		return APS_EINVAL;
+	for (size_t i = 0; i < sizeof(named_formats) / sizeof(named_formats[0]); i++) {
+		if (strcmp(name, named_formats[i].name) != 0)
+			continue;
+		ret = aps_format_make(named_formats[i].exp_bits, named_formats[i].man_bits,
+		                      named_formats[i].fn, out);
+		if (ret == 0)
+			snprintf(out->name, sizeof(out->name), "%s", name);
+		return ret;
+	}
+	if (strlen(name) >= APS_FORMAT_NAME_MAX)
+		return APS_EFORMAT;
+	ret = parse_generic(name, &exp_bits, &man_bits, &fn);
+	if (ret < 0)
+		return ret;
+	return aps_format_make(exp_bits, man_bits, fn, out);
+}
+
+size_t aps_format_packed_size(const struct aps_format *f, size_t count)
+{
+	return (count * f->bits + 7) / 8;
+}
+
+bool aps_format_is_fp32(const struct aps_format *f)
+{
+	return f->bits == 32;
+}
+
+bool aps_format_code_is_nonfinite(const struct aps_format *f, uint32_t code)
+{
+	uint32_t mag = code & (f->sign_bit - 1);
+
+	if (f->fn)
+		return mag == f->nan_code;
+	return mag >= f->inf_code;
+}
+
+double aps_format_decode(const struct aps_format *f, uint32_t code)
+{
+	uint32_t mag = code & (f->sign_bit - 1);
+	uint32_t exp_field = mag >> f->man_bits;
+	uint32_t man = mag & ((1u << f->man_bits) - 1);
+	double sign = (code & f->sign_bit) ? -1.0 : 1.0;
+
+	if (aps_format_code_is_nonfinite(f, mag)) {
+		if (!f->fn && mag == f->inf_code)
+			return sign * INFINITY;
+		return NAN;
+	}
+	if (exp_field == 0)
+		return sign * ldexp((double)man, f->emin - f->man_bits);
+	return sign *
+	       ldexp((double)((1u << f->man_bits) | man), (int)exp_field - f->bias - f->man_bits);
+}

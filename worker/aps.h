@@ -1,0 +1,115 @@
+/*
+ * libaps: the apsd client library (C ABI).
+ *
+ * This release exports the low-precision codec: format information, quantize
+ * and dequantize with an APS scale exponent, and the exponent rules. Every
+ * function returns 0 (or a non-negative count) on success and a negative
+ * APS_E* code on failure; aps_strerror() names the code and aps_last_error()
+ * gives the detail of the calling thread's last failure. The library never
+ * prints. Buffers are always the caller's, with explicit lengths.
+ */
+#ifndef APS_H
+#define APS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "aps_errors.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** Version of the library, "MAJOR.MINOR.PATCH". Static string. */
+const char *aps_version(void);
+
+/** Detail of the calling thread's last failed call (static per thread, "" if none). */
+const char *aps_last_error(void);
+
+/** Description of a format, filled by aps_format_info. */
+struct aps_format_info {
+	char name[16];       /* canonical name: "e4m3", "fp16", "e2m5", ... */
+	uint32_t bits;       /* width of one packed code */
+	uint32_t exp_bits;   /* X */
+	uint32_t man_bits;   /* Y */
+	uint32_t fn;         /* 1 for the OCP "fn" layout (no inf), else 0 */
+	int32_t emax;        /* largest exponent of a finite value */
+	float max;           /* largest finite value */
+	float min_normal;    /* smallest normal value */
+	float min_subnormal; /* smallest subnormal value, 0 if none */
+};
+
+/**
+ * Describes the format named fmt ("fp32", "bf16", "fp16", "e5m2", "e4m3",
+ * "e4m3fn", "e3m0", or "eXmY" with 2 <= X <= 8 and 1+X+Y <= 16).
+ * Returns 0, APS_EINVAL (NULL argument) or APS_EFORMAT.
+ */
+int aps_format_info(const char *fmt, struct aps_format_info *out);
+
+/** Bytes that count packed codes of fmt occupy, or a negative APS_E* code. */
+int64_t aps_packed_size(const char *fmt, uint64_t count);
+
+enum aps_rounding_mode {
+	APS_ROUNDING_NEAREST = 0,    /* round to nearest, ties to even (default) */
+	APS_ROUNDING_STOCHASTIC = 1, /* reproducible: keyed by (seed, stream, index) */
+};
+
+/** Options of aps_quantize; a NULL pointer means all zero. */
+struct aps_quantize_opts {
+	int32_t scale_exp; /* k: the codes hold x * 2^k */
+	int32_t rounding;  /* enum aps_rounding_mode */
+	uint64_t seed;     /* stochastic rounding only */
+	uint64_t stream;   /* stochastic rounding only: e.g. tensor id and step */
+	uint64_t index0;   /* stochastic rounding only: global index of x[0] */
+};
+
+/** Counts of one aps_quantize call. */
+struct aps_quantize_stats {
+	uint64_t overflow;  /* finite values that saturated to +-max */
+	uint64_t nonfinite; /* inf and NaN inputs (inf saturates, NaN -> canonical NaN) */
+	uint64_t flushed;   /* non-zero values that became zero */
+	float maxabs;       /* largest |x| over finite inputs */
+};
+
+/**
+ * Quantizes x[0..n) times 2^opts->scale_exp to packed codes of fmt in out,
+ * which holds out_len bytes (at least aps_packed_size(fmt, n)). stats may be
+ * NULL. Returns 0, APS_EINVAL, APS_EFORMAT, APS_ESHORT or APS_ERANGE (scale
+ * exponent beyond +-320). Nothing is written past out_len.
+ */
+int aps_quantize(const char *fmt, const float *x, uint64_t n, const struct aps_quantize_opts *opts,
+                 uint8_t *out, uint64_t out_len, struct aps_quantize_stats *stats);
+
+/**
+ * Decodes n packed codes of fmt (codes_len bytes) times 2^-scale_exp into
+ * out[0..n). Exact, rounded once to fp32. Same errors as aps_quantize.
+ */
+int aps_dequantize(const char *fmt, const uint8_t *codes, uint64_t codes_len, uint64_t n,
+                   int32_t scale_exp, float *out);
+
+/** As aps_dequantize, but adds into acc[0..n) instead of overwriting it. */
+int aps_accumulate(const char *fmt, const uint8_t *codes, uint64_t codes_len, uint64_t n,
+                   int32_t scale_exp, float *acc);
+
+/** Largest |x[i]| over the finite values of x[0..n); 0 when there are none. */
+float aps_maxabs(const float *x, uint64_t n);
+
+enum aps_scaling_mode {
+	APS_SCALING_MODE_NONE = 0,   /* k = 0 */
+	APS_SCALING_MODE_LOCAL = 1,  /* largest k with no overflow for this data */
+	APS_SCALING_MODE_GLOBAL = 2, /* the paper: emax - ceil(log2(nworkers * max)) */
+};
+
+/**
+ * The APS scale exponent of x[0..n) for fmt under mode (k = 0 for an all-zero
+ * tensor). Non-finite values are ignored. Returns 0 and writes *k, or
+ * APS_EINVAL or APS_EFORMAT.
+ */
+int aps_exponent(const char *fmt, const float *x, uint64_t n, int32_t nworkers, int32_t mode,
+                 int32_t *k);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

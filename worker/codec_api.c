@@ -1,0 +1,181 @@
+/*
+ * The codec half of the public ABI (aps.h): argument checks with a detailed
+ * message, then the common/ codec. Formats are named by string at this
+ * boundary and parsed on each call (a few string compares).
+ */
+#include "worker/aps.h"
+
+#include "common/codec.h"
+#include "common/scale.h"
+#include "worker/api_error.h"
+
+#include <string.h>
+
+_Static_assert(APS_SCALING_MODE_LOCAL == (int)APS_SCALING_LOCAL, "scaling modes");
+_Static_assert(APS_SCALING_MODE_GLOBAL == (int)APS_SCALING_GLOBAL, "scaling modes");
+_Static_assert(APS_ROUNDING_STOCHASTIC == (int)APS_ROUND_STOCHASTIC, "rounding modes");
+
+const char *aps_version(void)
+{
+	return APS_VERSION;
+}
+
+static int parse_format(const char *fmt, struct aps_format *f)
+{
+	if (fmt == NULL)
+		return aps_api_fail(APS_EINVAL, "format name is NULL");
+	if (aps_format_parse(fmt, f) < 0)
+		return aps_api_fail(APS_EFORMAT,
+		                    "'%.32s' is not a format (fp32, bf16, fp16, e5m2, e4m3, "
+		                    "e4m3fn, e3m0, or eXmY with 2<=X<=8 and 1+X+Y<=16)",
+		                    fmt);
+	return 0;
+}
+
+int aps_format_info(const char *fmt, struct aps_format_info *out)
+{
+	struct aps_format f;
+	int ret = parse_format(fmt, &f);
+
+	if (ret < 0)
+		return ret;
+	if (out == NULL)
+		return aps_api_fail(APS_EINVAL, "output is NULL");
+	memset(out, 0, sizeof(*out));
+	memcpy(out->name, f.name, sizeof(out->name));
+	out->bits = f.bits;
+	out->exp_bits = f.exp_bits;
+	out->man_bits = f.man_bits;
+	out->fn = f.fn;
+	out->emax = f.emax;
+	out->max = f.max_finite;
+	out->min_normal = f.min_normal;
+	out->min_subnormal = f.min_subnormal;
+	return aps_api_ok();
+}
+
+int64_t aps_packed_size(const char *fmt, uint64_t count)
+{
+	struct aps_format f;
+	int ret = parse_format(fmt, &f);
+
+	if (ret < 0)
+		return ret;
+	if (count > (UINT64_C(1) << 58))
+		return aps_api_fail(APS_ERANGE, "count %llu is too large",
+		                    (unsigned long long)count);
+	aps_api_ok();
+	return (int64_t)aps_format_packed_size(&f, count);
+}
+
+/* Checks shared by quantize and dequantize; fills f. */
+static int check_codec_args(const char *fmt, struct aps_format *f, const void *a, const void *b,
+                            uint64_t n, uint64_t codes_len, int32_t k)
+{
+	int ret = parse_format(fmt, f);
+
+	if (ret < 0)
+		return ret;
+	if (n > 0 && (a == NULL || b == NULL))
+		return aps_api_fail(APS_EINVAL, "NULL buffer with %llu elements",
+		                    (unsigned long long)n);
+	if (n > (UINT64_C(1) << 58))
+		return aps_api_fail(APS_ERANGE, "%llu elements is too many", (unsigned long long)n);
+	if (k < -APS_CODEC_SCALE_MAX || k > APS_CODEC_SCALE_MAX)
+		return aps_api_fail(APS_ERANGE, "scale exponent %d is outside [-%d, %d]", k,
+		                    APS_CODEC_SCALE_MAX, APS_CODEC_SCALE_MAX);
+	if (codes_len < aps_format_packed_size(f, n))
+		return aps_api_fail(APS_ESHORT, "%llu %s codes need %zu bytes, the buffer has %llu",
+		                    (unsigned long long)n, f->name, aps_format_packed_size(f, n),
+		                    (unsigned long long)codes_len);
+	return 0;
+}
+
+int aps_quantize(const char *fmt, const float *x, uint64_t n, const struct aps_quantize_opts *opts,
+                 uint8_t *out, uint64_t out_len, struct aps_quantize_stats *stats)
+{
+	struct aps_quant_opts o = { 0 };
+	struct aps_codec_stats st;
+	struct aps_format f;
+	int ret;
+
+	if (opts != NULL) {
+		if (opts->rounding != APS_ROUNDING_NEAREST &&
+		    opts->rounding != APS_ROUNDING_STOCHASTIC)
+			return aps_api_fail(APS_EINVAL, "rounding mode %d is unknown",
+			                    opts->rounding);
+		o = (struct aps_quant_opts){ opts->scale_exp, (enum aps_rounding)opts->rounding,
+			                     opts->seed, opts->stream, opts->index0 };
+	}
+	ret = check_codec_args(fmt, &f, x, out, n, out_len, o.scale_exp);
+	if (ret < 0)
+		return ret;
+	ret = aps_codec_quantize(&f, x, n, &o, out, out_len, &st);
+	if (ret < 0)
+		return aps_api_fail(ret, "quantize failed");
+	if (stats != NULL)
+		*stats = (struct aps_quantize_stats){ st.overflow, st.nonfinite, st.flushed,
+			                              st.maxabs };
+	return aps_api_ok();
+}
+
+int aps_dequantize(const char *fmt, const uint8_t *codes, uint64_t codes_len, uint64_t n,
+                   int32_t scale_exp, float *out)
+{
+	struct aps_format f;
+	int ret = check_codec_args(fmt, &f, codes, out, n, codes_len, scale_exp);
+
+	if (ret < 0)
+		return ret;
+	aps_codec_dequantize(&f, codes, codes_len, n, scale_exp, out);
+	return aps_api_ok();
+}
+
+int aps_accumulate(const char *fmt, const uint8_t *codes, uint64_t codes_len, uint64_t n,
+                   int32_t scale_exp, float *acc)
+{
+	struct aps_format f;
+	int ret = check_codec_args(fmt, &f, codes, acc, n, codes_len, scale_exp);
+
+	if (ret < 0)
+		return ret;
+	aps_codec_accumulate(&f, codes, codes_len, n, scale_exp, acc);
+	return aps_api_ok();
+}
+
+float aps_maxabs(const float *x, uint64_t n)
+{
+	return aps_codec_maxabs(x, n);
+}
+
+int aps_exponent(const char *fmt, const float *x, uint64_t n, int32_t nworkers, int32_t mode,
+                 int32_t *k)
+{
+	struct aps_format f;
+	float maxabs;
+	int ret = parse_format(fmt, &f);
+
+	if (ret < 0)
+		return ret;
+	if (k == NULL || (n > 0 && x == NULL))
+		return aps_api_fail(APS_EINVAL, "NULL argument");
+	if (nworkers < 1)
+		return aps_api_fail(APS_EINVAL, "nworkers is %d, must be at least 1", nworkers);
+	maxabs = aps_codec_maxabs(x, n);
+	switch (mode) {
+	case APS_SCALING_MODE_NONE:
+		*k = 0;
+		return aps_api_ok();
+	case APS_SCALING_MODE_LOCAL:
+		ret = aps_scale_local(&f, maxabs, k);
+		break;
+	case APS_SCALING_MODE_GLOBAL:
+		ret = aps_scale_global(&f, maxabs, nworkers, k);
+		break;
+	default:
+		return aps_api_fail(APS_EINVAL, "scaling mode %d is unknown", mode);
+	}
+	if (ret < 0)
+		return aps_api_fail(ret, "exponent of max %g failed", (double)maxabs);
+	return aps_api_ok();
+}
