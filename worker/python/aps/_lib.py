@@ -1,0 +1,107 @@
+"""Loading libaps and declaring the C signatures the binding uses (ctypes).
+
+The library is found through APS_LIBRARY, else the build tree's
+build/worker/libaps.so.0, else the system's libaps.so.0.
+"""
+
+import ctypes
+import os
+import pathlib
+
+
+class Error(Exception):
+    """A failure reported by libaps: .code is the negative APS_E* code."""
+
+    def __init__(self, code, message):
+        super().__init__(message)
+        self.code = code
+        self.name = None
+
+
+class FormatInfo(ctypes.Structure):
+    _fields_ = [
+        ("name", ctypes.c_char * 16),
+        ("bits", ctypes.c_uint32),
+        ("exp_bits", ctypes.c_uint32),
+        ("man_bits", ctypes.c_uint32),
+        ("fn", ctypes.c_uint32),
+        ("emax", ctypes.c_int32),
+        ("max", ctypes.c_float),
+        ("min_normal", ctypes.c_float),
+        ("min_subnormal", ctypes.c_float),
+    ]
+
+
+class QuantizeOpts(ctypes.Structure):
+    _fields_ = [
+        ("scale_exp", ctypes.c_int32),
+        ("rounding", ctypes.c_int32),
+        ("seed", ctypes.c_uint64),
+        ("stream", ctypes.c_uint64),
+        ("index0", ctypes.c_uint64),
+    ]
+
+
+class QuantizeStats(ctypes.Structure):
+    _fields_ = [
+        ("overflow", ctypes.c_uint64),
+        ("nonfinite", ctypes.c_uint64),
+        ("flushed", ctypes.c_uint64),
+        ("maxabs", ctypes.c_float),
+    ]
+
+
+def _candidates():
+    env = os.environ.get("APS_LIBRARY")
+    if env:
+        return [env]
+    repo = pathlib.Path(__file__).resolve().parents[3]
+    return [str(repo / "build" / "worker" / "libaps.so.0"), "libaps.so.0"]
+
+
+def _load():
+    errors = []
+    for path in _candidates():
+        try:
+            return ctypes.CDLL(path)
+        except OSError as exc:
+            errors.append(f"{path}: {exc}")
+    raise ImportError("cannot load libaps (set APS_LIBRARY or run 'make build'): "
+                      + "; ".join(errors))
+
+
+lib = _load()
+
+_P = ctypes.c_void_p
+_U64 = ctypes.c_uint64
+_I32 = ctypes.c_int32
+_SIGNATURES = {
+    "aps_version": (ctypes.c_char_p, []),
+    "aps_last_error": (ctypes.c_char_p, []),
+    "aps_strerror": (ctypes.c_char_p, [ctypes.c_int]),
+    "aps_err_name": (ctypes.c_char_p, [ctypes.c_int]),
+    "aps_format_info": (ctypes.c_int, [ctypes.c_char_p, ctypes.POINTER(FormatInfo)]),
+    "aps_packed_size": (ctypes.c_int64, [ctypes.c_char_p, _U64]),
+    "aps_quantize": (ctypes.c_int, [ctypes.c_char_p, _P, _U64, ctypes.POINTER(QuantizeOpts),
+                                    _P, _U64, ctypes.POINTER(QuantizeStats)]),
+    "aps_dequantize": (ctypes.c_int, [ctypes.c_char_p, _P, _U64, _U64, _I32, _P]),
+    "aps_accumulate": (ctypes.c_int, [ctypes.c_char_p, _P, _U64, _U64, _I32, _P]),
+    "aps_maxabs": (ctypes.c_float, [_P, _U64]),
+    "aps_exponent": (ctypes.c_int, [ctypes.c_char_p, _P, _U64, _I32, _I32,
+                                    ctypes.POINTER(_I32)]),
+}
+for _name, (_restype, _argtypes) in _SIGNATURES.items():
+    _fn = getattr(lib, _name)
+    _fn.restype = _restype
+    _fn.argtypes = _argtypes
+
+
+def check(ret):
+    """Raises Error for a negative return code, else returns ret."""
+    if ret < 0:
+        detail = lib.aps_last_error().decode() or lib.aps_strerror(ret).decode()
+        err = Error(ret, detail)
+        name = lib.aps_err_name(ret)
+        err.name = name.decode() if name else None
+        raise err
+    return ret

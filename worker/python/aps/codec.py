@@ -1,0 +1,142 @@
+"""The low-precision codec: numpy arrays in, packed codes out, and back.
+
+Thin wrappers over libaps: argument checks here raise TypeError/ValueError
+before anything reaches C; what C refuses raises aps.Error with its message.
+"""
+
+import ctypes
+
+import numpy as np
+
+from aps._lib import FormatInfo, QuantizeOpts, QuantizeStats, check, lib
+
+_ROUNDING = {"nearest": 0, "stochastic": 1}
+_SCALING = {"none": 0, "local": 1, "global": 2}
+
+
+def _fmt(fmt):
+    if not isinstance(fmt, str):
+        raise TypeError(f"format must be a str, not {type(fmt).__name__}")
+    return fmt.encode()
+
+
+def _as_float32(x, what="x"):
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"{what} must be a numpy.ndarray, not {type(x).__name__}")
+    if x.dtype != np.float32:
+        raise TypeError(f"{what} must have dtype float32, not {x.dtype}")
+    if not x.flags.c_contiguous:
+        raise ValueError(f"{what} must be C-contiguous")
+    return x
+
+
+def _ptr(a):
+    return a.ctypes.data_as(ctypes.c_void_p)
+
+
+def format_info(fmt):
+    """Describes a format: bits, exp_bits, man_bits, fn, emax, max, min_normal,
+    min_subnormal."""
+    info = FormatInfo()
+    check(lib.aps_format_info(_fmt(fmt), ctypes.byref(info)))
+    return {
+        "name": info.name.decode(),
+        "bits": info.bits,
+        "exp_bits": info.exp_bits,
+        "man_bits": info.man_bits,
+        "fn": bool(info.fn),
+        "emax": info.emax,
+        "max": float(info.max),
+        "min_normal": float(info.min_normal),
+        "min_subnormal": float(info.min_subnormal),
+    }
+
+
+def packed_size(fmt, count):
+    """Bytes that count codes of fmt occupy when packed."""
+    return check(lib.aps_packed_size(_fmt(fmt), int(count)))
+
+
+def quantize(x, fmt, scale_exp=0, rounding="nearest", seed=0, stream=0, out=None,
+             stats=None):
+    """Quantizes the float32 array x (read flat) times 2**scale_exp into packed
+    codes of fmt; returns a uint8 array (out if given). If stats is a dict it
+    receives overflow, nonfinite, flushed and maxabs."""
+    x = _as_float32(x)
+    if rounding not in _ROUNDING:
+        raise ValueError(f"rounding must be one of {sorted(_ROUNDING)}, not {rounding!r}")
+    need = packed_size(fmt, x.size)
+    if out is None:
+        out = np.empty(need, dtype=np.uint8)
+    elif not isinstance(out, np.ndarray) or out.dtype != np.uint8:
+        raise TypeError("out must be a numpy uint8 array")
+    elif not out.flags.c_contiguous:
+        raise ValueError("out must be C-contiguous")
+    elif out.nbytes < need:
+        raise ValueError(f"out holds {out.nbytes} bytes, {x.size} {fmt} codes need {need}")
+    if stats is not None and not isinstance(stats, dict):
+        raise TypeError("stats must be a dict or None")
+    opts = QuantizeOpts(int(scale_exp), _ROUNDING[rounding], int(seed), int(stream), 0)
+    st = QuantizeStats()
+    check(lib.aps_quantize(_fmt(fmt), _ptr(x), x.size, ctypes.byref(opts), _ptr(out),
+                           out.nbytes, ctypes.byref(st)))
+    if stats is not None:
+        stats.update(overflow=st.overflow, nonfinite=st.nonfinite, flushed=st.flushed,
+                     maxabs=float(st.maxabs))
+    return out
+
+
+def _codes(codes):
+    if not isinstance(codes, np.ndarray) or codes.dtype != np.uint8:
+        raise TypeError("codes must be a numpy uint8 array")
+    if not codes.flags.c_contiguous:
+        raise ValueError("codes must be C-contiguous")
+    return codes
+
+
+def dequantize(codes, fmt, count, scale_exp=0, out=None):
+    """Decodes count packed codes of fmt times 2**-scale_exp; returns a float32
+    array of count elements (out, read flat, if given)."""
+    codes = _codes(codes)
+    count = int(count)
+    if count < 0:
+        raise ValueError("count must not be negative")
+    if out is None:
+        out = np.empty(count, dtype=np.float32)
+    else:
+        _as_float32(out, "out")
+        if out.size < count:
+            raise ValueError(f"out holds {out.size} elements, count is {count}")
+    check(lib.aps_dequantize(_fmt(fmt), _ptr(codes), codes.nbytes, count, int(scale_exp),
+                             _ptr(out)))
+    return out
+
+
+def accumulate(codes, fmt, acc, scale_exp=0):
+    """acc += dequantize(codes, fmt, acc.size, scale_exp), in place; returns acc."""
+    codes = _codes(codes)
+    _as_float32(acc, "acc")
+    check(lib.aps_accumulate(_fmt(fmt), _ptr(codes), codes.nbytes, acc.size, int(scale_exp),
+                             _ptr(acc)))
+    return acc
+
+
+def maxabs(x):
+    """Largest |x| over the finite elements of a float32 array."""
+    x = _as_float32(x)
+    return float(lib.aps_maxabs(_ptr(x), x.size))
+
+
+def aps_exponent(x, fmt, nworkers=1, mode="global"):
+    """The APS scale exponent k of x for fmt: mode "global" (the paper,
+    emax - ceil(log2(nworkers * max|x|))), "local" (largest k without
+    overflow) or "none" (0)."""
+    x = _as_float32(x)
+    if mode not in _SCALING:
+        raise ValueError(f"mode must be one of {sorted(_SCALING)}, not {mode!r}")
+    if int(nworkers) < 1:
+        raise ValueError("nworkers must be at least 1")
+    k = ctypes.c_int32()
+    check(lib.aps_exponent(_fmt(fmt), _ptr(x), x.size, int(nworkers), _SCALING[mode],
+                           ctypes.byref(k)))
+    return k.value
