@@ -1,0 +1,346 @@
+/*
+ * Codec throughput benchmark: for each input size, format and instruction set,
+ * the time of quantize (with the APS max scan and the choice of k), of
+ * quantize alone, of dequantize and of dequantize-accumulate, as elements per
+ * second and as a ratio to a memcpy of the same fp32 buffer measured in the
+ * same run. One thread. It checks nothing but the codec's return codes; the
+ * unit tests own correctness.
+ */
+#include "common/codec.h"
+#include "common/err.h"
+#include "common/format.h"
+#include "common/scale.h"
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define SAMPLE_FLOATS (1u << 20) /* a timed sample covers at least this many elements */
+#define MIN_SAMPLES   3
+#define MAX_SAMPLES   30
+#define BUDGET_S      0.3 /* stop sampling after this long once MIN_SAMPLES are in */
+#define QUICK_MAX_N   (1u << 20)
+
+static const char *const format_names[] = {
+	"fp32", "bf16", "fp16", "e5m2", "e4m3", "e4m3fn", "e3m0"
+};
+static const size_t sizes[] = { 1024, 256 * 1024, 64 * 1024 * 1024 }; /* floats */
+
+struct options {
+	bool quick;         /* skip sizes above QUICK_MAX_N */
+	int isa;            /* one enum aps_codec_isa, or APS_ISA_AUTO for all */
+	const char *format; /* one format name, or NULL for all */
+};
+
+/* The buffers of one size; every op reads x and writes out or codes. */
+struct bufs {
+	size_t n;       /* elements */
+	float *x;       /* gradient-like input, n floats */
+	float *out;     /* dequantize, accumulate and memcpy target, n floats */
+	uint8_t *codes; /* packed codes, 4 * n bytes (room for fp32) */
+};
+
+struct job {
+	const struct aps_format *f;
+	struct bufs *b;
+	int k;   /* scale exponent for quantize alone and for decoding */
+	int ret; /* first error an op saw, 0 if none */
+};
+
+enum op {
+	OP_QUANT_SCAN,
+	OP_QUANT,
+	OP_DEQUANT,
+	OP_ACCUM,
+	OP_COUNT,
+};
+
+static double now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void fail(const char *what, int ret)
+{
+	fprintf(stderr, "bench_codec: %s: %s\n", what, aps_strerror(ret));
+	exit(1);
+}
+
+static void note(struct job *j, int ret)
+{
+	if (ret < 0 && j->ret == 0)
+		j->ret = ret;
+}
+
+static uint64_t splitmix64(uint64_t *state)
+{
+	uint64_t z = (*state += UINT64_C(0x9e3779b97f4a7c15));
+
+	z = (z ^ (z >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
+	z = (z ^ (z >> 27)) * UINT64_C(0x94d049bb133111eb);
+	return z ^ (z >> 31);
+}
+
+/* Sum of four 16-bit uniforms (Irwin-Hall): bell-shaped, unit variance, times 1e-3. */
+static void fill_gradient(float *x, size_t n, uint64_t seed)
+{
+	const double unit = sqrt(3.0) / 65536.0;
+
+	for (size_t i = 0; i < n; i++) {
+		uint64_t r = splitmix64(&seed);
+		double s = (double)(r & 0xffff) + (double)((r >> 16) & 0xffff) +
+		           (double)((r >> 32) & 0xffff) + (double)(r >> 48) - 2.0 * 65535.0;
+
+		x[i] = (float)(s * unit * 1e-3);
+	}
+}
+
+static void op_memcpy(struct job *j)
+{
+	memcpy(j->b->out, j->b->x, j->b->n * sizeof(float));
+}
+
+/* What a worker does per tensor: max scan, local k, quantize. */
+static void op_quant_scan(struct job *j)
+{
+	struct aps_quant_opts qo = { .rounding = APS_ROUND_NEAREST };
+	struct aps_codec_stats st;
+	struct bufs *b = j->b;
+
+	note(j, aps_scale_local(j->f, aps_codec_maxabs(b->x, b->n), &qo.scale_exp));
+	note(j, aps_codec_quantize(j->f, b->x, b->n, &qo, b->codes, 4 * b->n, &st));
+}
+
+static void op_quant(struct job *j)
+{
+	struct aps_quant_opts qo = { .scale_exp = j->k, .rounding = APS_ROUND_NEAREST };
+	struct aps_codec_stats st;
+	struct bufs *b = j->b;
+
+	note(j, aps_codec_quantize(j->f, b->x, b->n, &qo, b->codes, 4 * b->n, &st));
+}
+
+static void op_dequant(struct job *j)
+{
+	note(j, aps_codec_dequantize(j->f, j->b->codes, 4 * j->b->n, j->b->n, j->k, j->b->out));
+}
+
+static void op_accum(struct job *j)
+{
+	note(j, aps_codec_accumulate(j->f, j->b->codes, 4 * j->b->n, j->b->n, j->k, j->b->out));
+}
+
+static void (*const ops[OP_COUNT])(struct job *) = {
+	[OP_QUANT_SCAN] = op_quant_scan,
+	[OP_QUANT] = op_quant,
+	[OP_DEQUANT] = op_dequant,
+	[OP_ACCUM] = op_accum,
+};
+
+/* Best time of one call of op in seconds, over samples of at least SAMPLE_FLOATS elements. */
+static double measure(void (*op)(struct job *), struct job *j)
+{
+	size_t inner = j->b->n >= SAMPLE_FLOATS ? 1 : SAMPLE_FLOATS / j->b->n;
+	double best = INFINITY;
+	double start;
+
+	op(j);
+	start = now();
+	for (int s = 0; s < MAX_SAMPLES; s++) {
+		double t0 = now();
+
+		for (size_t i = 0; i < inner; i++)
+			op(j);
+		best = fmin(best, (now() - t0) / (double)inner);
+		if (s + 1 >= MIN_SAMPLES && now() - start > BUDGET_S)
+			break;
+	}
+	if (j->ret < 0)
+		fail(j->f->name, j->ret);
+	return best;
+}
+
+static void print_table_head(void)
+{
+	printf("| format | isa | k | quant+scan Ge/s | x copy | quant Ge/s | x copy "
+	       "| dequant Ge/s | x copy | accum Ge/s | x copy |\n");
+	printf("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n");
+}
+
+static void print_row(const struct job *j, int isa, const double t[OP_COUNT], double t_copy)
+{
+	printf("| %s | %s | %d |", j->f->name, aps_codec_isa_name((enum aps_codec_isa)isa), j->k);
+	for (int op = 0; op < OP_COUNT; op++)
+		printf(" %.2f | %.2f |", (double)j->b->n / t[op] * 1e-9, t[op] / t_copy);
+	printf("\n");
+	fflush(stdout);
+}
+
+/* One row: k from the data, codes for the decoders, then every op timed. */
+static void bench_row(struct job *j, int isa, double t_copy)
+{
+	double t[OP_COUNT];
+	int ret = aps_scale_local(j->f, aps_codec_maxabs(j->b->x, j->b->n), &j->k);
+
+	if (ret < 0)
+		fail("aps_scale_local", ret);
+	op_quant(j);
+	for (int op = 0; op < OP_COUNT; op++)
+		t[op] = measure(ops[op], j);
+	print_row(j, isa, t, t_copy);
+}
+
+static void bench_format(const struct options *o, struct bufs *b, const char *name, double t_copy)
+{
+	struct aps_format f;
+	struct job j = { .f = &f, .b = b };
+	int ret = aps_format_parse(name, &f);
+
+	if (ret < 0)
+		fail(name, ret);
+	for (int isa = APS_ISA_SCALAR; isa <= APS_ISA_AVX512; isa++) {
+		if (o->isa != APS_ISA_AUTO && isa != o->isa)
+			continue;
+		if (aps_codec_set_isa((enum aps_codec_isa)isa) < 0)
+			continue;
+		bench_row(&j, isa, t_copy);
+	}
+}
+
+static void bench_size(const struct options *o, struct bufs *b)
+{
+	struct job j = { .b = b };
+	double t_copy = measure(op_memcpy, &j);
+	double mib = (double)(b->n * sizeof(float)) / (1 << 20);
+
+	printf("\n### %zu floats (%g MiB fp32)\n\n", b->n, mib);
+	printf("memcpy of the fp32 buffer: %.1f us, %.2f Ge/s, %.1f GB/s read+write\n\n",
+	       t_copy * 1e6, (double)b->n / t_copy * 1e-9,
+	       2.0 * (double)(b->n * sizeof(float)) / t_copy * 1e-9);
+	print_table_head();
+	if (o->format != NULL) {
+		bench_format(o, b, o->format, t_copy);
+		return;
+	}
+	for (size_t i = 0; i < sizeof(format_names) / sizeof(format_names[0]); i++)
+		bench_format(o, b, format_names[i], t_copy);
+}
+
+static void *alloc_touched(size_t bytes)
+{
+	void *p = aligned_alloc(64, (bytes + 63) / 64 * 64);
+
+	if (p == NULL)
+		fail("aligned_alloc", APS_ENOMEM);
+	memset(p, 0, bytes);
+	return p;
+}
+
+static void run_size(const struct options *o, size_t n)
+{
+	struct bufs b = { .n = n };
+
+	b.x = alloc_touched(n * sizeof(float));
+	b.out = alloc_touched(n * sizeof(float));
+	b.codes = alloc_touched(4 * n);
+	fill_gradient(b.x, n, UINT64_C(0x5eed) + n);
+	bench_size(o, &b);
+	free(b.codes);
+	free(b.out);
+	free(b.x);
+}
+
+static void cpu_model(char *buf, size_t len)
+{
+	FILE *fp = fopen("/proc/cpuinfo", "r");
+	char line[256];
+
+	snprintf(buf, len, "unknown");
+	while (fp != NULL && fgets(line, sizeof(line), fp) != NULL) {
+		char *colon = strchr(line, ':');
+
+		if (strncmp(line, "model name", 10) == 0 && colon != NULL) {
+			snprintf(buf, len, "%s", colon + 2);
+			buf[strcspn(buf, "\n")] = '\0';
+			break;
+		}
+	}
+	if (fp != NULL)
+		fclose(fp);
+}
+
+static void print_header(enum aps_codec_isa auto_isa)
+{
+	char model[128];
+
+	cpu_model(model, sizeof(model));
+	printf("bench_codec: cpu \"%s\", auto isa %s, 1 thread, best of %d-%d samples, "
+	       "Ge/s = 1e9 elements/s, x copy = time / memcpy time\n",
+	       model, aps_codec_isa_name(auto_isa), MIN_SAMPLES, MAX_SAMPLES);
+}
+
+static int parse_isa(const char *name)
+{
+	for (int isa = APS_ISA_SCALAR; isa <= APS_ISA_AVX512; isa++) {
+		if (strcmp(name, aps_codec_isa_name((enum aps_codec_isa)isa)) == 0)
+			return isa;
+	}
+	fprintf(stderr, "bench_codec: --isa %s: expected scalar, avx2 or avx512\n", name);
+	exit(2);
+}
+
+static void usage(FILE *to, int status)
+{
+	fprintf(to, "usage: bench_codec [--quick] [--isa scalar|avx2|avx512] [--format NAME]\n");
+	exit(status);
+}
+
+static void parse_args(int argc, char **argv, struct options *o)
+{
+	struct aps_format f;
+
+	for (int i = 1; i < argc; i++) {
+		bool has_value = i + 1 < argc;
+
+		if (strcmp(argv[i], "--quick") == 0)
+			o->quick = true;
+		else if (strcmp(argv[i], "--isa") == 0 && has_value)
+			o->isa = parse_isa(argv[++i]);
+		else if (strcmp(argv[i], "--format") == 0 && has_value)
+			o->format = argv[++i];
+		else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0)
+			usage(stdout, 0);
+		else
+			usage(stderr, 2);
+	}
+	if (o->format != NULL && aps_format_parse(o->format, &f) < 0) {
+		fprintf(stderr, "bench_codec: --format %s: unknown format\n", o->format);
+		exit(2);
+	}
+	if (o->isa != APS_ISA_AUTO && aps_codec_set_isa((enum aps_codec_isa)o->isa) < 0) {
+		fprintf(stderr, "bench_codec: --isa %s: not supported by this CPU\n",
+		        aps_codec_isa_name((enum aps_codec_isa)o->isa));
+		exit(2);
+	}
+}
+
+int main(int argc, char **argv)
+{
+	struct options o = { .isa = APS_ISA_AUTO };
+	enum aps_codec_isa auto_isa = aps_codec_get_isa();
+
+	parse_args(argc, argv, &o);
+	print_header(auto_isa);
+	for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+		if (!o.quick || sizes[i] <= QUICK_MAX_N)
+			run_size(&o, sizes[i]);
+	}
+	return 0;
+}

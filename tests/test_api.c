@@ -1,0 +1,84 @@
+/*
+ * Unit tests of the public codec ABI (worker/aps.h) as a user links it:
+ * against libaps.so, through exported symbols only.
+ */
+#include "aps.h"
+
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+static void test_api_roundtrip_with_exponent(void **state)
+{
+	float x[100], y[100];
+	uint8_t codes[100];
+	struct aps_quantize_stats st;
+	struct aps_quantize_opts o = { 0 };
+	int32_t k;
+
+	(void)state;
+	for (int i = 0; i < 100; i++)
+		x[i] = (float)(i - 50) * 1e-6f;
+	assert_int_equal(aps_exponent("e4m3", x, 100, 1, APS_SCALING_MODE_LOCAL, &k), 0);
+	o.scale_exp = k;
+	assert_int_equal(aps_quantize("e4m3", x, 100, &o, codes, sizeof(codes), &st), 0);
+	assert_int_equal(st.overflow, 0);
+	assert_int_equal(st.flushed, 0);
+	assert_true(st.maxabs == 50e-6f);
+	assert_int_equal(aps_dequantize("e4m3", codes, sizeof(codes), 100, k, y), 0);
+	for (int i = 0; i < 100; i++)
+		assert_true(fabsf(y[i] - x[i]) <= fabsf(x[i]) / 16);
+	memcpy(x, y, sizeof(x));
+	assert_int_equal(aps_accumulate("e4m3", codes, sizeof(codes), 100, k, y), 0);
+	for (int i = 0; i < 100; i++)
+		assert_true(y[i] == 2 * x[i]);
+}
+
+static void test_api_errors_carry_a_message(void **state)
+{
+	float x[4] = { 0 };
+	uint8_t codes[4];
+	struct aps_format_info info;
+
+	(void)state;
+	assert_int_equal(aps_format_info("e9m9", &info), APS_EFORMAT);
+	assert_non_null(strstr(aps_last_error(), "'e9m9' is not a format"));
+	assert_int_equal(aps_quantize("e4m3", x, 4, NULL, codes, 3, NULL), APS_ESHORT);
+	assert_non_null(strstr(aps_last_error(), "need 4 bytes"));
+	assert_int_equal(aps_quantize("e4m3", x, 4, NULL, codes, 4, NULL), 0);
+	assert_string_equal(aps_last_error(), "");
+	assert_int_equal(aps_dequantize("e4m3", codes, 4, 4, 999, x), APS_ERANGE);
+	assert_int_equal(aps_quantize("e4m3", NULL, 4, NULL, codes, 4, NULL), APS_EINVAL);
+	assert_int_equal(aps_exponent("e4m3", x, 4, 0, APS_SCALING_MODE_GLOBAL, &(int32_t){ 0 }),
+			 APS_EINVAL);
+	assert_int_equal(aps_packed_size("e3m0", 3), 2);
+	assert_string_equal(aps_strerror(APS_ESHORT), "buffer too short");
+}
+
+static void test_api_format_info(void **state)
+{
+	struct aps_format_info info;
+
+	(void)state;
+	assert_int_equal(aps_format_info("e5m2", &info), 0);
+	assert_string_equal(info.name, "e5m2");
+	assert_int_equal(info.bits, 8);
+	assert_true(info.max == 57344.0f);
+	assert_true(info.min_subnormal == 0x1p-16f);
+	assert_non_null(aps_version());
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_api_roundtrip_with_exponent),
+		cmocka_unit_test(test_api_errors_carry_a_message),
+		cmocka_unit_test(test_api_format_info),
+	};
+	return cmocka_run_group_tests_name("api", tests, NULL, NULL);
+}
