@@ -55,7 +55,7 @@ static void test_api_errors_carry_a_message(void **state)
 	assert_int_equal(aps_dequantize("e4m3", codes, 4, 4, 999, x), APS_ERANGE);
 	assert_int_equal(aps_quantize("e4m3", NULL, 4, NULL, codes, 4, NULL), APS_EINVAL);
 	assert_int_equal(aps_exponent("e4m3", x, 4, 0, APS_SCALING_MODE_GLOBAL, &(int32_t){ 0 }),
-			 APS_EINVAL);
+	                 APS_EINVAL);
 	assert_int_equal(aps_packed_size("e3m0", 3), 2);
 	assert_string_equal(aps_strerror(APS_ESHORT), "buffer too short");
 }

@@ -45,13 +45,12 @@ static void run_format(const char *name, int k)
 			    sw.overflow != sg.overflow || sw.flushed != sg.flushed ||
 			    sw.nonfinite != sg.nonfinite)
 				fail_msg("%s %s k=%d: differs in patterns %#llx..+%#x", name,
-					 aps_codec_isa_name((enum aps_codec_isa)isa), k,
-					 (unsigned long long)base, CHUNK);
+				         aps_codec_isa_name((enum aps_codec_isa)isa), k,
+				         (unsigned long long)base, CHUNK);
 		}
 	}
 	aps_codec_set_isa(APS_ISA_AUTO);
-	printf("# %s k=%d: 2^32 patterns, %d vector paths match scalar\n", name, k,
-	       isas_checked);
+	printf("# %s k=%d: 2^32 patterns, %d vector paths match scalar\n", name, k, isas_checked);
 }
 
 static void test_exhaustive_e5m2(void **state)

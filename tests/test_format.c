@@ -41,9 +41,9 @@ static void test_format_parses_named_and_generic(void **state)
 
 static void test_format_rejects_bad_names(void **state)
 {
-	static const char *const bad[] = { "",	    "e1m3",    "e9m1",	 "e4m12", "e04m3",
-					   "e4m3x", "e4m3fnx", "e3m0fn", "e+4m3", "E4M3",
-					   "fp8",   "e4m",     "e8m7fn", "e4m3 " };
+	static const char *const bad[] = { "",      "e1m3",    "e9m1",   "e4m12", "e04m3",
+		                           "e4m3x", "e4m3fnx", "e3m0fn", "e+4m3", "E4M3",
+		                           "fp8",   "e4m",     "e8m7fn", "e4m3 " };
 	struct aps_format f;
 
 	(void)state;
@@ -69,7 +69,9 @@ static void test_format_packed_size(void **state)
 
 static void test_pack_roundtrips_every_width(void **state)
 {
-	enum { N = 1003 };
+	enum {
+		N = 1003
+	};
 	static uint32_t codes[N], back[N];
 	static uint8_t packed[4 * N + 8];
 	uint64_t s = 88172645463325252ULL;
