@@ -109,6 +109,9 @@ def test_unknown_format_raises_with_library_message():
         aps.quantize(np.zeros(3, np.float32), "e9m2")
     assert err.value.code == -3 and err.value.name == "APS_EFORMAT"
     assert "'e9m2' is not a format" in str(err.value)
+    # Bad arguments are also ValueErrors, as a numpy user expects.
+    with pytest.raises(ValueError, match="is not a format"):
+        aps.format_info("fp8")
 
 
 @pytest.mark.parametrize("bad,exc", [

@@ -7,11 +7,11 @@
     y = aps.dequantize(codes, "e4m3", x.size, scale_exp=k)
 """
 
-from aps._lib import Error, lib
+from aps._lib import ArgumentError, Error, lib
 from aps.codec import (accumulate, aps_exponent, dequantize, format_info, maxabs, packed_size,
                        quantize)
 
 __version__ = lib.aps_version().decode()
 
-__all__ = ["Error", "accumulate", "aps_exponent", "dequantize", "format_info", "maxabs",
-           "packed_size", "quantize", "__version__"]
+__all__ = ["ArgumentError", "Error", "accumulate", "aps_exponent", "dequantize", "format_info",
+           "maxabs", "packed_size", "quantize", "__version__"]

@@ -18,6 +18,15 @@ class Error(Exception):
         self.name = None
 
 
+class ArgumentError(Error, ValueError):
+    """A call refused for its arguments (unknown format, short buffer, value out of
+    range): both an aps.Error and a ValueError."""
+
+
+# Codes that mean the caller's arguments were wrong.
+_ARGUMENT_ERRORS = ("APS_EINVAL", "APS_EFORMAT", "APS_ERANGE", "APS_ESHORT")
+
+
 class FormatInfo(ctypes.Structure):
     _fields_ = [
         ("name", ctypes.c_char * 16),
@@ -100,8 +109,9 @@ def check(ret):
     """Raises Error for a negative return code, else returns ret."""
     if ret < 0:
         detail = lib.aps_last_error().decode() or lib.aps_strerror(ret).decode()
-        err = Error(ret, detail)
         name = lib.aps_err_name(ret)
-        err.name = name.decode() if name else None
+        name = name.decode() if name else None
+        err = (ArgumentError if name in _ARGUMENT_ERRORS else Error)(ret, detail)
+        err.name = name
         raise err
     return ret
