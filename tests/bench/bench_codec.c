@@ -144,22 +144,31 @@ static void (*const ops[OP_COUNT])(struct job *) = {
 	[OP_ACCUM] = op_accum,
 };
 
-/* Best time of one call of op in seconds, over samples of at least SAMPLE_FLOATS elements. */
+/* Seconds per call of op, over one sample of inner calls. */
+static double sample(void (*op)(struct job *), struct job *j, size_t inner)
+{
+	double t0 = now();
+
+	for (size_t i = 0; i < inner; i++)
+		op(j);
+	return (now() - t0) / (double)inner;
+}
+
+/*
+ * Best time of one call of op in seconds, over samples of at least
+ * SAMPLE_FLOATS elements, after one warm-up sample. A call slower than
+ * BUDGET_S is timed once more only.
+ */
 static double measure(void (*op)(struct job *), struct job *j)
 {
 	size_t inner = j->b->n >= SAMPLE_FLOATS ? 1 : SAMPLE_FLOATS / j->b->n;
+	int min_samples = sample(op, j, inner) > BUDGET_S ? 1 : MIN_SAMPLES;
 	double best = INFINITY;
-	double start;
+	double start = now();
 
-	op(j);
-	start = now();
 	for (int s = 0; s < MAX_SAMPLES; s++) {
-		double t0 = now();
-
-		for (size_t i = 0; i < inner; i++)
-			op(j);
-		best = fmin(best, (now() - t0) / (double)inner);
-		if (s + 1 >= MIN_SAMPLES && now() - start > BUDGET_S)
+		best = fmin(best, sample(op, j, inner));
+		if (s + 1 >= min_samples && now() - start > BUDGET_S)
 			break;
 	}
 	if (j->ret < 0)
@@ -221,7 +230,7 @@ static void bench_size(const struct options *o, struct bufs *b)
 	double mib = (double)(b->n * sizeof(float)) / (1 << 20);
 
 	printf("\n### %zu floats (%g MiB fp32)\n\n", b->n, mib);
-	printf("memcpy of the fp32 buffer: %.1f us, %.2f Ge/s, %.1f GB/s read+write\n\n",
+	printf("memcpy of the fp32 buffer: %.2f us, %.2f Ge/s, %.1f GB/s read+write\n\n",
 	       t_copy * 1e6, (double)b->n / t_copy * 1e-9,
 	       2.0 * (double)(b->n * sizeof(float)) / t_copy * 1e-9);
 	print_table_head();
@@ -281,9 +290,10 @@ static void print_header(enum aps_codec_isa auto_isa)
 	char model[128];
 
 	cpu_model(model, sizeof(model));
-	printf("bench_codec: cpu \"%s\", auto isa %s, 1 thread, best of %d-%d samples, "
-	       "Ge/s = 1e9 elements/s, x copy = time / memcpy time\n",
-	       model, aps_codec_isa_name(auto_isa), MIN_SAMPLES, MAX_SAMPLES);
+	printf("bench_codec: cpu \"%s\", auto isa %s, 1 thread, best of %d-%d samples "
+	       "(1 if a call takes over %g s), Ge/s = 1e9 elements/s, x copy = time / memcpy "
+	       "time\n",
+	       model, aps_codec_isa_name(auto_isa), MIN_SAMPLES, MAX_SAMPLES, BUDGET_S);
 }
 
 static int parse_isa(const char *name)
