@@ -1,0 +1,207 @@
+/*
+ * The job table: jobs by name, sessions by peer, tensors by id and by name.
+ * Tables are small (tens of jobs, a few thousand sessions) and walked
+ * linearly; a session lookup compares a 5-byte routing id.
+ */
+#include "server/job.h"
+
+#include "common/err.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct aps_session *aps_jobs_find_session(struct aps_jobs *t, const struct aps_peer *peer)
+{
+	for (struct aps_session *s = t->sessions; s != NULL; s = s->next) {
+		if (aps_peer_equal(&s->peer, peer))
+			return s;
+	}
+	return NULL;
+}
+
+struct aps_session *aps_jobs_session(struct aps_jobs *t, const struct aps_peer *peer)
+{
+	struct aps_session *s = aps_jobs_find_session(t, peer);
+
+	if (s != NULL)
+		return s;
+	s = calloc(1, sizeof(*s));
+	if (s == NULL)
+		return NULL;
+	s->peer = *peer;
+	s->fd = -1;
+	s->next = t->sessions;
+	t->sessions = s;
+	return s;
+}
+
+void aps_jobs_drop_session(struct aps_jobs *t, struct aps_session *s)
+{
+	struct aps_session **link = &t->sessions;
+
+	if (s->job != NULL && s->job->ranks[s->rank] == s)
+		s->job->ranks[s->rank] = NULL;
+	while (*link != NULL && *link != s)
+		link = &(*link)->next;
+	if (*link == s)
+		*link = s->next;
+	free(s);
+}
+
+struct aps_job *aps_jobs_find(struct aps_jobs *t, const char *name)
+{
+	for (struct aps_job *j = t->jobs; j != NULL; j = j->next) {
+		if (strcmp(j->name, name) == 0)
+			return j;
+	}
+	return NULL;
+}
+
+static void free_tensor(struct aps_tensor *tensor)
+{
+	if (tensor == NULL)
+		return;
+	aps_round_fini(&tensor->round);
+	free(tensor->registered);
+	free(tensor);
+}
+
+static void free_job(struct aps_job *job)
+{
+	for (uint32_t i = 0; i < job->n_tensors; i++)
+		free_tensor(job->tensors[i]);
+	free(job->tensors);
+	free(job->ranks);
+	free(job->barrier_has);
+	free(job);
+}
+
+int aps_jobs_create(struct aps_jobs *t, const char *name, uint32_t world_size,
+		    struct aps_job **out)
+{
+	struct aps_job *job = calloc(1, sizeof(*job));
+
+	if (job == NULL)
+		return APS_ENOMEM;
+	snprintf(job->name, sizeof(job->name), "%s", name);
+	job->world_size = world_size;
+	job->scaling = APS_SCALING_LOCAL;
+	job->downlink_auto = true;
+	job->ranks = calloc(world_size, sizeof(*job->ranks));
+	job->barrier_has = calloc(world_size, sizeof(*job->barrier_has));
+	if (job->ranks == NULL || job->barrier_has == NULL) {
+		free_job(job);
+		return APS_ENOMEM;
+	}
+	job->next = t->jobs;
+	t->jobs = job;
+	t->n_jobs++;
+	*out = job;
+	return 0;
+}
+
+void aps_jobs_remove(struct aps_jobs *t, struct aps_job *job)
+{
+	struct aps_job **link = &t->jobs;
+
+	while (*link != NULL && *link != job)
+		link = &(*link)->next;
+	if (*link == NULL)
+		return;
+	*link = job->next;
+	t->n_jobs--;
+	for (struct aps_session *s = t->sessions; s != NULL; s = s->next) {
+		if (s->job == job)
+			s->job = NULL;
+	}
+	free_job(job);
+}
+
+void aps_jobs_free_all(struct aps_jobs *t)
+{
+	while (t->sessions != NULL)
+		aps_jobs_drop_session(t, t->sessions);
+	while (t->jobs != NULL)
+		aps_jobs_remove(t, t->jobs);
+}
+
+uint32_t aps_job_connected(const struct aps_job *job)
+{
+	uint32_t n = 0;
+
+	for (uint32_t r = 0; r < job->world_size; r++)
+		n += job->ranks[r] != NULL;
+	return n;
+}
+
+struct aps_tensor *aps_job_tensor_by_name(struct aps_job *job, const char *name)
+{
+	for (uint32_t i = 0; i < job->n_tensors; i++) {
+		if (strcmp(job->tensors[i]->name, name) == 0)
+			return job->tensors[i];
+	}
+	return NULL;
+}
+
+struct aps_tensor *aps_job_tensor(struct aps_job *job, uint32_t id)
+{
+	return id < job->n_tensors ? job->tensors[id] : NULL;
+}
+
+static int grow_tensors(struct aps_job *job)
+{
+	uint32_t cap = job->cap_tensors ? 2 * job->cap_tensors : 16;
+	struct aps_tensor **t = realloc(job->tensors, cap * sizeof(*t));
+
+	if (t == NULL)
+		return APS_ENOMEM;
+	job->tensors = t;
+	job->cap_tensors = cap;
+	return 0;
+}
+
+int aps_job_add_tensor(struct aps_job *job, const char *name, uint64_t count,
+		       uint32_t max_tensors, struct aps_tensor **out)
+{
+	struct aps_tensor *t;
+
+	if (job->n_tensors >= max_tensors)
+		return APS_ERANGE;
+	if (job->n_tensors == job->cap_tensors && grow_tensors(job) < 0)
+		return APS_ENOMEM;
+	t = calloc(1, sizeof(*t));
+	if (t == NULL)
+		return APS_ENOMEM;
+	t->registered = calloc(job->world_size, sizeof(*t->registered));
+	if (t->registered == NULL || aps_round_init(&t->round, job->world_size, count) < 0) {
+		free(t->registered);
+		free(t);
+		return APS_ENOMEM;
+	}
+	snprintf(t->name, sizeof(t->name), "%s", name);
+	t->id = job->n_tensors;
+	t->count = count;
+	job->tensors[job->n_tensors++] = t;
+	*out = t;
+	return 0;
+}
+
+void aps_job_abort_rounds(struct aps_job *job)
+{
+	for (uint32_t i = 0; i < job->n_tensors; i++)
+		aps_round_abort(&job->tensors[i]->round);
+	memset(job->barrier_has, 0, job->world_size * sizeof(*job->barrier_has));
+	job->barrier_arrived = 0;
+}
+
+bool aps_job_busy(const struct aps_job *job)
+{
+	if (job->barrier_arrived > 0)
+		return true;
+	for (uint32_t i = 0; i < job->n_tensors; i++) {
+		if (job->tensors[i]->round.arrived > 0)
+			return true;
+	}
+	return false;
+}

@@ -1,0 +1,92 @@
+/*
+ * Jobs and their members: a job is a named group of world_size ranks that
+ * registers the same tensors and reduces them together. This module owns the
+ * job table, the sessions (one per connected worker), the tensors of a job
+ * and its barrier. It decides nothing about messages: server.c does.
+ */
+#ifndef APS_SERVER_JOB_H
+#define APS_SERVER_JOB_H
+
+#include "common/format.h"
+#include "common/scale.h"
+#include "proto/frame.h"
+#include "server/round.h"
+#include "server/zbridge.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+struct aps_job;
+
+/* One connected worker. */
+struct aps_session {
+	struct aps_session *next;
+	struct aps_peer peer;
+	int fd;		     /* connection of its last message */
+	struct aps_job *job; /* NULL until its HELLO was accepted */
+	uint32_t rank;
+	uint64_t last_seen_ms;
+	uint64_t msgs_in, bytes_in;
+};
+
+struct aps_tensor {
+	char name[APS_MSG_NAME_MAX + 1];
+	uint32_t id;
+	uint64_t count;
+	bool *registered; /* world_size: the rank registered this tensor */
+	struct aps_round round;
+};
+
+struct aps_job {
+	struct aps_job *next;
+	char name[APS_MSG_JOB_MAX + 1];
+	uint32_t world_size;
+	enum aps_scaling scaling;
+	bool downlink_auto;	 /* RESULT in each tensor's uplink format */
+	struct aps_format downlink;
+	struct aps_session **ranks; /* world_size; NULL: not connected */
+	struct aps_tensor **tensors;
+	uint32_t n_tensors, cap_tensors;
+	uint64_t barrier_step;
+	bool *barrier_has;
+	uint32_t barrier_arrived;
+	uint64_t rounds_completed;
+};
+
+struct aps_jobs {
+	struct aps_job *jobs;
+	struct aps_session *sessions;
+	uint32_t n_jobs;
+};
+
+/* The session of a peer, or NULL. */
+struct aps_session *aps_jobs_find_session(struct aps_jobs *t, const struct aps_peer *peer);
+/* The session of a peer, created when new; NULL when out of memory. */
+struct aps_session *aps_jobs_session(struct aps_jobs *t, const struct aps_peer *peer);
+/* Detaches the session from its job (if any) and frees it. */
+void aps_jobs_drop_session(struct aps_jobs *t, struct aps_session *s);
+
+struct aps_job *aps_jobs_find(struct aps_jobs *t, const char *name);
+/* A new job (world_size ranks, none connected). Returns 0 or APS_ENOMEM. */
+int aps_jobs_create(struct aps_jobs *t, const char *name, uint32_t world_size,
+		    struct aps_job **out);
+/* Frees a job that has no session left. */
+void aps_jobs_remove(struct aps_jobs *t, struct aps_job *job);
+void aps_jobs_free_all(struct aps_jobs *t);
+
+/* Live ranks of a job. */
+uint32_t aps_job_connected(const struct aps_job *job);
+
+struct aps_tensor *aps_job_tensor_by_name(struct aps_job *job, const char *name);
+struct aps_tensor *aps_job_tensor(struct aps_job *job, uint32_t id);
+/* Adds a tensor with the next id. Returns 0, APS_ENOMEM or APS_ERANGE (limit). */
+int aps_job_add_tensor(struct aps_job *job, const char *name, uint64_t count,
+		       uint32_t max_tensors, struct aps_tensor **out);
+
+/* Drops what every round and the barrier collected this step (a rank was lost). */
+void aps_job_abort_rounds(struct aps_job *job);
+
+/* True when any round or the barrier holds a contribution. */
+bool aps_job_busy(const struct aps_job *job);
+
+#endif

@@ -1,0 +1,771 @@
+/*
+ * Unit tests of the wire protocol (proto/): every type round-trips through
+ * aps_msg_pack and aps_msg_parse, and every bad field, frame and payload is
+ * refused with its fault kind and never crashes the parser.
+ */
+#include "common/codec.h"
+#include "common/err.h"
+#include "common/rng.h"
+#include "common/scale.h"
+#include "proto/envelope.h"
+#include "proto/frame.h"
+#include "proto/validate.h"
+
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#define CHUNK   101 /* elements of the PUSH and RESULT chunk */
+#define BCAST   7   /* elements of the BROADCAST chunk */
+#define HDR_CAP 8192
+
+static uint8_t codes[CHUNK];  /* finite e4m3 codes */
+static float values[BCAST];   /* finite fp32 values */
+static uint8_t hdr[HDR_CAP];  /* header of the message under test */
+static struct aps_msg parsed; /* output of the last parse */
+static struct aps_msg_fault fault;
+
+static const struct aps_msg_limits *limits(bool from_server)
+{
+	static struct aps_msg_limits lim[2];
+
+	aps_msg_limits_init(&lim[from_server]);
+	lim[from_server].max_ranks = 64;
+	lim[from_server].max_tensors = 100;
+	lim[from_server].max_elements = 1u << 20;
+	lim[from_server].from_server = from_server;
+	return &lim[from_server];
+}
+
+static bool sent_by_server(enum aps_msg_type type)
+{
+	return type == APS_MSG_WELCOME || type == APS_MSG_REGISTERED || type == APS_MSG_RESULT ||
+	       type == APS_MSG_ERROR;
+}
+
+static void set_chunk(struct aps_msg *m, const char *format, const void *payload, size_t n,
+                      size_t bytes)
+{
+	m->tensor_id = 3;
+	m->step = 42;
+	m->chunk_offset = 100;
+	m->chunk_count = n;
+	m->total_count = 1000;
+	strcpy(m->format, format);
+	m->payload = payload;
+	m->payload_len = bytes;
+}
+
+/* A valid message of each type, as its usual sender builds it. */
+static void make_valid(struct aps_msg *m, enum aps_msg_type type)
+{
+	aps_msg_init(m, type);
+	strcpy(m->job, "default");
+	m->rank = 1;
+	m->world_size = 4;
+	m->scaling = APS_SCALING_LOCAL;
+	switch (type) {
+	case APS_MSG_REGISTER:
+	case APS_MSG_REGISTERED:
+		m->tensor_id = type == APS_MSG_REGISTERED ? 7 : 0;
+		strcpy(m->tensor_name, "layers.0.attn.weight");
+		m->total_count = 1000;
+		strcpy(m->format, "e4m3");
+		break;
+	case APS_MSG_PUSH:
+	case APS_MSG_RESULT:
+		set_chunk(m, "e4m3", codes, CHUNK, sizeof(codes));
+		m->scale_exp = -5;
+		m->flushed = 9;
+		break;
+	case APS_MSG_BROADCAST:
+		m->rank = 0;
+		set_chunk(m, "fp32", values, BCAST, sizeof(values));
+		m->chunk_offset = 0;
+		m->total_count = BCAST;
+		break;
+	case APS_MSG_BARRIER:
+		m->step = 3;
+		break;
+	case APS_MSG_ERROR:
+		m->error_code = APS_ETIMEDOUT;
+		strcpy(m->error_text, "timed out: waiting for ranks 2 3");
+		m->n_waiting_for = 2;
+		m->waiting_for[0] = 2;
+		m->waiting_for[1] = 3;
+		break;
+	default:
+		break;
+	}
+}
+
+static size_t pack(const struct aps_msg *m)
+{
+	size_t len = 0;
+
+	assert_int_equal(aps_msg_pack(m, hdr, sizeof(hdr), &len), 0);
+	return len;
+}
+
+/* Packs m, parses it with the given payload frame; returns aps_msg_parse's code. */
+static int parse_with(const struct aps_msg *m, bool from_server, const void *payload,
+                      size_t payload_len, bool has_payload)
+{
+	size_t len = pack(m);
+
+	return aps_msg_parse(limits(from_server), hdr, len, payload, payload_len, has_payload,
+	                     &parsed, &fault);
+}
+
+static int parse_msg(const struct aps_msg *m, bool from_server)
+{
+	return parse_with(m, from_server, m->payload, m->payload_len, m->payload != NULL);
+}
+
+#define expect_fault(rc, want) expect_fault_at(rc, want, __LINE__)
+
+static void expect_fault_at(int rc, enum aps_msg_fault_kind want, int line)
+{
+	if (rc != APS_EPROTO || fault.kind != want)
+		fail_msg("line %d: rc %d, fault %s (%s), expected %s", line, rc,
+		         aps_msg_fault_name(fault.kind), fault.text, aps_msg_fault_name(want));
+	assert_true(strlen(fault.text) > 0);
+	assert_null(strchr(fault.text, '\n'));
+}
+
+static void expect_ok_at(int rc, int line)
+{
+	if (rc != 0)
+		fail_msg("line %d: rc %d, fault %s: %s", line, rc, aps_msg_fault_name(fault.kind),
+		         fault.text);
+}
+
+#define expect_ok(rc) expect_ok_at(rc, __LINE__)
+
+static void assert_msg_equal(const struct aps_msg *a, const struct aps_msg *b)
+{
+	assert_int_equal(a->version_major, b->version_major);
+	assert_int_equal(a->version_minor, b->version_minor);
+	assert_int_equal(a->type, b->type);
+	assert_string_equal(a->job, b->job);
+	assert_int_equal(a->rank, b->rank);
+	assert_int_equal(a->world_size, b->world_size);
+	assert_int_equal(a->tensor_id, b->tensor_id);
+	assert_string_equal(a->tensor_name, b->tensor_name);
+	assert_int_equal(a->step, b->step);
+	assert_int_equal(a->chunk_offset, b->chunk_offset);
+	assert_int_equal(a->chunk_count, b->chunk_count);
+	assert_int_equal(a->total_count, b->total_count);
+	assert_string_equal(a->format, b->format);
+	assert_int_equal(a->scale_exp, b->scale_exp);
+	assert_int_equal(a->scaling, b->scaling);
+	assert_int_equal(a->flags, b->flags);
+	assert_int_equal(a->flushed, b->flushed);
+	assert_int_equal(a->error_code, b->error_code);
+	assert_string_equal(a->error_text, b->error_text);
+	assert_int_equal(a->n_waiting_for, b->n_waiting_for);
+	assert_memory_equal(a->waiting_for, b->waiting_for, sizeof(a->waiting_for));
+	assert_int_equal(a->n_exponents, b->n_exponents);
+	assert_memory_equal(a->exponents, b->exponents, sizeof(a->exponents));
+	assert_ptr_equal(a->payload, b->payload);
+	assert_int_equal(a->payload_len, b->payload_len);
+}
+
+static int setup(void **state)
+{
+	(void)state;
+	for (int i = 0; i < CHUNK; i++)
+		codes[i] = (uint8_t)((i % 0x78) | (i & 1 ? 0x80 : 0)); /* below the inf code 0x78 */
+	for (int i = 0; i < BCAST; i++)
+		values[i] = (float)i * -1.25f;
+	return 0;
+}
+
+static void test_proto_every_type_round_trips(void **state)
+{
+	(void)state;
+	for (int t = APS_MSG_HELLO; t < APS_MSG_TYPE_COUNT; t++) {
+		struct aps_msg m;
+
+		if (t == APS_MSG_EXPONENTS || t == APS_MSG_SCALES)
+			continue;
+		make_valid(&m, (enum aps_msg_type)t);
+		expect_ok(parse_msg(&m, sent_by_server((enum aps_msg_type)t)));
+		assert_msg_equal(&parsed, &m);
+	}
+}
+
+static void test_proto_round_trips_extremes(void **state)
+{
+	struct aps_msg m;
+
+	(void)state;
+	make_valid(&m, APS_MSG_PUSH);
+	memset(m.job, 'j', APS_MSG_JOB_MAX);
+	m.rank = 63;
+	m.world_size = 64;
+	m.tensor_id = 99;
+	m.step = INT64_MAX;
+	m.chunk_offset = 1000 - CHUNK;
+	m.scale_exp = -APS_CODEC_SCALE_MAX;
+	m.flags = APS_MSG_FLAG_LOWP_SUM;
+	m.flushed = UINT64_MAX;
+	m.scaling = APS_MSG_SCALING_UNSET;
+	expect_ok(parse_msg(&m, false));
+	assert_msg_equal(&parsed, &m);
+}
+
+static void test_proto_pack_reports_short_buffer(void **state)
+{
+	struct aps_msg m;
+	uint8_t *buf = NULL;
+	size_t len = 0, need;
+
+	(void)state;
+	make_valid(&m, APS_MSG_ERROR);
+	need = aps_msg_packed_size(&m);
+	assert_int_equal(aps_msg_pack(&m, hdr, need - 1, &len), APS_ESHORT);
+	assert_int_equal(aps_msg_pack(&m, hdr, need, &len), 0);
+	assert_true(len <= need);
+	assert_int_equal(aps_msg_pack_alloc(&m, &buf, &len), 0);
+	assert_memory_equal(buf, hdr, len);
+	free(buf);
+	m.n_waiting_for = APS_MSG_LIST_MAX + 1;
+	assert_int_equal(aps_msg_packed_size(&m), 0);
+	assert_int_equal(aps_msg_pack(&m, hdr, sizeof(hdr), &len), APS_EINVAL);
+	assert_int_equal(aps_msg_parse(NULL, hdr, 1, NULL, 0, false, &parsed, &fault), APS_EINVAL);
+}
+
+static void test_proto_rejects_version_mismatch(void **state)
+{
+	struct aps_msg m;
+
+	(void)state;
+	make_valid(&m, APS_MSG_HELLO);
+	m.version_major = APS_PROTO_VERSION_MAJOR + 1;
+	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_VERSION);
+	assert_non_null(strstr(fault.text, "HELLO: protocol version 2.0"));
+	m.version_major = 0;
+	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_VERSION);
+	/* Another minor is compatible; an ERROR is read from any version. */
+	make_valid(&m, APS_MSG_HELLO);
+	m.version_minor = 77;
+	expect_ok(parse_msg(&m, false));
+	make_valid(&m, APS_MSG_ERROR);
+	m.version_major = 9;
+	expect_ok(parse_msg(&m, true));
+}
+
+static void test_proto_rejects_bad_type(void **state)
+{
+	static const int bad[] = { 0, 14, 99, -1 };
+	struct aps_msg m;
+
+	(void)state;
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		make_valid(&m, APS_MSG_HEARTBEAT);
+		m.type = (enum aps_msg_type)bad[i];
+		expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_TYPE);
+	}
+	make_valid(&m, APS_MSG_EXPONENTS);
+	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_TYPE);
+	make_valid(&m, APS_MSG_RESULT); /* only the daemon sends RESULT */
+	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_TYPE);
+	make_valid(&m, APS_MSG_ERROR);
+	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_TYPE);
+	make_valid(&m, APS_MSG_PUSH); /* and only workers send PUSH */
+	expect_fault(parse_msg(&m, true), APS_MSG_FAULT_BAD_TYPE);
+}
+
+static void test_proto_rejects_bad_job(void **state)
+{
+	static const char *const bad[] = { "", "two words", "tab\there", "caf\xc3\xa9", "\x7f" };
+	struct aps_msg m;
+
+	(void)state;
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		make_valid(&m, APS_MSG_HELLO);
+		strcpy(m.job, bad[i]);
+		expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_JOB);
+	}
+	make_valid(&m, APS_MSG_ERROR); /* an anonymous ERROR has no job, a named one must */
+	m.rank = 0;
+	m.world_size = 0;
+	m.n_waiting_for = 0;
+	m.job[0] = '\0';
+	expect_ok(parse_msg(&m, true));
+	m.world_size = 2;
+	expect_fault(parse_msg(&m, true), APS_MSG_FAULT_BAD_JOB);
+}
+
+static void test_proto_rejects_bad_rank(void **state)
+{
+	struct aps_msg m;
+
+	(void)state;
+	make_valid(&m, APS_MSG_HELLO);
+	m.rank = m.world_size;
+	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_RANK);
+	make_valid(&m, APS_MSG_HELLO);
+	m.rank = 0;
+	m.world_size = 0;
+	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_RANK);
+	m.world_size = 65; /* limits() allows 64 */
+	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_RANK);
+	make_valid(&m, APS_MSG_ERROR);
+	m.waiting_for[1] = 4;
+	expect_fault(parse_msg(&m, true), APS_MSG_FAULT_BAD_RANK);
+}
+
+static void test_proto_rejects_bad_tensor(void **state)
+{
+	struct aps_msg m;
+
+	(void)state;
+	make_valid(&m, APS_MSG_PUSH);
+	m.tensor_id = 100; /* limits() allows ids below 100 */
+	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_TENSOR);
+	make_valid(&m, APS_MSG_REGISTER);
+	m.tensor_name[0] = '\0';
+	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_TENSOR);
+	strcpy(m.tensor_name, "fc weight");
+	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_TENSOR);
+	memset(m.tensor_name, 'n', APS_MSG_NAME_MAX);
+	expect_ok(parse_msg(&m, false));
+}
+
+static void test_proto_rejects_bad_step(void **state)
+{
+	struct aps_msg m;
+
+	(void)state;
+	make_valid(&m, APS_MSG_PUSH);
+	m.step = (uint64_t)INT64_MAX + 1;
+	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_STEP);
+	m.step = UINT64_MAX;
+	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_STEP);
+}
+
+static void test_proto_rejects_bad_format(void **state)
+{
+	struct aps_msg m;
+
+	(void)state;
+	make_valid(&m, APS_MSG_PUSH);
+	m.format[0] = '\0';
+	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_FORMAT);
+	strcpy(m.format, "e9m9");
+	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_FORMAT);
+	strcpy(m.format, "E4M3");
+	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_FORMAT);
+	make_valid(&m, APS_MSG_BROADCAST); /* BROADCAST is fp32 */
+	strcpy(m.format, "e4m3");
+	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_FORMAT);
+	m.format[0] = '\0';
+	expect_ok(parse_msg(&m, false));
+}
+
+static void test_proto_rejects_bad_chunk(void **state)
+{
+	struct aps_msg m;
+
+	(void)state;
+	make_valid(&m, APS_MSG_PUSH);
+	m.chunk_offset = 1000 - CHUNK + 1;
+	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_CHUNK);
+	m.chunk_offset = UINT64_MAX; /* offset + count wraps around */
+	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_CHUNK);
+	make_valid(&m, APS_MSG_PUSH);
+	m.total_count = CHUNK - 1;
+	m.chunk_offset = 0;
+	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_CHUNK);
+	make_valid(&m, APS_MSG_PUSH);
+	m.chunk_count = 0;
+	m.payload_len = 0;
+	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_CHUNK);
+	make_valid(&m, APS_MSG_REGISTER);
+	m.total_count = 0;
+	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_CHUNK);
+	m.total_count = (1u << 20) + 1; /* limits() allows 2^20 elements */
+	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_TOO_LARGE);
+}
+
+static void test_proto_rejects_bad_scale(void **state)
+{
+	struct aps_msg m;
+
+	(void)state;
+	make_valid(&m, APS_MSG_PUSH);
+	m.scale_exp = APS_CODEC_SCALE_MAX + 1;
+	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_SCALE);
+	m.scale_exp = -APS_CODEC_SCALE_MAX - 1;
+	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_SCALE);
+	make_valid(&m, APS_MSG_HELLO);
+	m.scaling = APS_SCALING_GLOBAL + 1;
+	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_SCALE);
+	make_valid(&m, APS_MSG_HELLO);
+	m.n_exponents = 2;
+	m.exponents[1] = INT32_MIN;
+	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_SCALE);
+}
+
+static void test_proto_rejects_unknown_flags(void **state)
+{
+	struct aps_msg m;
+
+	(void)state;
+	make_valid(&m, APS_MSG_PUSH);
+	m.flags = 1u << 5;
+	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_FLAGS);
+}
+
+static void test_proto_rejects_bad_error(void **state)
+{
+	struct aps_msg m;
+
+	(void)state;
+	make_valid(&m, APS_MSG_ERROR);
+	m.error_code = 0;
+	expect_fault(parse_msg(&m, true), APS_MSG_FAULT_BAD_ERROR);
+	make_valid(&m, APS_MSG_ERROR);
+	m.error_text[0] = '\0';
+	expect_fault(parse_msg(&m, true), APS_MSG_FAULT_BAD_ERROR);
+	strcpy(m.error_text, "two\nlines");
+	expect_fault(parse_msg(&m, true), APS_MSG_FAULT_BAD_ERROR);
+	make_valid(&m, APS_MSG_BYE);
+	m.error_code = APS_EPROTO;
+	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_ERROR);
+}
+
+/* Packs an envelope built by hand: fields struct aps_msg cannot hold. */
+static size_t pack_raw(const Aps__Envelope *env)
+{
+	assert_true(aps__envelope__get_packed_size(env) <= sizeof(hdr));
+	return aps__envelope__pack(env, hdr);
+}
+
+static int parse_raw(const Aps__Envelope *env, bool from_server)
+{
+	size_t len = pack_raw(env);
+
+	return aps_msg_parse(limits(from_server), hdr, len, NULL, 0, false, &parsed, &fault);
+}
+
+static void test_proto_rejects_what_the_struct_cannot_hold(void **state)
+{
+	static char long_text[APS_MSG_NAME_MAX + 2];
+	static uint32_t list[APS_MSG_LIST_MAX + 1];
+	struct aps_msg m;
+	Aps__Envelope env;
+
+	(void)state;
+	memset(long_text, 'x', sizeof(long_text) - 1);
+	make_valid(&m, APS_MSG_REGISTER);
+	aps_envelope_from_msg(&m, 0, &env);
+	env.tensor_name = long_text;
+	expect_fault(parse_raw(&env, false), APS_MSG_FAULT_BAD_TENSOR);
+	aps_envelope_from_msg(&m, 0, &env);
+	env.job = long_text + sizeof(long_text) - 2 - APS_MSG_JOB_MAX; /* 65 bytes */
+	expect_fault(parse_raw(&env, false), APS_MSG_FAULT_BAD_JOB);
+	aps_envelope_from_msg(&m, 0, &env);
+	env.format = long_text + sizeof(long_text) - 1 - APS_FORMAT_NAME_MAX;
+	expect_fault(parse_raw(&env, false), APS_MSG_FAULT_BAD_FORMAT);
+	make_valid(&m, APS_MSG_ERROR);
+	aps_envelope_from_msg(&m, 0, &env);
+	env.error_text = long_text;
+	expect_fault(parse_raw(&env, true), APS_MSG_FAULT_BAD_ERROR);
+	aps_envelope_from_msg(&m, 0, &env);
+	env.n_waiting_for = APS_MSG_LIST_MAX + 1;
+	env.waiting_for = list;
+	expect_fault(parse_raw(&env, true), APS_MSG_FAULT_TOO_LARGE);
+	make_valid(&m, APS_MSG_HELLO); /* describes a payload it does not carry */
+	aps_envelope_from_msg(&m, 0, &env);
+	env.payload_len = 4;
+	expect_fault(parse_raw(&env, false), APS_MSG_FAULT_BAD_LENGTH);
+}
+
+static void test_proto_rejects_large_header(void **state)
+{
+	struct aps_msg_limits lim = *limits(false);
+	struct aps_msg m;
+	size_t len;
+
+	(void)state;
+	make_valid(&m, APS_MSG_HELLO);
+	len = pack(&m);
+	lim.max_header = len - 1;
+	assert_int_equal(aps_msg_parse(&lim, hdr, len, NULL, 0, false, &parsed, &fault),
+	                 APS_EPROTO);
+	assert_int_equal(fault.kind, APS_MSG_FAULT_TOO_LARGE);
+}
+
+static void test_proto_rejects_payload_length_mismatch(void **state)
+{
+	struct aps_msg m;
+
+	(void)state;
+	make_valid(&m, APS_MSG_PUSH);
+	/* Header and frame agree, the count does not. */
+	m.payload_len = CHUNK - 1;
+	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_LENGTH);
+	assert_string_equal(fault.text, "PUSH: payload is 100 bytes, 101 e4m3 codes need 101");
+	/* Header and count agree, the frame is one byte short. */
+	make_valid(&m, APS_MSG_PUSH);
+	expect_fault(parse_with(&m, false, codes, CHUNK - 1, true), APS_MSG_FAULT_BAD_LENGTH);
+	make_valid(&m, APS_MSG_BROADCAST);
+	m.payload_len = sizeof(values) - 1;
+	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_LENGTH);
+}
+
+static void test_proto_rejects_flipped_payload_bit(void **state)
+{
+	uint8_t copy[CHUNK];
+	struct aps_msg m;
+
+	(void)state;
+	make_valid(&m, APS_MSG_PUSH);
+	for (size_t bit = 0; bit < 8 * sizeof(copy); bit += 37) {
+		memcpy(copy, codes, sizeof(copy));
+		copy[bit / 8] ^= (uint8_t)(1u << (bit % 8));
+		expect_fault(parse_with(&m, false, copy, sizeof(copy), true),
+		             APS_MSG_FAULT_BAD_CRC);
+	}
+}
+
+static void test_proto_rejects_missing_and_unexpected_payload(void **state)
+{
+	struct aps_msg m;
+
+	(void)state;
+	make_valid(&m, APS_MSG_PUSH);
+	expect_fault(parse_with(&m, false, NULL, 0, false), APS_MSG_FAULT_MISSING_PAYLOAD);
+	make_valid(&m, APS_MSG_RESULT);
+	expect_fault(parse_with(&m, true, NULL, 0, false), APS_MSG_FAULT_MISSING_PAYLOAD);
+	make_valid(&m, APS_MSG_BROADCAST);
+	expect_fault(parse_with(&m, false, NULL, 0, false), APS_MSG_FAULT_MISSING_PAYLOAD);
+	make_valid(&m, APS_MSG_HELLO);
+	expect_fault(parse_with(&m, false, codes, 4, true), APS_MSG_FAULT_UNEXPECTED_PAYLOAD);
+	expect_fault(parse_with(&m, false, NULL, 0, true), APS_MSG_FAULT_UNEXPECTED_PAYLOAD);
+	/* A skipped chunk and a non-root BROADCAST request carry no payload. */
+	make_valid(&m, APS_MSG_PUSH);
+	m.flags = APS_MSG_FLAG_SKIP;
+	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_UNEXPECTED_PAYLOAD);
+	m.payload = NULL;
+	m.payload_len = 0;
+	expect_ok(parse_msg(&m, false));
+	make_valid(&m, APS_MSG_BROADCAST);
+	m.rank = 2;
+	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_UNEXPECTED_PAYLOAD);
+	m.payload = NULL;
+	m.payload_len = 0;
+	expect_ok(parse_msg(&m, false));
+	expect_fault(parse_msg(&m, true), APS_MSG_FAULT_MISSING_PAYLOAD);
+}
+
+/* A PUSH of n codes of the given width in format, one of them set to bad. */
+static int parse_push_with_code(const char *format, unsigned bytes_per_code, uint32_t bad)
+{
+	static uint8_t buf[4 * 5];
+	struct aps_msg m;
+
+	make_valid(&m, APS_MSG_PUSH);
+	memset(buf, 0, sizeof(buf));
+	memcpy(buf + 3 * bytes_per_code, &bad, bytes_per_code); /* little-endian host */
+	set_chunk(&m, format, buf, 5, 5 * bytes_per_code);
+	return parse_msg(&m, false);
+}
+
+static void test_proto_rejects_nonfinite_codes(void **state)
+{
+	float nan = NAN, inf = -INFINITY, one = 1.0f;
+	uint32_t nan_bits, inf_bits, one_bits;
+	struct aps_msg m;
+
+	(void)state;
+	memcpy(&nan_bits, &nan, 4);
+	memcpy(&inf_bits, &inf, 4);
+	memcpy(&one_bits, &one, 4);
+	expect_fault(parse_push_with_code("e4m3", 1, 0x78), APS_MSG_FAULT_NONFINITE); /* +inf */
+	expect_fault(parse_push_with_code("e4m3", 1, 0xff), APS_MSG_FAULT_NONFINITE); /* NaN */
+	expect_ok(parse_push_with_code("e4m3fn", 1, 0x78));                           /* 256 */
+	expect_fault(parse_push_with_code("e4m3fn", 1, 0x7f), APS_MSG_FAULT_NONFINITE);
+	expect_fault(parse_push_with_code("e5m2", 1, 0xfc), APS_MSG_FAULT_NONFINITE); /* -inf */
+	expect_fault(parse_push_with_code("fp16", 2, 0x7c00), APS_MSG_FAULT_NONFINITE);
+	expect_fault(parse_push_with_code("fp16", 2, 0xfe00), APS_MSG_FAULT_NONFINITE);
+	expect_ok(parse_push_with_code("fp16", 2, 0x7bff));
+	expect_fault(parse_push_with_code("bf16", 2, 0x7f80), APS_MSG_FAULT_NONFINITE);
+	expect_fault(parse_push_with_code("fp32", 4, nan_bits), APS_MSG_FAULT_NONFINITE);
+	expect_fault(parse_push_with_code("fp32", 4, inf_bits), APS_MSG_FAULT_NONFINITE);
+	expect_ok(parse_push_with_code("fp32", 4, one_bits));
+	make_valid(&m, APS_MSG_BROADCAST);
+	values[BCAST - 1] = INFINITY;
+	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_NONFINITE);
+	values[BCAST - 1] = 2.0f;
+	expect_ok(parse_msg(&m, false));
+}
+
+static void test_proto_rejects_nonfinite_packed_codes(void **state)
+{
+	uint8_t buf[2] = { 0 }; /* three 4-bit e3m0 codes in a 12-bit stream */
+	struct aps_msg m;
+
+	(void)state;
+	make_valid(&m, APS_MSG_PUSH);
+	set_chunk(&m, "e3m0", buf, 3, sizeof(buf));
+	expect_ok(parse_msg(&m, false));
+	buf[1] = 0x07; /* code 2 = 0x7: e3m0 inf */
+	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_NONFINITE);
+	buf[1] = 0x70; /* bits past the last code are not a code */
+	expect_ok(parse_msg(&m, false));
+}
+
+static bool is_data(int type)
+{
+	return type == APS_MSG_PUSH || type == APS_MSG_RESULT || type == APS_MSG_BROADCAST;
+}
+
+static void test_proto_rejects_every_truncated_header(void **state)
+{
+	uint8_t full[HDR_CAP];
+	struct aps_msg m;
+	size_t len;
+
+	(void)state;
+	for (int t = APS_MSG_HELLO; t <= APS_MSG_ERROR; t++) {
+		bool server = sent_by_server((enum aps_msg_type)t);
+
+		make_valid(&m, (enum aps_msg_type)t);
+		m.flushed = 0; /* so that the CRC is the last field encoded */
+		len = pack(&m);
+		memcpy(full, hdr, len);
+		for (size_t cut = 0; cut < len; cut++) {
+			/* Exact-size heap copy: ASan sees any read past the cut. */
+			uint8_t *prefix = malloc(cut ? cut : 1);
+			int rc;
+
+			memcpy(prefix, full, cut);
+			rc = aps_msg_parse(limits(server), prefix, cut, m.payload, m.payload_len,
+			                   m.payload != NULL, &parsed, &fault);
+			free(prefix);
+			/*
+			 * A prefix ending on a field boundary is a valid protobuf with the
+			 * later fields at zero: a data message fails on its CRC, others
+			 * may pass with trailing fields dropped, never with other values.
+			 */
+			if (is_data(t))
+				assert_int_equal(rc, APS_EPROTO);
+			else if (rc == 0)
+				assert_int_equal(parsed.type, t);
+			else
+				assert_int_equal(rc, APS_EPROTO);
+		}
+	}
+}
+
+static void parse_garbage(const uint8_t *bytes, size_t len, uint64_t seed)
+{
+	uint8_t *copy = malloc(len ? len : 1);
+	bool server = seed & 1;
+	int rc;
+
+	memcpy(copy, bytes, len);
+	rc = aps_msg_parse(limits(server), copy, len, codes, (seed >> 1) % sizeof(codes),
+	                   (seed >> 8) & 1, &parsed, &fault);
+	free(copy);
+	assert_true(rc == 0 || rc == APS_EPROTO);
+	if (rc == APS_EPROTO) {
+		assert_true(fault.kind > APS_MSG_FAULT_NONE && fault.kind < APS_MSG_FAULT_COUNT);
+		assert_true(strlen(fault.text) < sizeof(fault.text));
+	}
+}
+
+static void test_proto_survives_random_garbage(void **state)
+{
+	uint8_t buf[512];
+
+	(void)state;
+	for (uint64_t t = 0; t < 20000; t++) {
+		size_t len = (size_t)(aps_rng_bits(11, t, 0) % sizeof(buf));
+
+		for (size_t i = 0; i < len; i++)
+			buf[i] = (uint8_t)aps_rng_bits(12, t, i);
+		parse_garbage(buf, len, aps_rng_bits(13, t, 0));
+	}
+}
+
+static void test_proto_survives_mutated_headers(void **state)
+{
+	uint8_t buf[HDR_CAP];
+	struct aps_msg m;
+	size_t len;
+
+	(void)state;
+	for (uint64_t t = 0; t < 20000; t++) {
+		make_valid(&m, (enum aps_msg_type)(APS_MSG_HELLO + t % APS_MSG_ERROR));
+		len = pack(&m);
+		memcpy(buf, hdr, len);
+		for (int k = 0; k < 1 + (int)(t % 4); k++) {
+			uint64_t r = aps_rng_bits(14, t, (uint64_t)k);
+
+			buf[r % len] = (uint8_t)(r >> 32);
+		}
+		parse_garbage(buf, len, aps_rng_bits(15, t, 0));
+	}
+}
+
+static void test_proto_fault_names_are_distinct(void **state)
+{
+	(void)state;
+	for (int i = 1; i < APS_MSG_FAULT_COUNT; i++) {
+		const char *name = aps_msg_fault_name((enum aps_msg_fault_kind)i);
+
+		assert_true(strlen(name) > 0);
+		assert_true(strlen(aps_msg_fault_text((enum aps_msg_fault_kind)i)) > 0);
+		for (int j = 1; j < i; j++)
+			assert_string_not_equal(name,
+			                        aps_msg_fault_name((enum aps_msg_fault_kind)j));
+	}
+	assert_string_equal(aps_msg_fault_name(APS_MSG_FAULT_BAD_CRC), "bad_crc");
+	assert_string_equal(aps_msg_fault_name(APS_MSG_FAULT_COUNT), "unknown");
+	assert_string_equal(aps_msg_type_name(APS_MSG_PUSH), "PUSH");
+	assert_string_equal(aps_msg_type_name(1000), "UNKNOWN");
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_proto_every_type_round_trips),
+		cmocka_unit_test(test_proto_round_trips_extremes),
+		cmocka_unit_test(test_proto_pack_reports_short_buffer),
+		cmocka_unit_test(test_proto_rejects_version_mismatch),
+		cmocka_unit_test(test_proto_rejects_bad_type),
+		cmocka_unit_test(test_proto_rejects_bad_job),
+		cmocka_unit_test(test_proto_rejects_bad_rank),
+		cmocka_unit_test(test_proto_rejects_bad_tensor),
+		cmocka_unit_test(test_proto_rejects_bad_step),
+		cmocka_unit_test(test_proto_rejects_bad_format),
+		cmocka_unit_test(test_proto_rejects_bad_chunk),
+		cmocka_unit_test(test_proto_rejects_bad_scale),
+		cmocka_unit_test(test_proto_rejects_unknown_flags),
+		cmocka_unit_test(test_proto_rejects_bad_error),
+		cmocka_unit_test(test_proto_rejects_what_the_struct_cannot_hold),
+		cmocka_unit_test(test_proto_rejects_large_header),
+		cmocka_unit_test(test_proto_rejects_payload_length_mismatch),
+		cmocka_unit_test(test_proto_rejects_flipped_payload_bit),
+		cmocka_unit_test(test_proto_rejects_missing_and_unexpected_payload),
+		cmocka_unit_test(test_proto_rejects_nonfinite_codes),
+		cmocka_unit_test(test_proto_rejects_nonfinite_packed_codes),
+		cmocka_unit_test(test_proto_rejects_every_truncated_header),
+		cmocka_unit_test(test_proto_survives_random_garbage),
+		cmocka_unit_test(test_proto_survives_mutated_headers),
+		cmocka_unit_test(test_proto_fault_names_are_distinct),
+	};
+
+	return cmocka_run_group_tests_name("proto", tests, setup, NULL);
+}

@@ -1,0 +1,250 @@
+/*
+ * Unit tests of the round engine (server/round.h): the rank-ordered sum is the
+ * same bits in any arrival order, duplicates and wrong steps are refused,
+ * broadcasts deliver the root's values, aborts release what was held.
+ */
+#include "common/codec.h"
+#include "common/err.h"
+#include "server/round.h"
+
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#define N 1001
+#define RANKS 4
+
+static int released;
+
+static void count_release(void *ctx)
+{
+	(void)ctx;
+	released++;
+}
+
+struct rank_data {
+	float x[N];
+	uint8_t codes[4 * N];
+	int k;
+	struct aps_format fmt;
+};
+
+static struct rank_data ranks[RANKS];
+
+static void make_data(const char *fmt, uint32_t seed)
+{
+	for (int r = 0; r < RANKS; r++) {
+		struct rank_data *d = &ranks[r];
+		struct aps_quant_opts o = { 0 };
+		assert_int_equal(aps_format_parse(fmt, &d->fmt), 0);
+		for (int i = 0; i < N; i++) {
+			seed = seed * 1664525u + 1013904223u;
+			d->x[i] = ((float)(seed >> 8) / 16777216.0f - 0.5f) * ldexpf(1.0f, -r * 3);
+		}
+		aps_scale_local(&d->fmt, aps_codec_maxabs(d->x, N), &d->k);
+		o.scale_exp = d->k;
+		assert_int_equal(aps_codec_quantize(&d->fmt, d->x, N, &o, d->codes,
+						    sizeof(d->codes), NULL),
+				 0);
+	}
+}
+
+static struct aps_contribution contribution(int r, bool with_data)
+{
+	struct aps_contribution c = { .fmt = ranks[r].fmt, .scale_exp = ranks[r].k };
+
+	if (with_data) {
+		c.payload.data = ranks[r].codes;
+		c.payload.len = aps_format_packed_size(&ranks[r].fmt, N);
+		c.payload.release = count_release;
+	}
+	return c;
+}
+
+/* The expectation, computed apart: decode each rank, sum in rank order, divide. */
+static void expected_mean(float *mean)
+{
+	float dec[N];
+
+	for (int r = 0; r < RANKS; r++) {
+		struct aps_format *f = &ranks[r].fmt;
+		aps_codec_dequantize(f, ranks[r].codes, sizeof(ranks[r].codes), N, ranks[r].k, dec);
+		for (int i = 0; i < N; i++)
+			mean[i] = r == 0 ? dec[i] : mean[i] + dec[i];
+	}
+	for (int i = 0; i < N; i++)
+		mean[i] /= (float)RANKS;
+}
+
+static void run_round(const int *order, float *out, int *k)
+{
+	struct aps_round r;
+	struct aps_round_result res;
+	char why[128];
+
+	assert_int_equal(aps_round_init(&r, RANKS, N), 0);
+	released = 0;
+	for (int i = 0; i < RANKS; i++) {
+		struct aps_contribution c = contribution(order[i], true);
+		assert_false(aps_round_complete(&r));
+		assert_int_equal(aps_round_add(&r, (uint32_t)order[i], 0, APS_ROUND_ALLREDUCE, &c,
+					       why, sizeof(why)),
+				 0);
+	}
+	assert_true(aps_round_complete(&r));
+	assert_int_equal(released, RANKS);
+	assert_int_equal(aps_round_finish(&r, NULL, APS_SCALING_LOCAL, &res), 0);
+	assert_int_equal(r.step, 1);
+	*k = res.scale_exp;
+	aps_codec_dequantize(&res.fmt, res.payload->data, res.payload->len, N, res.scale_exp, out);
+	aps_sbuf_unref(res.payload);
+	aps_round_fini(&r);
+}
+
+static void test_round_same_bits_in_any_order(void **state)
+{
+	static const int orders[][RANKS] = { { 0, 1, 2, 3 }, { 3, 2, 1, 0 }, { 2, 0, 3, 1 },
+					     { 1, 3, 0, 2 } };
+	float want[N], mean[N], got[N], first[N];
+	struct aps_quant_opts o = { 0 };
+	uint8_t codes[N];
+	int k, k0;
+
+	(void)state;
+	make_data("e4m3", 7);
+	expected_mean(mean);
+	/* then the downlink quantization, with the local exponent of the mean */
+	aps_scale_local(&ranks[0].fmt, aps_codec_maxabs(mean, N), &o.scale_exp);
+	aps_codec_quantize(&ranks[0].fmt, mean, N, &o, codes, sizeof(codes), NULL);
+	aps_codec_dequantize(&ranks[0].fmt, codes, sizeof(codes), N, o.scale_exp, want);
+	run_round(orders[0], first, &k0);
+	assert_int_equal(k0, o.scale_exp);
+	assert_memory_equal(first, want, sizeof(want));
+	for (size_t i = 1; i < sizeof(orders) / sizeof(orders[0]); i++) {
+		run_round(orders[i], got, &k);
+		assert_memory_equal(got, first, sizeof(got));
+	}
+}
+
+static void test_round_fp32_is_the_exact_mean(void **state)
+{
+	static const int order[RANKS] = { 2, 1, 3, 0 };
+	float want[N], got[N];
+	int k;
+
+	(void)state;
+	make_data("fp32", 3);
+	expected_mean(want);
+	run_round(order, got, &k);
+	assert_int_equal(k, 0);
+	assert_memory_equal(got, want, sizeof(want));
+}
+
+static void test_round_refuses_duplicates_and_wrong_steps(void **state)
+{
+	struct aps_round r;
+	struct aps_contribution c;
+	char why[128];
+
+	(void)state;
+	make_data("e5m2", 1);
+	assert_int_equal(aps_round_init(&r, RANKS, N), 0);
+	released = 0;
+	c = contribution(2, true);
+	assert_int_equal(aps_round_add(&r, 2, 0, APS_ROUND_ALLREDUCE, &c, why, sizeof(why)), 0);
+	assert_int_equal(released, 0); /* held: ranks 0 and 1 come first */
+	c = contribution(2, true);
+	assert_int_equal(aps_round_add(&r, 2, 0, APS_ROUND_ALLREDUCE, &c, why, sizeof(why)),
+			 APS_EPROTO);
+	assert_non_null(strstr(why, "already contributed"));
+	c = contribution(1, true);
+	assert_int_equal(aps_round_add(&r, 1, 1, APS_ROUND_ALLREDUCE, &c, why, sizeof(why)),
+			 APS_EPROTO);
+	assert_non_null(strstr(why, "at step 0"));
+	assert_int_equal(aps_round_add(&r, 7, 0, APS_ROUND_ALLREDUCE, &c, why, sizeof(why)),
+			 APS_EPROTO);
+	c = contribution(1, false);
+	assert_int_equal(aps_round_add(&r, 1, 0, APS_ROUND_ALLREDUCE, &c, why, sizeof(why)),
+			 APS_EPROTO);
+	c = contribution(1, false);
+	assert_int_equal(aps_round_add(&r, 1, 0, APS_ROUND_BROADCAST, &c, why, sizeof(why)),
+			 APS_EPROTO);
+	assert_non_null(strstr(why, "mixes"));
+	uint32_t missing[RANKS];
+	assert_int_equal(aps_round_missing(&r, missing, RANKS), 3);
+	assert_int_equal(missing[0], 0);
+	assert_int_equal(missing[2], 3);
+	/* an abort releases what was held and keeps the step */
+	aps_round_abort(&r);
+	assert_int_equal(released, 1);
+	assert_int_equal(r.step, 0);
+	assert_int_equal(aps_round_missing(&r, missing, RANKS), RANKS);
+	aps_round_fini(&r);
+}
+
+static void test_round_broadcast_delivers_the_root(void **state)
+{
+	struct aps_round r;
+	struct aps_round_result res;
+	struct aps_contribution c;
+	char why[128];
+
+	(void)state;
+	make_data("fp32", 11);
+	assert_int_equal(aps_round_init(&r, RANKS, N), 0);
+	for (int rank = 0; rank < RANKS; rank++) {
+		c = contribution(rank, rank == 2);
+		assert_int_equal(aps_round_add(&r, (uint32_t)rank, 0, APS_ROUND_BROADCAST, &c, why,
+					       sizeof(why)),
+				 0);
+	}
+	c = contribution(0, true);
+	assert_true(aps_round_complete(&r));
+	assert_int_equal(aps_round_finish(&r, NULL, APS_SCALING_LOCAL, &res), 0);
+	assert_int_equal(res.payload->len, 4 * N);
+	assert_memory_equal(res.payload->data, ranks[2].x, sizeof(ranks[2].x));
+	aps_sbuf_unref(res.payload);
+	aps_round_fini(&r);
+}
+
+static void test_round_downlink_format_and_no_scaling(void **state)
+{
+	static const int order[RANKS] = { 0, 1, 2, 3 };
+	struct aps_round r;
+	struct aps_round_result res;
+	struct aps_format fp16;
+	char why[128];
+
+	(void)state;
+	make_data("e4m3", 5);
+	aps_format_parse("fp16", &fp16);
+	assert_int_equal(aps_round_init(&r, RANKS, N), 0);
+	for (int i = 0; i < RANKS; i++) {
+		struct aps_contribution c = contribution(order[i], true);
+		aps_round_add(&r, (uint32_t)order[i], 0, APS_ROUND_ALLREDUCE, &c, why, sizeof(why));
+	}
+	assert_int_equal(aps_round_finish(&r, &fp16, APS_SCALING_NONE, &res), 0);
+	assert_string_equal(res.fmt.name, "fp16");
+	assert_int_equal(res.scale_exp, 0);
+	assert_int_equal(res.payload->len, 2 * N);
+	aps_sbuf_unref(res.payload);
+	aps_round_fini(&r);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_round_same_bits_in_any_order),
+		cmocka_unit_test(test_round_fp32_is_the_exact_mean),
+		cmocka_unit_test(test_round_refuses_duplicates_and_wrong_steps),
+		cmocka_unit_test(test_round_broadcast_delivers_the_root),
+		cmocka_unit_test(test_round_downlink_format_and_no_scaling),
+	};
+	return cmocka_run_group_tests_name("round", tests, NULL, NULL);
+}
