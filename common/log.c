@@ -76,9 +76,9 @@ static int line_prefix(char *buf, size_t len, enum aps_log_level level, const ch
 		return snprintf(buf, len, "<%d>%s: ", level_priority[level], component);
 	clock_gettime(CLOCK_REALTIME, &ts);
 	gmtime_r(&ts.tv_sec, &tm);
-	return snprintf(buf, len, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ %s %s: ",
-			tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min,
-			tm.tm_sec, ts.tv_nsec / 1000000, level_names[level], component);
+	return snprintf(buf, len, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ %s %s: ", tm.tm_year + 1900,
+	                tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+	                ts.tv_nsec / 1000000, level_names[level], component);
 }
 
 void aps_log(enum aps_log_level level, const char *component, const char *fmt, ...)

@@ -23,15 +23,15 @@ int aps_log_level_parse(const char *name, enum aps_log_level *out);
 const char *aps_log_level_name(enum aps_log_level level);
 
 void aps_log(enum aps_log_level level, const char *component, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
+        __attribute__((format(printf, 3, 4)));
 
 #define aps_log_error(comp, ...) aps_log(APS_LOG_ERROR, comp, __VA_ARGS__)
-#define aps_log_warn(comp, ...) aps_log(APS_LOG_WARN, comp, __VA_ARGS__)
-#define aps_log_info(comp, ...) aps_log(APS_LOG_INFO, comp, __VA_ARGS__)
-#define aps_log_debug(comp, ...)                                                           \
-	do {                                                                               \
-		if (aps_log_enabled(APS_LOG_DEBUG))                                        \
-			aps_log(APS_LOG_DEBUG, comp, __VA_ARGS__);                         \
+#define aps_log_warn(comp, ...)  aps_log(APS_LOG_WARN, comp, __VA_ARGS__)
+#define aps_log_info(comp, ...)  aps_log(APS_LOG_INFO, comp, __VA_ARGS__)
+#define aps_log_debug(comp, ...)                                   \
+	do {                                                       \
+		if (aps_log_enabled(APS_LOG_DEBUG))                \
+			aps_log(APS_LOG_DEBUG, comp, __VA_ARGS__); \
 	} while (0)
 
 #endif

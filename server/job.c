@@ -77,8 +77,7 @@ static void free_job(struct aps_job *job)
 	free(job);
 }
 
-int aps_jobs_create(struct aps_jobs *t, const char *name, uint32_t world_size,
-		    struct aps_job **out)
+int aps_jobs_create(struct aps_jobs *t, const char *name, uint32_t world_size, struct aps_job **out)
 {
 	struct aps_job *job = calloc(1, sizeof(*job));
 
@@ -161,8 +160,8 @@ static int grow_tensors(struct aps_job *job)
 	return 0;
 }
 
-int aps_job_add_tensor(struct aps_job *job, const char *name, uint64_t count,
-		       uint32_t max_tensors, struct aps_tensor **out)
+int aps_job_add_tensor(struct aps_job *job, const char *name, uint64_t count, uint32_t max_tensors,
+                       struct aps_tensor **out)
 {
 	struct aps_tensor *t;
 

@@ -22,7 +22,7 @@ struct aps_job;
 struct aps_session {
 	struct aps_session *next;
 	struct aps_peer peer;
-	int fd;		     /* connection of its last message */
+	int fd;              /* connection of its last message */
 	struct aps_job *job; /* NULL until its HELLO was accepted */
 	uint32_t rank;
 	uint64_t last_seen_ms;
@@ -42,7 +42,7 @@ struct aps_job {
 	char name[APS_MSG_JOB_MAX + 1];
 	uint32_t world_size;
 	enum aps_scaling scaling;
-	bool downlink_auto;	 /* RESULT in each tensor's uplink format */
+	bool downlink_auto; /* RESULT in each tensor's uplink format */
 	struct aps_format downlink;
 	struct aps_session **ranks; /* world_size; NULL: not connected */
 	struct aps_tensor **tensors;
@@ -69,7 +69,7 @@ void aps_jobs_drop_session(struct aps_jobs *t, struct aps_session *s);
 struct aps_job *aps_jobs_find(struct aps_jobs *t, const char *name);
 /* A new job (world_size ranks, none connected). Returns 0 or APS_ENOMEM. */
 int aps_jobs_create(struct aps_jobs *t, const char *name, uint32_t world_size,
-		    struct aps_job **out);
+                    struct aps_job **out);
 /* Frees a job that has no session left. */
 void aps_jobs_remove(struct aps_jobs *t, struct aps_job *job);
 void aps_jobs_free_all(struct aps_jobs *t);
@@ -80,8 +80,8 @@ uint32_t aps_job_connected(const struct aps_job *job);
 struct aps_tensor *aps_job_tensor_by_name(struct aps_job *job, const char *name);
 struct aps_tensor *aps_job_tensor(struct aps_job *job, uint32_t id);
 /* Adds a tensor with the next id. Returns 0, APS_ENOMEM or APS_ERANGE (limit). */
-int aps_job_add_tensor(struct aps_job *job, const char *name, uint64_t count,
-		       uint32_t max_tensors, struct aps_tensor **out);
+int aps_job_add_tensor(struct aps_job *job, const char *name, uint64_t count, uint32_t max_tensors,
+                       struct aps_tensor **out);
 
 /* Drops what every round and the barrier collected this step (a rank was lost). */
 void aps_job_abort_rounds(struct aps_job *job);

@@ -86,7 +86,7 @@ static void sum_ready(struct aps_round *r)
 }
 
 static int refuse(char *why, size_t why_len, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
+        __attribute__((format(printf, 3, 4)));
 
 static int refuse(char *why, size_t why_len, const char *fmt, ...)
 {
@@ -99,23 +99,23 @@ static int refuse(char *why, size_t why_len, const char *fmt, ...)
 }
 
 static int check_add(const struct aps_round *r, uint32_t rank, uint64_t step,
-		     enum aps_round_kind kind, const struct aps_contribution *c, char *why,
-		     size_t why_len)
+                     enum aps_round_kind kind, const struct aps_contribution *c, char *why,
+                     size_t why_len)
 {
 	bool data = c->payload.data != NULL;
 
 	if (rank >= r->world_size)
 		return refuse(why, why_len, "rank %u is not below world size %u", rank,
-			      r->world_size);
+		              r->world_size);
 	if (step != r->step)
 		return refuse(why, why_len, "step %llu, the tensor is at step %llu",
-			      (unsigned long long)step, (unsigned long long)r->step);
+		              (unsigned long long)step, (unsigned long long)r->step);
 	if (r->has[rank])
 		return refuse(why, why_len, "rank %u already contributed to step %llu", rank,
-			      (unsigned long long)step);
+		              (unsigned long long)step);
 	if (r->kind != APS_ROUND_IDLE && r->kind != kind)
 		return refuse(why, why_len, "step %llu mixes a broadcast and an all-reduce",
-			      (unsigned long long)step);
+		              (unsigned long long)step);
 	if (kind == APS_ROUND_ALLREDUCE && !data)
 		return refuse(why, why_len, "rank %u pushed no data", rank);
 	if (kind == APS_ROUND_BROADCAST && data && r->root_seen)
@@ -124,7 +124,7 @@ static int check_add(const struct aps_round *r, uint32_t rank, uint64_t step,
 }
 
 int aps_round_add(struct aps_round *r, uint32_t rank, uint64_t step, enum aps_round_kind kind,
-		  struct aps_contribution *c, char *why, size_t why_len)
+                  struct aps_contribution *c, char *why, size_t why_len)
 {
 	int ret = check_add(r, rank, step, kind, c, why, why_len);
 
@@ -181,11 +181,11 @@ static int encode(struct aps_round *r, enum aps_scaling scaling, struct aps_roun
 	if (res->payload == NULL)
 		return APS_ENOMEM;
 	return aps_codec_quantize(&res->fmt, r->acc, r->count, &o, res->payload->data, len,
-				  &res->stats);
+	                          &res->stats);
 }
 
 int aps_round_finish(struct aps_round *r, const struct aps_format *down, enum aps_scaling scaling,
-		     struct aps_round_result *res)
+                     struct aps_round_result *res)
 {
 	int ret;
 

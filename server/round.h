@@ -29,7 +29,7 @@ struct aps_payload {
 struct aps_contribution {
 	struct aps_format fmt;
 	int scale_exp;
-	uint64_t flushed;	    /* the rank's own count, for the precision policy */
+	uint64_t flushed;           /* the rank's own count, for the precision policy */
 	struct aps_payload payload; /* data == NULL: no data (a broadcast's non-root) */
 };
 
@@ -41,24 +41,24 @@ enum aps_round_kind {
 
 struct aps_round {
 	uint32_t world_size;
-	size_t count;	    /* elements of the tensor */
-	uint64_t step;	    /* the step being collected */
+	size_t count;  /* elements of the tensor */
+	uint64_t step; /* the step being collected */
 	enum aps_round_kind kind;
-	uint32_t arrived;   /* ranks that contributed this step */
-	uint32_t next_rank; /* ranks [0, next_rank) are summed into acc */
-	bool root_seen;	    /* broadcast: the root's data is in acc */
-	bool *has;	    /* world_size: contributed this step */
+	uint32_t arrived;              /* ranks that contributed this step */
+	uint32_t next_rank;            /* ranks [0, next_rank) are summed into acc */
+	bool root_seen;                /* broadcast: the root's data is in acc */
+	bool *has;                     /* world_size: contributed this step */
 	struct aps_contribution *held; /* world_size: waiting for the lower ranks */
-	float *acc;			/* count floats, the rank-ordered sum */
-	struct aps_format first_fmt;	/* rank 0's uplink format: the "auto" downlink */
-	uint64_t flushed;		/* sum of the ranks' flushed counts this step */
+	float *acc;                    /* count floats, the rank-ordered sum */
+	struct aps_format first_fmt;   /* rank 0's uplink format: the "auto" downlink */
+	uint64_t flushed;              /* sum of the ranks' flushed counts this step */
 };
 
 struct aps_round_result {
 	struct aps_format fmt; /* downlink format */
 	int scale_exp;
 	struct aps_sbuf *payload; /* one reference for the caller */
-	float maxabs;		  /* of the mean */
+	float maxabs;             /* of the mean */
 	struct aps_codec_stats stats;
 };
 
@@ -71,7 +71,7 @@ void aps_round_fini(struct aps_round *r);
  * step, a second contribution of the rank, a broadcast mixed with a push.
  */
 int aps_round_add(struct aps_round *r, uint32_t rank, uint64_t step, enum aps_round_kind kind,
-		  struct aps_contribution *c, char *why, size_t why_len);
+                  struct aps_contribution *c, char *why, size_t why_len);
 
 bool aps_round_complete(const struct aps_round *r);
 
@@ -82,7 +82,7 @@ bool aps_round_complete(const struct aps_round *r);
  * the round moves to the next step. Returns 0 or APS_ENOMEM.
  */
 int aps_round_finish(struct aps_round *r, const struct aps_format *down, enum aps_scaling scaling,
-		     struct aps_round_result *res);
+                     struct aps_round_result *res);
 
 /* Drops what this step collected; the step stays, to be collected again. */
 void aps_round_abort(struct aps_round *r);

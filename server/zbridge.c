@@ -20,7 +20,7 @@
 #include <string.h>
 #include <zmq.h>
 
-#define MAX_FRAMES 3 /* identity, header, payload */
+#define MAX_FRAMES        3 /* identity, header, payload */
 #define FLUSH_INTERVAL_MS 1
 
 struct frames {
@@ -156,7 +156,7 @@ int aps_zbridge_take_payload(struct aps_inmsg *m, struct aps_payload *out)
 	zmq_msg_init(&h->msg);
 	zmq_msg_move(&h->msg, &f->part[2]);
 	*out = (struct aps_payload){ zmq_msg_data(&h->msg), zmq_msg_size(&h->msg), release_held,
-				     h };
+		                     h };
 	return 0;
 }
 
@@ -222,7 +222,7 @@ static void free_sbuf_cb(void *data, void *hint)
 
 /* 0 sent, APS_EBUSY when the peer's pipe is full, APS_ECONN when it is gone. */
 static int try_send(struct aps_zbridge *b, const struct aps_peer *peer, const uint8_t *hdr,
-		    size_t hdr_len, struct aps_sbuf *payload)
+                    size_t hdr_len, struct aps_sbuf *payload)
 {
 	zmq_msg_t m;
 
@@ -232,7 +232,7 @@ static int try_send(struct aps_zbridge *b, const struct aps_peer *peer, const ui
 	zmq_send(b->router, hdr, hdr_len, payload != NULL ? ZMQ_SNDMORE : 0);
 	if (payload != NULL) {
 		zmq_msg_init_data(&m, payload->data, payload->len, free_sbuf_cb,
-				  aps_sbuf_ref(payload));
+		                  aps_sbuf_ref(payload));
 		if (zmq_msg_send(&m, b->router, 0) < 0)
 			zmq_msg_close(&m);
 	}
@@ -243,7 +243,7 @@ static int try_send(struct aps_zbridge *b, const struct aps_peer *peer, const ui
 }
 
 static bool peer_queued(const struct aps_zbridge *b, const struct aps_peer *peer,
-			const struct outmsg *before)
+                        const struct outmsg *before)
 {
 	for (const struct outmsg *q = b->queue; q != NULL && q != before; q = q->next) {
 		if (aps_peer_equal(&q->peer, peer))
@@ -253,7 +253,7 @@ static bool peer_queued(const struct aps_zbridge *b, const struct aps_peer *peer
 }
 
 static int enqueue(struct aps_zbridge *b, const struct aps_peer *peer, const uint8_t *hdr,
-		   size_t hdr_len, struct aps_sbuf *payload)
+                   size_t hdr_len, struct aps_sbuf *payload)
 {
 	struct outmsg *m = malloc(sizeof(*m) + hdr_len), **tail = &b->queue;
 
@@ -269,7 +269,8 @@ static int enqueue(struct aps_zbridge *b, const struct aps_peer *peer, const uin
 	*tail = m;
 	b->cnt.queued++;
 	if (!uv_is_active((uv_handle_t *)&b->flush_timer))
-		uv_timer_start(&b->flush_timer, on_flush_timer, FLUSH_INTERVAL_MS, FLUSH_INTERVAL_MS);
+		uv_timer_start(&b->flush_timer, on_flush_timer, FLUSH_INTERVAL_MS,
+		               FLUSH_INTERVAL_MS);
 	return 0;
 }
 
@@ -303,7 +304,7 @@ static void on_flush_timer(uv_timer_t *t)
 }
 
 int aps_zbridge_send(struct aps_zbridge *b, const struct aps_peer *peer, const uint8_t *hdr,
-		     size_t hdr_len, struct aps_sbuf *payload)
+                     size_t hdr_len, struct aps_sbuf *payload)
 {
 	int ret;
 
@@ -342,7 +343,7 @@ static int open_router(struct aps_zbridge *b, const struct aps_zbridge_opts *o)
 		zmq_setsockopt(b->router, ZMQ_MAXMSGSIZE, &max_msg, sizeof(max_msg));
 	if (zmq_bind(b->router, o->endpoint) < 0) {
 		aps_log_error("zbridge", "cannot listen endpoint=%s reason=\"%s\"", o->endpoint,
-			      zmq_strerror(errno));
+		              zmq_strerror(errno));
 		return APS_ECONN;
 	}
 	return 0;
@@ -386,7 +387,7 @@ static void init_handles(struct aps_zbridge *b)
 }
 
 int aps_zbridge_new(struct aps_zbridge **out, uv_loop_t *loop, const struct aps_zbridge_opts *o,
-		    const struct aps_zbridge_ops *ops, void *ctx)
+                    const struct aps_zbridge_ops *ops, void *ctx)
 {
 	struct aps_zbridge *b = calloc(1, sizeof(*b));
 	int ret = APS_ENOMEM;
@@ -451,8 +452,8 @@ static void close_sockets(struct aps_zbridge *b, int linger_ms)
 void aps_zbridge_free(struct aps_zbridge *b, int linger_ms)
 {
 	uv_handle_t *handles[] = { (uv_handle_t *)&b->idle, (uv_handle_t *)&b->flush_timer,
-				   (uv_handle_t *)&b->router_poll,
-				   (uv_handle_t *)&b->monitor_poll };
+		                   (uv_handle_t *)&b->router_poll,
+		                   (uv_handle_t *)&b->monitor_poll };
 
 	if (b == NULL)
 		return;

@@ -26,7 +26,7 @@ struct aps_peer {
 /* One received message: identity, header frame, optional payload frame. */
 struct aps_inmsg {
 	struct aps_peer peer;
-	int fd;		/* the connection it came on (-1 if unknown) */
+	int fd;         /* the connection it came on (-1 if unknown) */
 	size_t nframes; /* frames after the identity */
 	const uint8_t *hdr;
 	size_t hdr_len;
@@ -44,24 +44,24 @@ struct aps_zbridge_ops {
 
 struct aps_zbridge_opts {
 	const char *endpoint;
-	int heartbeat_ms;	      /* ZMTP heartbeats; 0 = off */
-	int heartbeat_timeout_ms;     /* a silent connection is closed after this */
-	int64_t max_message_bytes;    /* ZMQ_MAXMSGSIZE */
-	int drain_batch;	      /* messages per loop iteration */
+	int heartbeat_ms;          /* ZMTP heartbeats; 0 = off */
+	int heartbeat_timeout_ms;  /* a silent connection is closed after this */
+	int64_t max_message_bytes; /* ZMQ_MAXMSGSIZE */
+	int drain_batch;           /* messages per loop iteration */
 };
 
 struct aps_zbridge_counters {
 	uint64_t msgs_in, msgs_out, bytes_in, bytes_out;
-	uint64_t queued;	/* sends that waited in a peer queue */
-	uint64_t dropped;	/* sends to a peer that was gone */
-	uint64_t bad_frames;	/* messages with a wrong number of frames */
+	uint64_t queued;     /* sends that waited in a peer queue */
+	uint64_t dropped;    /* sends to a peer that was gone */
+	uint64_t bad_frames; /* messages with a wrong number of frames */
 };
 
 struct aps_zbridge;
 
 /* Creates the socket and binds it. Returns 0 or APS_ECONN with a log line. */
 int aps_zbridge_new(struct aps_zbridge **out, uv_loop_t *loop, const struct aps_zbridge_opts *o,
-		    const struct aps_zbridge_ops *ops, void *ctx);
+                    const struct aps_zbridge_ops *ops, void *ctx);
 
 /* Closes the socket (pending sends get up to linger_ms) and frees the bridge. */
 void aps_zbridge_free(struct aps_zbridge *b, int linger_ms);
@@ -75,7 +75,7 @@ int aps_zbridge_take_payload(struct aps_inmsg *m, struct aps_payload *out);
  * Returns 0, APS_ENOMEM, or APS_ECONN when the peer is gone (counted, dropped).
  */
 int aps_zbridge_send(struct aps_zbridge *b, const struct aps_peer *peer, const uint8_t *hdr,
-		     size_t hdr_len, struct aps_sbuf *payload);
+                     size_t hdr_len, struct aps_sbuf *payload);
 
 const struct aps_zbridge_counters *aps_zbridge_counters(const struct aps_zbridge *b);
 

@@ -17,7 +17,7 @@
 
 #include <cmocka.h>
 
-#define N 1001
+#define N     1001
 #define RANKS 4
 
 static int released;
@@ -49,9 +49,9 @@ static void make_data(const char *fmt, uint32_t seed)
 		}
 		aps_scale_local(&d->fmt, aps_codec_maxabs(d->x, N), &d->k);
 		o.scale_exp = d->k;
-		assert_int_equal(aps_codec_quantize(&d->fmt, d->x, N, &o, d->codes,
-						    sizeof(d->codes), NULL),
-				 0);
+		assert_int_equal(
+		        aps_codec_quantize(&d->fmt, d->x, N, &o, d->codes, sizeof(d->codes), NULL),
+		        0);
 	}
 }
 
@@ -94,8 +94,8 @@ static void run_round(const int *order, float *out, int *k)
 		struct aps_contribution c = contribution(order[i], true);
 		assert_false(aps_round_complete(&r));
 		assert_int_equal(aps_round_add(&r, (uint32_t)order[i], 0, APS_ROUND_ALLREDUCE, &c,
-					       why, sizeof(why)),
-				 0);
+		                               why, sizeof(why)),
+		                 0);
 	}
 	assert_true(aps_round_complete(&r));
 	assert_int_equal(released, RANKS);
@@ -109,8 +109,9 @@ static void run_round(const int *order, float *out, int *k)
 
 static void test_round_same_bits_in_any_order(void **state)
 {
-	static const int orders[][RANKS] = { { 0, 1, 2, 3 }, { 3, 2, 1, 0 }, { 2, 0, 3, 1 },
-					     { 1, 3, 0, 2 } };
+	static const int orders[][RANKS] = {
+		{ 0, 1, 2, 3 }, { 3, 2, 1, 0 }, { 2, 0, 3, 1 }, { 1, 3, 0, 2 }
+	};
 	float want[N], mean[N], got[N], first[N];
 	struct aps_quant_opts o = { 0 };
 	uint8_t codes[N];
@@ -161,20 +162,20 @@ static void test_round_refuses_duplicates_and_wrong_steps(void **state)
 	assert_int_equal(released, 0); /* held: ranks 0 and 1 come first */
 	c = contribution(2, true);
 	assert_int_equal(aps_round_add(&r, 2, 0, APS_ROUND_ALLREDUCE, &c, why, sizeof(why)),
-			 APS_EPROTO);
+	                 APS_EPROTO);
 	assert_non_null(strstr(why, "already contributed"));
 	c = contribution(1, true);
 	assert_int_equal(aps_round_add(&r, 1, 1, APS_ROUND_ALLREDUCE, &c, why, sizeof(why)),
-			 APS_EPROTO);
+	                 APS_EPROTO);
 	assert_non_null(strstr(why, "at step 0"));
 	assert_int_equal(aps_round_add(&r, 7, 0, APS_ROUND_ALLREDUCE, &c, why, sizeof(why)),
-			 APS_EPROTO);
+	                 APS_EPROTO);
 	c = contribution(1, false);
 	assert_int_equal(aps_round_add(&r, 1, 0, APS_ROUND_ALLREDUCE, &c, why, sizeof(why)),
-			 APS_EPROTO);
+	                 APS_EPROTO);
 	c = contribution(1, false);
 	assert_int_equal(aps_round_add(&r, 1, 0, APS_ROUND_BROADCAST, &c, why, sizeof(why)),
-			 APS_EPROTO);
+	                 APS_EPROTO);
 	assert_non_null(strstr(why, "mixes"));
 	uint32_t missing[RANKS];
 	assert_int_equal(aps_round_missing(&r, missing, RANKS), 3);
@@ -201,8 +202,8 @@ static void test_round_broadcast_delivers_the_root(void **state)
 	for (int rank = 0; rank < RANKS; rank++) {
 		c = contribution(rank, rank == 2);
 		assert_int_equal(aps_round_add(&r, (uint32_t)rank, 0, APS_ROUND_BROADCAST, &c, why,
-					       sizeof(why)),
-				 0);
+		                               sizeof(why)),
+		                 0);
 	}
 	c = contribution(0, true);
 	assert_true(aps_round_complete(&r));

@@ -1,8 +1,10 @@
 /*
  * libaps: the apsd client library (C ABI).
  *
- * This release exports the low-precision codec: format information, quantize
- * and dequantize with an APS scale exponent, and the exponent rules. Every
+ * Two parts: the low-precision codec (format information, quantize and
+ * dequantize with an APS scale exponent, the exponent rules), and the client
+ * of the apsd daemon (aps_client_*): join a job, register tensors, all-reduce
+ * them to the mean over ranks, broadcast, barrier. Every
  * function returns 0 (or a non-negative count) on success and a negative
  * APS_E* code on failure; aps_strerror() names the code and aps_last_error()
  * gives the detail of the calling thread's last failure. The library never
@@ -107,6 +109,67 @@ enum aps_scaling_mode {
  */
 int aps_exponent(const char *fmt, const float *x, uint64_t n, int32_t nworkers, int32_t mode,
                  int32_t *k);
+
+/** A connection to apsd as one rank of one job. Not thread-safe: one thread at a time. */
+typedef struct aps_client aps_client;
+
+/** Optional sink for the client's diagnostics (the library never prints). */
+typedef void (*aps_log_fn)(void *ctx, int level, const char *line);
+
+/** Options of aps_client_new; aps_client_opts_init sets the defaults. */
+struct aps_client_opts {
+	const char *endpoint; /* default "tcp://127.0.0.1:5555" */
+	const char *job;      /* default "default" */
+	uint32_t rank;        /* 0 <= rank < world_size */
+	uint32_t world_size;  /* ranks in the job, >= 1 */
+	const char *format;   /* uplink format of every tensor, default "e4m3" */
+	int32_t scaling;      /* enum aps_scaling_mode, default APS_SCALING_MODE_LOCAL */
+	const char *downlink; /* format of results: NULL (the uplink format), "fp32", ... */
+	int32_t timeout_ms;   /* deadline of a call without progress, default 60000 */
+	int32_t heartbeat_ms; /* liveness while waiting, default 1000 */
+	aps_log_fn log;       /* NULL: no diagnostics */
+	void *log_ctx;
+};
+
+/** Fills o with the defaults (rank 0 of a world of 1). */
+void aps_client_opts_init(struct aps_client_opts *o);
+
+/**
+ * Joins the job: connects, says HELLO and waits for the daemon's WELCOME.
+ * On success *out owns a client to free with aps_client_close. Returns 0,
+ * APS_EINVAL, APS_EFORMAT, APS_ETIMEDOUT (no daemon answered), APS_EBUSY (the
+ * rank is held by a live session), APS_EMISMATCH (the job's world size or
+ * options differ) or APS_ECONN.
+ */
+int aps_client_new(aps_client **out, const struct aps_client_opts *o);
+
+/**
+ * Registers a tensor of count fp32 elements under name (every rank registers
+ * the same tensors) and writes its id. Returns 0, APS_EINVAL, APS_EMISMATCH
+ * (another rank registered another count), APS_ETIMEDOUT or APS_ECLOSED.
+ */
+int aps_client_register(aps_client *c, const char *name, uint64_t count, uint32_t *tensor_id);
+
+/**
+ * All-reduce: replaces buf[0..count) with the mean over every rank of the
+ * job, in place. Blocks until the result arrives. timeout_ms <= 0 uses the
+ * client's. A tensor holding NaN or inf is refused before anything is sent
+ * (APS_ENONFINITE). Other errors: APS_EINVAL, APS_ETIMEDOUT (the message names
+ * the ranks the daemon still waits for), APS_EPEERLOST (a rank of the job was
+ * lost; the message names it), APS_EPROTO, APS_ECLOSED.
+ */
+int aps_client_allreduce(aps_client *c, uint32_t tensor_id, float *buf, uint64_t count,
+                         int32_t timeout_ms);
+
+/** Broadcast from rank 0: every rank's buf[0..count) receives rank 0's values. */
+int aps_client_broadcast(aps_client *c, uint32_t tensor_id, float *buf, uint64_t count,
+                         int32_t timeout_ms);
+
+/** Waits until every rank of the job has entered the barrier. */
+int aps_client_barrier(aps_client *c, int32_t timeout_ms);
+
+/** Says BYE, closes the connection and frees c. NULL is a no-op. Returns 0. */
+int aps_client_close(aps_client *c);
 
 #ifdef __cplusplus
 }

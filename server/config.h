@@ -1,0 +1,80 @@
+/*
+ * Daemon configuration: defaults, then an INI-style file, then command-line
+ * flags. Every key has the same name in the file and as a flag (--name VALUE
+ * or --name=VALUE). Errors are returned in struct aps_config_error as one
+ * line ("file:line: reason" or "--flag=value: reason"); this module never
+ * prints them. The caller prints err.message and exits 2.
+ */
+#ifndef APS_SERVER_CONFIG_H
+#define APS_SERVER_CONFIG_H
+
+#include "common/format.h"
+#include "common/log.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define APS_CONFIG_ENDPOINT_MAX 255  /* bytes, without the NUL */
+#define APS_CONFIG_LINE_MAX     1024 /* bytes per file line, without the newline */
+#define APS_CONFIG_ERROR_MAX    512
+
+/* Format of RESULT messages; AUTO answers each tensor in its uplink format. */
+enum aps_downlink {
+	APS_DOWNLINK_AUTO,
+	APS_DOWNLINK_FP32,
+	APS_DOWNLINK_FP16,
+	APS_DOWNLINK_BF16,
+};
+
+struct aps_config {
+	char listen[APS_CONFIG_ENDPOINT_MAX + 1]; /* tcp://, ipc:// or inproc:// */
+	enum aps_log_level log_level;
+	enum aps_downlink downlink;
+	int heartbeat_ms;           /* interval between HEARTBEATs */
+	int heartbeat_timeout_ms;   /* silence after which a session is dead */
+	int max_jobs;               /* jobs alive at once */
+	int max_ranks;              /* world size limit of one job */
+	int max_tensors;            /* tensors registered by one job */
+	uint64_t max_message_bytes; /* largest payload frame accepted */
+	int drain_batch;            /* messages read per ZMQ_FD wake-up */
+};
+
+struct aps_config_error {
+	char message[APS_CONFIG_ERROR_MAX];
+};
+
+/* Fills every key with its default: `apsd` alone serves on tcp://127.0.0.1:5555. */
+void aps_config_defaults(struct aps_config *cfg);
+
+/*
+ * Applies the keys of the INI-style file at path on top of *cfg, then checks
+ * keys against each other. Stops at the first problem; *cfg is written only
+ * on success. Returns 0 or APS_ECONFIG with err->message set (err may be NULL).
+ */
+int aps_config_load_file(struct aps_config *cfg, const char *path, struct aps_config_error *err);
+
+/*
+ * Applies argv on top of *cfg: the file of --config first wherever it
+ * appears, then every other flag in order, then the cross-key checks.
+ * -h/--help and --version print to stdout, set *exit_now and return 0.
+ * *cfg is written only on success. Returns 0 or APS_ECONFIG with
+ * err->message set (err may be NULL).
+ */
+int aps_config_parse_args(struct aps_config *cfg, int argc, char **argv,
+                          struct aps_config_error *err, bool *exit_now);
+
+/* Writes the usage text: every key with its range, default and meaning. */
+void aps_config_print_usage(FILE *out);
+
+/* One line "key=value ..." of every key, for the startup log; always NUL-terminated. */
+void aps_config_describe(const struct aps_config *cfg, char *buf, size_t len);
+
+/*
+ * Fills *out with the configured downlink format and returns true, or
+ * returns false for APS_DOWNLINK_AUTO (answer in each tensor's uplink format).
+ */
+bool aps_config_get_downlink(const struct aps_config *cfg, struct aps_format *out);
+
+#endif

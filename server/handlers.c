@@ -1,0 +1,308 @@
+/*
+ * One handler per message type a worker sends. Each gets a message the
+ * validator has checked and a session that is allowed to send it (server.c),
+ * applies it to the job, and answers: a reply, a result to every rank, or an
+ * ERROR that says what was wrong. State a peer cannot be trusted with (which
+ * tensors exist, which step a round is at) is checked here.
+ */
+#include "server/server_impl.h"
+
+#include "common/err.h"
+#include "common/log.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static void identity(struct aps_msg *m, enum aps_msg_type type, const struct aps_job *job,
+                     uint32_t rank)
+{
+	aps_msg_init(m, type);
+	snprintf(m->job, sizeof(m->job), "%s", job->name);
+	m->rank = rank;
+	m->world_size = job->world_size;
+}
+
+/* The job's options as a HELLO states them; "" when they agree with the job. */
+static bool options_differ(const struct aps_job *job, const struct aps_msg *m, char *why,
+                           size_t len)
+{
+	const char *down = job->downlink_auto ? "" : job->downlink.name;
+
+	if (job->world_size != m->world_size)
+		snprintf(why, len, "job '%s' has world size %u, rank %u says %u", job->name,
+		         job->world_size, m->rank, m->world_size);
+	else if (m->scaling != APS_MSG_SCALING_UNSET && (int)job->scaling != m->scaling)
+		snprintf(why, len, "job '%s' uses scaling '%s', rank %u asks for '%s'", job->name,
+		         aps_scaling_name(job->scaling), m->rank,
+		         aps_scaling_name((enum aps_scaling)m->scaling));
+	else if (m->format[0] != '\0' && strcmp(down, m->format) != 0)
+		snprintf(why, len, "job '%s' uses downlink '%s', rank %u asks for '%s'", job->name,
+		         down[0] ? down : "auto", m->rank, m->format);
+	else
+		return false;
+	return true;
+}
+
+static int create_job(struct aps_server *srv, const struct aps_msg *m, struct aps_job **out)
+{
+	struct aps_job *job;
+	int ret;
+
+	if (srv->jobs.n_jobs >= srv->opts.max_jobs)
+		return APS_ERANGE;
+	ret = aps_jobs_create(&srv->jobs, m->job, m->world_size, &job);
+	if (ret < 0)
+		return ret;
+	if (m->scaling != APS_MSG_SCALING_UNSET)
+		job->scaling = (enum aps_scaling)m->scaling;
+	job->downlink_auto = srv->default_downlink_auto;
+	job->downlink = srv->default_downlink;
+	if (m->format[0] != '\0') {
+		job->downlink_auto = false;
+		aps_format_parse(m->format, &job->downlink);
+	}
+	srv->counters.jobs_started++;
+	aps_log_info("server", "job started job=%s world_size=%u scaling=%s downlink=%s", job->name,
+	             job->world_size, aps_scaling_name(job->scaling),
+	             job->downlink_auto ? "auto" : job->downlink.name);
+	*out = job;
+	return 0;
+}
+
+static void refuse_hello(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m,
+                         int code, const char *why)
+{
+	srv->counters.refused_hello++;
+	aps_server_send_error(srv, &s->peer, code, m, "%s", why);
+}
+
+void aps_handle_hello(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m)
+{
+	struct aps_job *job = aps_jobs_find(&srv->jobs, m->job);
+	struct aps_session *holder;
+	char why[APS_MSG_TEXT_MAX + 1];
+	struct aps_msg w;
+
+	if (s->job != NULL)
+		return refuse_hello(srv, s, m, APS_EPROTO, "this connection already joined a job");
+	if (job != NULL && options_differ(job, m, why, sizeof(why)))
+		return refuse_hello(srv, s, m, APS_EMISMATCH, why);
+	holder = job != NULL ? job->ranks[m->rank] : NULL;
+	if (holder != NULL) {
+		snprintf(why, sizeof(why), "rank %u of job '%s' is held by a live session", m->rank,
+		         m->job);
+		return refuse_hello(srv, s, m, APS_EBUSY, why);
+	}
+	if (job == NULL && create_job(srv, m, &job) < 0) {
+		snprintf(why, sizeof(why), "cannot start job '%s': %u jobs is the limit", m->job,
+		         srv->opts.max_jobs);
+		return refuse_hello(srv, s, m, APS_ERANGE, why);
+	}
+	s->job = job;
+	s->rank = m->rank;
+	job->ranks[m->rank] = s;
+	aps_log_debug("server", "hello job=%s rank=%u", job->name, m->rank);
+	identity(&w, APS_MSG_WELCOME, job, m->rank);
+	w.scaling = (int)job->scaling;
+	if (!job->downlink_auto)
+		snprintf(w.format, sizeof(w.format), "%s", job->downlink.name);
+	aps_server_send(srv, &s->peer, &w, NULL);
+}
+
+void aps_handle_register(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m)
+{
+	struct aps_job *job = s->job;
+	struct aps_tensor *t = aps_job_tensor_by_name(job, m->tensor_name);
+	char text[APS_MSG_TEXT_MAX + 1];
+	struct aps_msg r;
+	int ret;
+
+	if (t != NULL && t->count != m->total_count) {
+		srv->counters.bad_state++;
+		snprintf(text, sizeof(text),
+		         "tensor '%.80s': ranks registered %llu elements, rank %u registers %llu",
+		         t->name, (unsigned long long)t->count, m->rank,
+		         (unsigned long long)m->total_count);
+		aps_server_error_job(srv, job, APS_EMISMATCH, text);
+		return;
+	}
+	if (t == NULL) {
+		ret = aps_job_add_tensor(job, m->tensor_name, m->total_count, srv->opts.max_tensors,
+		                         &t);
+		if (ret < 0) {
+			aps_server_send_error(srv, &s->peer, ret, m,
+			                      "cannot register tensor '%.80s'", m->tensor_name);
+			return;
+		}
+	}
+	t->registered[s->rank] = true;
+	identity(&r, APS_MSG_REGISTERED, job, s->rank);
+	r.tensor_id = t->id;
+	snprintf(r.tensor_name, sizeof(r.tensor_name), "%s", t->name);
+	r.total_count = t->count;
+	snprintf(r.format, sizeof(r.format), "%s", m->format[0] ? m->format : "fp32");
+	aps_server_send(srv, &s->peer, &r, NULL);
+}
+
+/* Sends one result to every rank: one header, one shared payload. */
+static void fan_out(struct aps_server *srv, struct aps_job *job, struct aps_tensor *t,
+                    uint64_t step, struct aps_round_result *res, enum aps_msg_type type)
+{
+	struct aps_msg r;
+
+	identity(&r, type, job, 0);
+	r.tensor_id = t->id;
+	r.step = step;
+	r.chunk_offset = 0;
+	r.chunk_count = t->count;
+	r.total_count = t->count;
+	snprintf(r.format, sizeof(r.format), "%s", res->fmt.name);
+	r.scale_exp = res->scale_exp;
+	r.scaling = (int)job->scaling;
+	r.flushed = res->stats.flushed;
+	for (uint32_t rank = 0; rank < job->world_size; rank++) {
+		if (job->ranks[rank] != NULL)
+			aps_server_send(srv, &job->ranks[rank]->peer, &r, res->payload);
+	}
+}
+
+static void finish_round(struct aps_server *srv, struct aps_job *job, struct aps_tensor *t)
+{
+	struct aps_round_result res;
+	uint64_t step = t->round.step;
+	bool broadcast = t->round.kind == APS_ROUND_BROADCAST;
+	int ret = aps_round_finish(&t->round, job->downlink_auto ? NULL : &job->downlink,
+	                           job->scaling, &res);
+
+	if (ret < 0) {
+		aps_round_abort(&t->round);
+		aps_server_error_job(srv, job, ret, "out of memory for a result");
+		return;
+	}
+	fan_out(srv, job, t, step, &res, broadcast ? APS_MSG_BROADCAST : APS_MSG_RESULT);
+	aps_sbuf_unref(res.payload);
+	job->rounds_completed++;
+	srv->counters.rounds++;
+	aps_log_debug("server", "round job=%s tensor=%s step=%llu k=%d", job->name, t->name,
+	              (unsigned long long)step, res.scale_exp);
+}
+
+static struct aps_tensor *pushed_tensor(struct aps_server *srv, struct aps_session *s,
+                                        const struct aps_msg *m)
+{
+	struct aps_tensor *t = aps_job_tensor(s->job, m->tensor_id);
+
+	if (t == NULL || !t->registered[s->rank]) {
+		aps_server_send_error(srv, &s->peer, APS_EPROTO, m,
+		                      "tensor id %u is not registered by rank %u of job '%s'",
+		                      m->tensor_id, s->rank, s->job->name);
+		return NULL;
+	}
+	if (m->chunk_offset != 0 || m->total_count != t->count ||
+	    (m->payload != NULL && m->chunk_count != t->count)) {
+		aps_server_send_error(srv, &s->peer, APS_EPROTO, m,
+		                      "tensor '%.80s' has %llu elements: send it whole (offset 0)",
+		                      t->name, (unsigned long long)t->count);
+		return NULL;
+	}
+	return t;
+}
+
+static int contribution_of(struct aps_inmsg *in, const struct aps_msg *m,
+                           struct aps_contribution *c)
+{
+	memset(c, 0, sizeof(*c));
+	if (m->payload == NULL)
+		return 0;
+	aps_format_parse(m->format[0] ? m->format : "fp32", &c->fmt);
+	c->scale_exp = m->scale_exp;
+	c->flushed = m->flushed;
+	return aps_zbridge_take_payload(in, &c->payload);
+}
+
+void aps_handle_push(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m,
+                     struct aps_inmsg *in)
+{
+	enum aps_round_kind kind =
+	        m->type == APS_MSG_BROADCAST ? APS_ROUND_BROADCAST : APS_ROUND_ALLREDUCE;
+	struct aps_tensor *t = pushed_tensor(srv, s, m);
+	struct aps_contribution c;
+	char why[160];
+
+	if (t == NULL) {
+		srv->counters.bad_state++;
+		return;
+	}
+	if (contribution_of(in, m, &c) < 0) {
+		aps_server_send_error(srv, &s->peer, APS_ENOMEM, m, "out of memory");
+		return;
+	}
+	if (aps_round_add(&t->round, s->rank, m->step, kind, &c, why, sizeof(why)) < 0) {
+		if (c.payload.release != NULL)
+			c.payload.release(c.payload.ctx);
+		srv->counters.bad_state++;
+		aps_server_send_error(srv, &s->peer, APS_EPROTO, m, "tensor '%.80s': %s", t->name,
+		                      why);
+		return;
+	}
+	if (aps_round_complete(&t->round))
+		finish_round(srv, s->job, t);
+}
+
+void aps_handle_barrier(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m)
+{
+	struct aps_job *job = s->job;
+	struct aps_msg r;
+
+	if (m->step != job->barrier_step || job->barrier_has[s->rank]) {
+		srv->counters.bad_state++;
+		aps_server_send_error(
+		        srv, &s->peer, APS_EPROTO, m, "barrier %llu: the job is at barrier %llu%s",
+		        (unsigned long long)m->step, (unsigned long long)job->barrier_step,
+		        job->barrier_has[s->rank] ? " and this rank is in it" : "");
+		return;
+	}
+	job->barrier_has[s->rank] = true;
+	if (++job->barrier_arrived < job->world_size)
+		return;
+	for (uint32_t rank = 0; rank < job->world_size; rank++) {
+		identity(&r, APS_MSG_BARRIER, job, rank);
+		r.step = job->barrier_step;
+		if (job->ranks[rank] != NULL)
+			aps_server_send(srv, &job->ranks[rank]->peer, &r, NULL);
+	}
+	memset(job->barrier_has, 0, job->world_size * sizeof(*job->barrier_has));
+	job->barrier_arrived = 0;
+	job->barrier_step++;
+	srv->counters.barriers++;
+}
+
+/* A waiting rank's heartbeat: answered with the ranks its wait depends on. */
+void aps_handle_heartbeat(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m)
+{
+	struct aps_job *job = s->job;
+	struct aps_tensor *t = aps_job_tensor(job, m->tensor_id);
+	struct aps_msg r;
+
+	identity(&r, APS_MSG_HEARTBEAT, job, s->rank);
+	r.tensor_id = m->tensor_id;
+	r.step = m->step;
+	if (strcmp(m->tensor_name, "@barrier") == 0) {
+		for (uint32_t i = 0; i < job->world_size && r.n_waiting_for < APS_MSG_LIST_MAX;
+		     i++) {
+			if (!job->barrier_has[i])
+				r.waiting_for[r.n_waiting_for++] = i;
+		}
+	} else if (t != NULL && t->round.step == m->step) {
+		size_t n = aps_round_missing(&t->round, r.waiting_for, APS_MSG_LIST_MAX);
+		r.n_waiting_for = (uint32_t)(n < APS_MSG_LIST_MAX ? n : APS_MSG_LIST_MAX);
+	}
+	aps_server_send(srv, &s->peer, &r, NULL);
+}
+
+void aps_handle_bye(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m)
+{
+	(void)m;
+	aps_server_rank_gone(srv, s, false, "it left the job");
+	aps_jobs_drop_session(&srv->jobs, s);
+}

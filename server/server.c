@@ -1,0 +1,277 @@
+/*
+ * The daemon's spine: creates the bridge, turns each received message into a
+ * checked struct aps_msg (proto/validate.c is the only gate), finds the
+ * sender's session and hands the message to its handler (handlers.c). It also
+ * owns sending, ERROR replies, and what happens when a rank is lost.
+ */
+#include "server/server_impl.h"
+
+#include "common/err.h"
+#include "common/log.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define HEADER_MAX 4096
+
+static uint64_t now_ms(const struct aps_server *srv)
+{
+	return uv_now(srv->loop);
+}
+
+void aps_server_send(struct aps_server *srv, const struct aps_peer *peer, struct aps_msg *m,
+                     struct aps_sbuf *payload)
+{
+	uint8_t hdr[HEADER_MAX];
+	size_t len;
+
+	m->payload = payload ? payload->data : NULL;
+	m->payload_len = payload ? payload->len : 0;
+	if (aps_msg_pack(m, hdr, sizeof(hdr), &len) < 0) {
+		aps_log_error("server", "cannot encode type=%s", aps_msg_type_name(m->type));
+		return;
+	}
+	aps_zbridge_send(srv->bridge, peer, hdr, len, payload);
+}
+
+static void fill_error(struct aps_msg *e, int code, const struct aps_msg *request)
+{
+	aps_msg_init(e, APS_MSG_ERROR);
+	e->error_code = code;
+	if (request == NULL)
+		return;
+	memcpy(e->job, request->job, sizeof(e->job));
+	e->rank = request->rank;
+	e->world_size = request->world_size;
+	e->tensor_id = request->tensor_id;
+	e->step = request->step;
+}
+
+void aps_server_send_error(struct aps_server *srv, const struct aps_peer *peer, int code,
+                           const struct aps_msg *request, const char *fmt, ...)
+{
+	struct aps_msg e;
+	va_list ap;
+
+	fill_error(&e, code, request);
+	va_start(ap, fmt);
+	vsnprintf(e.error_text, sizeof(e.error_text), fmt, ap);
+	va_end(ap);
+	/* The text is one printable line: the validator of the peer insists. */
+	for (char *c = e.error_text; *c; c++) {
+		if (*c < ' ' || *c > '~')
+			*c = '?';
+	}
+	srv->counters.errors_sent++;
+	aps_log_debug("server", "error code=%s text=\"%s\"", aps_err_name(code), e.error_text);
+	aps_server_send(srv, peer, &e, NULL);
+}
+
+void aps_server_error_job(struct aps_server *srv, struct aps_job *job, int code, const char *text)
+{
+	for (uint32_t r = 0; r < job->world_size; r++) {
+		struct aps_session *s = job->ranks[r];
+		struct aps_msg about;
+		if (s == NULL)
+			continue;
+		aps_msg_init(&about, APS_MSG_ERROR);
+		snprintf(about.job, sizeof(about.job), "%s", job->name);
+		about.rank = r;
+		about.world_size = job->world_size;
+		aps_server_send_error(srv, &s->peer, code, &about, "%s", text);
+	}
+}
+
+void aps_server_rank_gone(struct aps_server *srv, struct aps_session *s, bool lost,
+			  const char *why)
+{
+	struct aps_job *job = s->job;
+	char text[APS_MSG_TEXT_MAX + 1];
+
+	if (lost) {
+		srv->counters.peers_lost++;
+		aps_log_warn("server", "rank lost job=%s rank=%u reason=\"%s\"", job->name, s->rank,
+			     why);
+	} else {
+		aps_log_debug("server", "rank left job=%s rank=%u", job->name, s->rank);
+	}
+	job->ranks[s->rank] = NULL;
+	s->job = NULL;
+	if (aps_job_busy(job)) {
+		aps_job_abort_rounds(job);
+		snprintf(text, sizeof(text), "rank %u of job '%s' was lost (%s)", s->rank,
+		         job->name, why);
+		aps_server_error_job(srv, job, APS_EPEERLOST, text);
+	}
+	if (aps_job_connected(job) == 0) {
+		aps_log_info("server", "job ended job=%s rounds=%llu", job->name,
+		             (unsigned long long)job->rounds_completed);
+		aps_jobs_remove(&srv->jobs, job);
+	}
+}
+
+/* Only a joined session may send anything but HELLO, and only as itself. */
+static bool session_may_send(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m,
+                             const struct aps_peer *peer)
+{
+	if (m->type == APS_MSG_HELLO)
+		return true;
+	if (s != NULL && s->job != NULL && s->rank == m->rank && strcmp(s->job->name, m->job) == 0)
+		return true;
+	srv->counters.bad_session++;
+	aps_server_send_error(srv, peer, APS_EPROTO, m,
+	                      "%s from a peer that is not rank %u of job '%s': send HELLO first",
+	                      aps_msg_type_name(m->type), m->rank, m->job);
+	return false;
+}
+
+static void dispatch(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m,
+                     struct aps_inmsg *in)
+{
+	switch (m->type) {
+	case APS_MSG_HELLO:
+		aps_handle_hello(srv, s, m);
+		break;
+	case APS_MSG_REGISTER:
+		aps_handle_register(srv, s, m);
+		break;
+	case APS_MSG_PUSH:
+	case APS_MSG_BROADCAST:
+		aps_handle_push(srv, s, m, in);
+		break;
+	case APS_MSG_BARRIER:
+		aps_handle_barrier(srv, s, m);
+		break;
+	case APS_MSG_HEARTBEAT:
+		aps_handle_heartbeat(srv, s, m);
+		break;
+	case APS_MSG_BYE:
+		aps_handle_bye(srv, s, m);
+		break;
+	default:
+		aps_server_send_error(srv, &s->peer, APS_EPROTO, m, "%s is not served yet",
+		                      aps_msg_type_name(m->type));
+		break;
+	}
+}
+
+static void on_message(void *ctx, struct aps_inmsg *in)
+{
+	struct aps_server *srv = ctx;
+	struct aps_msg_fault fault;
+	struct aps_session *s;
+	struct aps_msg m;
+
+	if (in->nframes > 2) {
+		srv->counters.bad_frames++;
+		aps_server_send_error(srv, &in->peer, APS_EPROTO, NULL,
+		                      "message has %zu frames, at most 2 (header, payload)",
+		                      in->nframes);
+		return;
+	}
+	if (aps_msg_parse(&srv->limits, in->hdr, in->hdr_len, in->payload, in->payload_len,
+	                  in->payload != NULL, &m, &fault) < 0) {
+		srv->counters.faults[fault.kind]++;
+		aps_server_send_error(srv, &in->peer, APS_EPROTO, NULL, "%s", fault.text);
+		return;
+	}
+	s = aps_jobs_find_session(&srv->jobs, &in->peer);
+	if (!session_may_send(srv, s, &m, &in->peer))
+		return;
+	if (s == NULL && (s = aps_jobs_session(&srv->jobs, &in->peer)) == NULL) {
+		aps_server_send_error(srv, &in->peer, APS_ENOMEM, &m, "out of memory");
+		return;
+	}
+	s->fd = in->fd;
+	s->last_seen_ms = now_ms(srv);
+	s->msgs_in++;
+	s->bytes_in += in->hdr_len + in->payload_len;
+	dispatch(srv, s, &m, in);
+}
+
+static void on_disconnect(void *ctx, int fd)
+{
+	struct aps_server *srv = ctx;
+	struct aps_session *s = srv->jobs.sessions, *next;
+
+	for (; s != NULL; s = next) {
+		next = s->next;
+		if (s->fd != fd)
+			continue;
+		if (s->job != NULL)
+			aps_server_rank_gone(srv, s, true, "connection closed");
+		aps_jobs_drop_session(&srv->jobs, s);
+	}
+}
+
+static int init_downlink(struct aps_server *srv)
+{
+	const char *d = srv->opts.downlink;
+
+	srv->default_downlink_auto = d == NULL || strcmp(d, "auto") == 0;
+	if (srv->default_downlink_auto)
+		return 0;
+	return aps_format_parse(d, &srv->default_downlink) < 0 ? APS_ECONFIG : 0;
+}
+
+int aps_server_new(struct aps_server **out, uv_loop_t *loop, const struct aps_server_opts *o)
+{
+	static const struct aps_zbridge_ops ops = { on_message, on_disconnect };
+	struct aps_zbridge_opts zo = { o->endpoint, o->heartbeat_ms, o->heartbeat_timeout_ms,
+		                       o->max_message_bytes, o->drain_batch };
+	struct aps_server *srv = calloc(1, sizeof(*srv));
+	int ret;
+
+	if (srv == NULL)
+		return APS_ENOMEM;
+	srv->loop = loop;
+	srv->opts = *o;
+	aps_msg_limits_init(&srv->limits);
+	srv->limits.max_ranks = o->max_ranks;
+	srv->limits.max_tensors = o->max_tensors;
+	ret = init_downlink(srv);
+	if (ret == 0)
+		ret = aps_zbridge_new(&srv->bridge, loop, &zo, &ops, srv);
+	if (ret < 0) {
+		free(srv);
+		return ret;
+	}
+	*out = srv;
+	return 0;
+}
+
+void aps_server_stop(struct aps_server *srv)
+{
+	struct aps_msg bye;
+
+	if (srv->stopping)
+		return;
+	srv->stopping = true;
+	for (struct aps_session *s = srv->jobs.sessions; s != NULL; s = s->next) {
+		if (s->job == NULL)
+			continue;
+		aps_msg_init(&bye, APS_MSG_BYE);
+		snprintf(bye.job, sizeof(bye.job), "%s", s->job->name);
+		bye.rank = s->rank;
+		bye.world_size = s->job->world_size;
+		aps_server_send(srv, &s->peer, &bye, NULL);
+	}
+	aps_zbridge_free(srv->bridge, 1000);
+	srv->bridge = NULL;
+}
+
+void aps_server_free(struct aps_server *srv)
+{
+	if (srv == NULL)
+		return;
+	aps_server_stop(srv);
+	aps_jobs_free_all(&srv->jobs);
+	free(srv);
+}
+
+const struct aps_server_counters *aps_server_counters(const struct aps_server *srv)
+{
+	return &srv->counters;
+}

@@ -1,0 +1,58 @@
+/*
+ * The apsd daemon as a library: one ZeroMQ endpoint served on a libuv loop.
+ * main.c parses the configuration, creates the server, runs the loop and
+ * stops the server on a signal.
+ */
+#ifndef APS_SERVER_SERVER_H
+#define APS_SERVER_SERVER_H
+
+#include "proto/validate.h"
+
+#include <stdint.h>
+#include <uv.h>
+
+/* Daemon-wide counters; APS_MSG_FAULT_MAP adds one per kind of bad message. */
+#define APS_SERVER_COUNTER_MAP(X)                                                            \
+	X(rounds, "rounds completed (all-reduce and broadcast)")                             \
+	X(barriers, "barriers completed")                                                    \
+	X(jobs_started, "jobs started")                                                      \
+	X(peers_lost, "ranks lost: connection closed or timed out")                          \
+	X(errors_sent, "ERROR replies sent")                                                 \
+	X(bad_frames, "messages with a wrong number of frames")                              \
+	X(bad_session, "messages from a peer that has not joined a job, or as another rank") \
+	X(bad_state, "messages the job refused: unknown tensor, wrong step, duplicate")      \
+	X(refused_hello, "HELLOs refused: rank taken, world size or options differ, limits")
+
+struct aps_server_counters {
+#define APS_SERVER_COUNTER_FIELD(name, text) uint64_t name;
+	APS_SERVER_COUNTER_MAP(APS_SERVER_COUNTER_FIELD)
+#undef APS_SERVER_COUNTER_FIELD
+	uint64_t faults[APS_MSG_FAULT_COUNT]; /* by enum aps_msg_fault_kind */
+};
+
+struct aps_server_opts {
+	const char *endpoint;
+	const char *downlink; /* "auto" or a format name: the default of new jobs */
+	int heartbeat_ms;
+	int heartbeat_timeout_ms;
+	int64_t max_message_bytes;
+	int drain_batch;
+	uint32_t max_jobs;
+	uint32_t max_ranks;
+	uint32_t max_tensors;
+};
+
+struct aps_server;
+
+/* Binds and starts serving on loop. Returns 0, APS_ECONN (bind) or APS_ENOMEM. */
+int aps_server_new(struct aps_server **out, uv_loop_t *loop, const struct aps_server_opts *o);
+
+/* Says BYE to every connected worker and closes the socket; the loop then ends. */
+void aps_server_stop(struct aps_server *srv);
+
+/* Frees a stopped server. */
+void aps_server_free(struct aps_server *srv);
+
+const struct aps_server_counters *aps_server_counters(const struct aps_server *srv);
+
+#endif

@@ -1,0 +1,52 @@
+/*
+ * What server.c (lifecycle, sending, lost peers) and handlers.c (one function
+ * per message type) share. Not for other modules.
+ */
+#ifndef APS_SERVER_SERVER_IMPL_H
+#define APS_SERVER_SERVER_IMPL_H
+
+#include "server/job.h"
+#include "server/server.h"
+#include "server/zbridge.h"
+
+struct aps_server {
+	uv_loop_t *loop;
+	struct aps_zbridge *bridge;
+	struct aps_jobs jobs;
+	struct aps_msg_limits limits;
+	struct aps_server_opts opts;
+	bool default_downlink_auto;
+	struct aps_format default_downlink;
+	struct aps_server_counters counters;
+	bool stopping;
+};
+
+/* Sends m (with payload, or none) to one peer. */
+void aps_server_send(struct aps_server *srv, const struct aps_peer *peer, struct aps_msg *m,
+                     struct aps_sbuf *payload);
+
+/* An ERROR about request (may be NULL) to peer; counts it. */
+void aps_server_send_error(struct aps_server *srv, const struct aps_peer *peer, int code,
+                           const struct aps_msg *request, const char *fmt, ...)
+        __attribute__((format(printf, 5, 6)));
+
+/* The same ERROR to every live rank of job. */
+void aps_server_error_job(struct aps_server *srv, struct aps_job *job, int code, const char *text);
+
+/*
+ * A rank left (BYE) or was lost (its connection closed): it leaves its job;
+ * if a round was in progress the job's rounds are aborted and the other
+ * ranks get APS_EPEERLOST naming it; the last rank out ends the job.
+ */
+void aps_server_rank_gone(struct aps_server *srv, struct aps_session *s, bool lost,
+			  const char *why);
+
+void aps_handle_hello(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m);
+void aps_handle_register(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m);
+void aps_handle_push(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m,
+                     struct aps_inmsg *in);
+void aps_handle_barrier(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m);
+void aps_handle_heartbeat(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m);
+void aps_handle_bye(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m);
+
+#endif

@@ -1,0 +1,132 @@
+/*
+ * DEALER socket I/O for the blocking client: send a multipart message, wait
+ * for one with zmq_poll. Frames of the last received message are kept here
+ * until the next receive, so that the caller reads the payload in place.
+ */
+#include "worker/transport.h"
+
+#include "common/err.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <zmq.h>
+
+#define MAX_FRAMES 2
+
+struct aps_transport {
+	void *zctx, *sock;
+	zmq_msg_t frame[MAX_FRAMES];
+	size_t nkept;
+};
+
+static int set_int(void *sock, int opt, int value)
+{
+	return zmq_setsockopt(sock, opt, &value, sizeof(value));
+}
+
+int aps_transport_open(struct aps_transport **out, const char *endpoint, int heartbeat_ms)
+{
+	struct aps_transport *t = calloc(1, sizeof(*t));
+
+	if (t == NULL)
+		return APS_ENOMEM;
+	t->zctx = zmq_ctx_new();
+	if (t->zctx == NULL)
+		goto err_free;
+	t->sock = zmq_socket(t->zctx, ZMQ_DEALER);
+	if (t->sock == NULL)
+		goto err_term;
+	set_int(t->sock, ZMQ_LINGER, 0);
+	if (heartbeat_ms > 0) {
+		set_int(t->sock, ZMQ_HEARTBEAT_IVL, heartbeat_ms);
+		set_int(t->sock, ZMQ_HEARTBEAT_TIMEOUT, 5 * heartbeat_ms);
+	}
+	if (zmq_connect(t->sock, endpoint) < 0)
+		goto err_close;
+	*out = t;
+	return 0;
+err_close:
+	zmq_close(t->sock);
+err_term:
+	zmq_ctx_term(t->zctx);
+err_free:
+	free(t);
+	return APS_ECONN;
+}
+
+static void drop_frames(struct aps_transport *t)
+{
+	for (size_t i = 0; i < t->nkept; i++)
+		zmq_msg_close(&t->frame[i]);
+	t->nkept = 0;
+}
+
+void aps_transport_close(struct aps_transport *t, int linger_ms)
+{
+	if (t == NULL)
+		return;
+	drop_frames(t);
+	set_int(t->sock, ZMQ_LINGER, linger_ms);
+	zmq_close(t->sock);
+	zmq_ctx_term(t->zctx);
+	free(t);
+}
+
+int aps_transport_send(struct aps_transport *t, const uint8_t *hdr, size_t hdr_len,
+                       const void *payload, size_t payload_len, bool has_payload)
+{
+	if (zmq_send(t->sock, hdr, hdr_len, has_payload ? ZMQ_SNDMORE : 0) < 0)
+		return APS_ECONN;
+	if (has_payload && zmq_send(t->sock, payload, payload_len, 0) < 0)
+		return APS_ECONN;
+	return 0;
+}
+
+/* Reads every frame of a waiting message, keeping the first MAX_FRAMES. */
+static size_t read_frames(struct aps_transport *t)
+{
+	size_t total = 0;
+	int more = 1;
+
+	while (more) {
+		zmq_msg_t extra, *m = t->nkept < MAX_FRAMES ? &t->frame[t->nkept] : &extra;
+		zmq_msg_init(m);
+		if (zmq_msg_recv(m, t->sock, 0) < 0) {
+			zmq_msg_close(m);
+			break;
+		}
+		total++;
+		more = zmq_msg_more(m);
+		if (m == &extra)
+			zmq_msg_close(m);
+		else
+			t->nkept++;
+	}
+	return total;
+}
+
+int aps_transport_recv(struct aps_transport *t, int timeout_ms, struct aps_rxmsg *out)
+{
+	zmq_pollitem_t item = { .socket = t->sock, .events = ZMQ_POLLIN };
+	int n;
+
+	drop_frames(t);
+	do {
+		n = zmq_poll(&item, 1, timeout_ms);
+	} while (n < 0 && errno == EINTR);
+	if (n < 0)
+		return APS_ECONN;
+	if (n == 0)
+		return 0;
+	out->nframes = read_frames(t);
+	out->hdr = t->nkept > 0 ? zmq_msg_data(&t->frame[0]) : NULL;
+	out->hdr_len = t->nkept > 0 ? zmq_msg_size(&t->frame[0]) : 0;
+	out->payload = t->nkept > 1 ? zmq_msg_data(&t->frame[1]) : NULL;
+	out->payload_len = t->nkept > 1 ? zmq_msg_size(&t->frame[1]) : 0;
+	return 1;
+}
+
+const char *aps_transport_strerror(void)
+{
+	return zmq_strerror(errno);
+}
