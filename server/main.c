@@ -85,6 +85,7 @@ int main(int argc, char **argv)
 	aps_log_info("apsd", "listening endpoint=%s version=%s %s", cfg.listen, APS_VERSION,
 	             summary);
 	uv_run(loop, UV_RUN_DEFAULT);
+	aps_server_log_counters(d.srv);
 	aps_server_free(d.srv);
 	uv_loop_close(loop);
 	aps_log_info("apsd", "stopped");

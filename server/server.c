@@ -84,8 +84,7 @@ void aps_server_error_job(struct aps_server *srv, struct aps_job *job, int code,
 	}
 }
 
-void aps_server_rank_gone(struct aps_server *srv, struct aps_session *s, bool lost,
-			  const char *why)
+void aps_server_rank_gone(struct aps_server *srv, struct aps_session *s, bool lost, const char *why)
 {
 	struct aps_job *job = s->job;
 	char text[APS_MSG_TEXT_MAX + 1];
@@ -93,7 +92,7 @@ void aps_server_rank_gone(struct aps_server *srv, struct aps_session *s, bool lo
 	if (lost) {
 		srv->counters.peers_lost++;
 		aps_log_warn("server", "rank lost job=%s rank=%u reason=\"%s\"", job->name, s->rank,
-			     why);
+		             why);
 	} else {
 		aps_log_debug("server", "rank left job=%s rank=%u", job->name, s->rank);
 	}
@@ -258,6 +257,7 @@ void aps_server_stop(struct aps_server *srv)
 		bye.world_size = s->job->world_size;
 		aps_server_send(srv, &s->peer, &bye, NULL);
 	}
+	srv->bridge_counters = *aps_zbridge_counters(srv->bridge);
 	aps_zbridge_free(srv->bridge, 1000);
 	srv->bridge = NULL;
 }
@@ -274,4 +274,30 @@ void aps_server_free(struct aps_server *srv)
 const struct aps_server_counters *aps_server_counters(const struct aps_server *srv)
 {
 	return &srv->counters;
+}
+
+void aps_server_log_counters(const struct aps_server *srv)
+{
+	const struct aps_server_counters *c = &srv->counters;
+	const struct aps_zbridge_counters *z = &srv->bridge_counters;
+	char line[1024];
+	int used = 0;
+
+#define APS_SERVER_COUNTER_PRINT(name, text)                                          \
+	used += snprintf(line + used, sizeof(line) - (size_t)used, " %s=%llu", #name, \
+	                 (unsigned long long)c->name);
+	APS_SERVER_COUNTER_MAP(APS_SERVER_COUNTER_PRINT)
+#undef APS_SERVER_COUNTER_PRINT
+#define APS_MSG_FAULT_PRINT(name, stat, text)                                        \
+	used += snprintf(line + used, sizeof(line) - (size_t)used, " %s=%llu", stat, \
+	                 (unsigned long long)c->faults[APS_MSG_FAULT_##name]);
+	APS_MSG_FAULT_MAP(APS_MSG_FAULT_PRINT)
+#undef APS_MSG_FAULT_PRINT
+	aps_log_info("server",
+	             "counters msgs_in=%llu msgs_out=%llu bytes_in=%llu bytes_out=%llu "
+	             "queued=%llu unroutable=%llu dropped=%llu%s",
+	             (unsigned long long)z->msgs_in, (unsigned long long)z->msgs_out,
+	             (unsigned long long)z->bytes_in, (unsigned long long)z->bytes_out,
+	             (unsigned long long)z->queued, (unsigned long long)z->unroutable,
+	             (unsigned long long)z->dropped, line);
 }

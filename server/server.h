@@ -55,4 +55,7 @@ void aps_server_free(struct aps_server *srv);
 
 const struct aps_server_counters *aps_server_counters(const struct aps_server *srv);
 
+/* Logs every counter on one line (at shutdown, until the stats socket exists). */
+void aps_server_log_counters(const struct aps_server *srv);
+
 #endif

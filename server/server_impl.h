@@ -18,6 +18,7 @@ struct aps_server {
 	bool default_downlink_auto;
 	struct aps_format default_downlink;
 	struct aps_server_counters counters;
+	struct aps_zbridge_counters bridge_counters; /* copied when the bridge closes */
 	bool stopping;
 };
 
@@ -39,7 +40,7 @@ void aps_server_error_job(struct aps_server *srv, struct aps_job *job, int code,
  * ranks get APS_EPEERLOST naming it; the last rank out ends the job.
  */
 void aps_server_rank_gone(struct aps_server *srv, struct aps_session *s, bool lost,
-			  const char *why);
+                          const char *why);
 
 void aps_handle_hello(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m);
 void aps_handle_register(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m);

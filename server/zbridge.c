@@ -4,8 +4,9 @@
  * until empty, a drain that stops at the batch limit re-arms itself through a
  * uv_idle handle, and every send (which can consume the edge) schedules a
  * drain too. Sends use ZMQ_ROUTER_MANDATORY and ZMQ_DONTWAIT: a full pipe
- * gives EAGAIN and the message waits in a FIFO, retried from a timer; an
- * unknown peer gives EHOSTUNREACH and the message is counted as dropped.
+ * gives EAGAIN and the message waits in a FIFO, retried from a timer; a
+ * peer that has gone gives EHOSTUNREACH and the message is counted as
+ * unroutable. Nothing is dropped while the socket is open.
  * Disconnects come from a socket monitor as fds; each message carries the fd
  * it arrived on (ZMQ_SRCFD), which is how the caller maps one to the other.
  */
@@ -289,7 +290,7 @@ static void flush_queue(struct aps_zbridge *b)
 			continue;
 		}
 		if (ret == APS_ECONN)
-			b->cnt.dropped++;
+			b->cnt.unroutable++;
 		*link = m->next;
 		aps_sbuf_unref(m->payload);
 		free(m);
@@ -316,7 +317,7 @@ int aps_zbridge_send(struct aps_zbridge *b, const struct aps_peer *peer, const u
 	if (ret == APS_EBUSY)
 		return enqueue(b, peer, hdr, hdr_len, payload);
 	if (ret == APS_ECONN)
-		b->cnt.dropped++;
+		b->cnt.unroutable++;
 	return ret;
 }
 

@@ -52,8 +52,9 @@ struct aps_zbridge_opts {
 
 struct aps_zbridge_counters {
 	uint64_t msgs_in, msgs_out, bytes_in, bytes_out;
-	uint64_t queued;     /* sends that waited in a peer queue */
-	uint64_t dropped;    /* sends to a peer that was gone */
+	uint64_t queued;     /* sends that waited in a peer queue (its pipe was full) */
+	uint64_t unroutable; /* sends to a peer that had disconnected */
+	uint64_t dropped;    /* queued sends discarded when the socket closed */
 	uint64_t bad_frames; /* messages with a wrong number of frames */
 };
 
@@ -72,7 +73,7 @@ int aps_zbridge_take_payload(struct aps_inmsg *m, struct aps_payload *out);
 /*
  * Sends hdr (copied) and, if not NULL, payload (a reference is taken; the
  * bytes are not copied) to peer. Never blocks: a full pipe queues the message.
- * Returns 0, APS_ENOMEM, or APS_ECONN when the peer is gone (counted, dropped).
+ * Returns 0, APS_ENOMEM, or APS_ECONN when the peer is gone (counted as unroutable).
  */
 int aps_zbridge_send(struct aps_zbridge *b, const struct aps_peer *peer, const uint8_t *hdr,
                      size_t hdr_len, struct aps_sbuf *payload);

@@ -110,21 +110,11 @@ static uint32_t checksum(const float *x, uint64_t n)
 	return (uint32_t)(h ^ (h >> 32));
 }
 
-static int run(const struct args *a, aps_client *c)
+static int check_steps(const struct args *a, aps_client *c, const uint32_t *ids, float *x,
+                       float *want, float *tmp, uint8_t *codes)
 {
-	uint64_t max = 1;
-	uint32_t ids[16];
 	int ret;
 
-	for (int t = 0; t < a->n_sizes; t++) {
-		char name[32];
-		snprintf(name, sizeof(name), "layer%d.weight", t);
-		if ((ret = aps_client_register(c, name, a->sizes[t], &ids[t])) < 0)
-			return fail(ret);
-		max = a->sizes[t] > max ? a->sizes[t] : max;
-	}
-	float *x = malloc(max * 4), *want = malloc(max * 4), *tmp = malloc(max * 4);
-	uint8_t *codes = malloc(max * 4);
 	for (int s = 0; s < a->steps; s++) {
 		for (int t = 0; t < a->n_sizes; t++) {
 			uint64_t n = a->sizes[t];
@@ -151,11 +141,30 @@ static int run(const struct args *a, aps_client *c)
 	if ((ret = aps_client_barrier(c, a->timeout_ms)) < 0)
 		return fail(ret);
 	printf("done rank=%d\n", a->rank);
+	return 0;
+}
+
+static int run(const struct args *a, aps_client *c)
+{
+	uint64_t max = 1;
+	uint32_t ids[16];
+	int ret;
+
+	for (int t = 0; t < a->n_sizes; t++) {
+		char name[32];
+		snprintf(name, sizeof(name), "layer%d.weight", t);
+		if ((ret = aps_client_register(c, name, a->sizes[t], &ids[t])) < 0)
+			return fail(ret);
+		max = a->sizes[t] > max ? a->sizes[t] : max;
+	}
+	float *x = malloc(max * 4), *want = malloc(max * 4), *tmp = malloc(max * 4);
+	uint8_t *codes = malloc(max * 4);
+	ret = check_steps(a, c, ids, x, want, tmp, codes);
 	free(x);
 	free(want);
 	free(tmp);
 	free(codes);
-	return 0;
+	return ret;
 }
 
 static void parse_sizes(struct args *a, char *list)

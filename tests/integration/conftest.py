@@ -1,0 +1,103 @@
+"""Fixtures that start the real apsd and real worker processes.
+
+APS_BUILD names the build directory whose binaries are used (default build/;
+tests/run-tests.sh also runs this suite against build-asan/).
+"""
+
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+BUILD = ROOT / os.environ.get("APS_BUILD", "build")
+APSD = BUILD / "server" / "apsd"
+WORKER = BUILD / "tests" / "integration" / "itest_worker"
+
+sys.path.insert(0, str(ROOT / "worker" / "python"))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Daemon:
+    """One apsd process; its log is a file read back by the tests."""
+
+    def __init__(self, tmp, transport="tcp", extra=()):
+        if transport == "tcp":
+            self.endpoint = f"tcp://127.0.0.1:{free_port()}"
+        else:
+            self.endpoint = f"ipc://{tmp}/apsd.sock"
+        self.log_path = pathlib.Path(tmp) / "apsd.log"
+        self.log = open(self.log_path, "w")
+        self.proc = subprocess.Popen([str(APSD), "--listen", self.endpoint, "--log_level",
+                                      "debug", *extra], stdout=self.log, stderr=self.log)
+        self.wait_for_log("listening")
+
+    def wait_for_log(self, text, timeout=10):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if text in self.log_path.read_text():
+                return
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"apsd exited {self.proc.returncode}: "
+                                   + self.log_path.read_text())
+            time.sleep(0.02)
+        raise TimeoutError(f"apsd never logged {text!r}: " + self.log_path.read_text())
+
+    def stop(self, timeout=10):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=timeout)
+        self.log.close()
+        return self.proc.returncode
+
+
+@pytest.fixture
+def daemon_factory():
+    started = []
+    with tempfile.TemporaryDirectory(prefix="apsd-test-") as tmp:
+        def make(transport="tcp", extra=()):
+            d = Daemon(tmp, transport, extra)
+            started.append(d)
+            return d
+        yield make
+        for d in started:
+            code = d.stop()
+            assert code == 0, f"apsd exited {code}: " + d.log_path.read_text()[-2000:]
+
+
+@pytest.fixture
+def daemon(daemon_factory):
+    return daemon_factory()
+
+
+def start_worker(endpoint, rank, world, sizes, **opts):
+    args = [str(WORKER), "--endpoint", endpoint, "--rank", str(rank), "--world", str(world),
+            "--sizes", ",".join(str(s) for s in sizes)]
+    for key, value in opts.items():
+        args += ["--" + key.replace("_", "-"), str(value)]
+    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def run_workers(endpoint, world, sizes, timeout=120, **opts):
+    """Runs ranks 0..world-1 to the end; returns [(exit code, output)] by rank."""
+    procs = [start_worker(endpoint, r, world, sizes, **opts) for r in range(world)]
+    results = []
+    for p in procs:
+        try:
+            out, _ = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, _ = p.communicate()
+            out += "\n(killed: timed out)"
+        results.append((p.returncode, out))
+    return results

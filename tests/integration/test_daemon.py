@@ -1,0 +1,216 @@
+"""The real daemon with real worker processes: exact results, any arrival order,
+several jobs, and the failures a cluster sees (a worker killed mid-round, a
+silent rank, bad messages, a daemon stopped under its workers)."""
+
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import APSD, run_workers, start_worker
+
+SMALL = [1, 7, 4097]
+
+
+def assert_all_ok(results, steps, n_tensors):
+    sums = None
+    for rank, (code, out) in enumerate(results):
+        assert code == 0, f"rank {rank} exited {code}:\n{out}"
+        lines = re.findall(r"^ok step=\d+ tensor=\d+ n=\d+ sum=\w+$", out, re.M)
+        assert len(lines) == steps * n_tensors, out
+        # every rank received the very same bits
+        assert sums is None or lines == sums, f"rank {rank} differs"
+        sums = lines
+
+
+@pytest.mark.parametrize("transport", ["tcp", "ipc"])
+@pytest.mark.parametrize("world", [1, 2, 4, 8])
+@pytest.mark.parametrize("fmt", ["fp32", "e4m3"])
+def test_allreduce_exact(daemon_factory, transport, world, fmt):
+    d = daemon_factory(transport)
+    results = run_workers(d.endpoint, world, SMALL, steps=3, format=fmt, jitter_ms=15,
+                          seed=world * 7 + len(fmt))
+    assert_all_ok(results, 3, len(SMALL))
+
+
+@pytest.mark.parametrize("world", [3, 5])
+def test_fp32_mean_for_world_sizes_that_are_not_powers_of_two(daemon, world):
+    """Division by N is not exact here: the mean must still match bit for bit."""
+    assert_all_ok(run_workers(daemon.endpoint, world, SMALL, steps=2, format="fp32",
+                              jitter_ms=10), 2, len(SMALL))
+
+
+@pytest.mark.parametrize("fmt,scaling,downlink", [
+    ("e5m2", "local", None), ("e3m0", "local", None), ("e4m3", "none", None),
+    ("e4m3", "local", "fp16"), ("e4m3fn", "local", "bf16"), ("bf16", "local", None),
+])
+def test_formats_scaling_and_downlink(daemon, fmt, scaling, downlink):
+    opts = dict(steps=2, format=fmt, scaling=scaling, jitter_ms=10)
+    if downlink:
+        opts["downlink"] = downlink
+    assert_all_ok(run_workers(daemon.endpoint, 3, SMALL, **opts), 2, len(SMALL))
+
+
+@pytest.mark.parametrize("fmt", ["fp32", "e4m3"])
+def test_ten_million_elements(daemon, fmt):
+    assert_all_ok(run_workers(daemon.endpoint, 4, [10_000_000], steps=1, format=fmt,
+                              timeout=300), 1, 1)
+
+
+def test_arrival_order_does_not_change_bits(daemon_factory):
+    """The same data under different arrival orders gives the same bits."""
+    runs = []
+    for jitter_seed in (11, 12, 13):
+        d = daemon_factory()
+        res = run_workers(d.endpoint, 4, [4097], steps=2, seed=5, jitter_ms=40,
+                          job=f"order{jitter_seed}")
+        assert_all_ok(res, 2, 1)
+        runs.append(res[0][1])
+    assert runs[0] == runs[1] == runs[2]
+
+
+def test_two_jobs_at_once(daemon):
+    a = [start_worker(daemon.endpoint, r, 2, SMALL, job="alpha", steps=3, seed=1)
+         for r in range(2)]
+    b = [start_worker(daemon.endpoint, r, 3, SMALL, job="beta", steps=3, seed=2)
+         for r in range(3)]
+    results = [(p.wait(timeout=60), p.stdout.read()) for p in a + b]
+    assert_all_ok(results[:2], 3, 3)
+    assert_all_ok(results[2:], 3, 3)
+
+
+def test_killed_worker_is_named_to_the_others(daemon):
+    world = 3
+    procs = [start_worker(daemon.endpoint, r, world, [4097], steps=1,
+                          sleep_ms=(30000 if r == 2 else 0), timeout_ms=20000)
+             for r in range(world)]
+    daemon.wait_for_log("hello job=default rank=2")
+    time.sleep(0.5)  # ranks 0 and 1 have pushed and wait for rank 2
+    start = time.monotonic()
+    procs[2].send_signal(signal.SIGKILL)
+    for p in procs[:2]:
+        out, _ = p.communicate(timeout=10)
+        assert p.returncode == 3, out
+        assert "APS_EPEERLOST" in out and "rank 2" in out, out
+    assert time.monotonic() - start < 5
+    procs[2].wait()
+
+
+def test_timeout_names_the_missing_rank(daemon):
+    procs = [start_worker(daemon.endpoint, r, 2, [7], steps=1, timeout_ms=1500,
+                          sleep_ms=(6000 if r == 1 else 0)) for r in range(2)]
+    out, _ = procs[0].communicate(timeout=20)
+    assert procs[0].returncode == 3, out
+    assert "APS_ETIMEDOUT" in out and "still waits for rank 1" in out, out
+    procs[1].kill()
+    procs[1].wait()
+
+
+def test_rank_held_by_a_live_session_is_refused(daemon):
+    first = start_worker(daemon.endpoint, 0, 2, [7], steps=1, timeout_ms=5000)
+    daemon.wait_for_log("hello job=default rank=0")
+    second = start_worker(daemon.endpoint, 0, 2, [7], steps=1, timeout_ms=5000)
+    out, _ = second.communicate(timeout=20)
+    assert second.returncode == 3 and "APS_EBUSY" in out and "held by a live session" in out
+    first.kill()
+    first.wait()
+
+
+def test_registration_mismatch_names_the_tensor(daemon):
+    a = start_worker(daemon.endpoint, 0, 2, [10], steps=1, timeout_ms=5000)
+    b = start_worker(daemon.endpoint, 1, 2, [11], steps=1, timeout_ms=5000)
+    outs = [p.communicate(timeout=20)[0] for p in (a, b)]
+    assert any("APS_EMISMATCH" in o and "layer0.weight" in o for o in outs), outs
+
+
+def test_world_size_mismatch_is_refused(daemon):
+    a = start_worker(daemon.endpoint, 0, 2, [7], steps=1, timeout_ms=3000)
+    daemon.wait_for_log("hello job=default rank=0")
+    b = start_worker(daemon.endpoint, 1, 3, [7], steps=1, timeout_ms=3000)
+    out, _ = b.communicate(timeout=20)
+    assert b.returncode == 3 and "APS_EMISMATCH" in out and "world size 2" in out, out
+    a.kill()
+    a.wait()
+
+
+def test_nonfinite_tensor_is_refused_before_sending(daemon):
+    out = run_workers(daemon.endpoint, 1, [100], steps=1, mode="nan")[0][1]
+    assert "APS_ENONFINITE" in out and "nothing was sent" in out, out
+
+
+def test_sigterm_says_bye_and_exits_zero(daemon_factory):
+    d = daemon_factory()
+    w = start_worker(d.endpoint, 0, 2, [7], steps=1, timeout_ms=20000)
+    d.wait_for_log("hello job=default rank=0")
+    time.sleep(0.3)
+    d.proc.send_signal(signal.SIGTERM)
+    assert d.proc.wait(timeout=10) == 0
+    out, _ = w.communicate(timeout=10)
+    assert w.returncode == 3 and "shutting down" in out, out
+    assert "stopped" in d.log_path.read_text()
+
+
+def test_no_daemon_is_a_clear_timeout(tmp_path):
+    out = run_workers(f"ipc://{tmp_path}/nobody", 1, [7], steps=1, timeout_ms=800)[0][1]
+    assert "APS_ETIMEDOUT" in out and "is the daemon running" in out, out
+
+
+@pytest.mark.parametrize("args,reason", [
+    (["--heartbeat_ms=5"], "--heartbeat_ms=5: must be between 100 and 60000"),
+    (["--lisen", "tcp://127.0.0.1:1"], "did you mean --listen?"),
+    (["extra"], "extra"),
+])
+def test_bad_flags_exit_2(args, reason):
+    p = subprocess.run([str(APSD), *args], capture_output=True, text=True, timeout=10)
+    assert p.returncode == 2 and reason in p.stderr, p.stderr
+
+
+def test_bad_config_file_names_file_and_line(tmp_path):
+    conf = tmp_path / "apsd.conf"
+    conf.write_text("# comment\nlisten = tcp://127.0.0.1:5555\nmax_jobs = lots\n")
+    p = subprocess.run([str(APSD), "--config", str(conf)], capture_output=True, text=True,
+                       timeout=10)
+    assert p.returncode == 2, p.stderr
+    assert f"{conf}:3: max_jobs = 'lots': not an integer" in p.stderr, p.stderr
+
+
+def test_bind_failure_is_one_clear_line(daemon):
+    p = subprocess.run([str(APSD), "--listen", daemon.endpoint], capture_output=True,
+                       text=True, timeout=10)
+    assert p.returncode == 1 and "cannot listen" in p.stderr, p.stderr
+
+
+def test_job_restarts_fresh_after_it_ended(daemon):
+    for _ in range(2):  # the second run starts at step 0 again, with a new tensor table
+        assert_all_ok(run_workers(daemon.endpoint, 2, [7, 4097], steps=2), 2, 2)
+    assert daemon.log_path.read_text().count("job started job=default") == 2
+
+
+def test_bad_messages_get_an_error_and_a_counter(daemon):
+    zmq = pytest.importorskip("zmq")
+    ctx = zmq.Context()
+    rogue = ctx.socket(zmq.DEALER)
+    rogue.setsockopt(zmq.LINGER, 0)
+    rogue.connect(daemon.endpoint)
+    cases = [
+        ([b"\xff\xfe garbage"], b"Envelope"),
+        ([b"\x08\x01\x18\x05", b"payload", b"third", b"fourth"], b"frames"),
+        ([b"\x08\x07\x18\x01"], b"version"),
+    ]
+    try:
+        for frames, expect in cases:
+            rogue.send_multipart(frames)
+            assert rogue.poll(5000), "no ERROR reply"
+            reply = rogue.recv_multipart()
+            assert expect in reply[0], reply
+        # the daemon still serves a real job afterwards
+        assert_all_ok(run_workers(daemon.endpoint, 2, SMALL, steps=1), 1, 3)
+    finally:
+        rogue.close()
+        ctx.term()
+    daemon.stop()
+    log = daemon.log_path.read_text()
+    assert "bad_header=1" in log and "bad_frames=1" in log and "bad_version=1" in log, log
+    assert "dropped=0" in log
