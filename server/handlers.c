@@ -109,29 +109,51 @@ void aps_handle_hello(struct aps_server *srv, struct aps_session *s, const struc
 	aps_server_send(srv, &s->peer, &w, NULL);
 }
 
+/* "0, 2, 3": the ranks that registered t so far. */
+static void registered_ranks(const struct aps_job *job, const struct aps_tensor *t, char *buf,
+                             size_t len)
+{
+	size_t used = 0;
+
+	buf[0] = '\0';
+	for (uint32_t r = 0; r < job->world_size && used + 12 < len; r++) {
+		if (t->registered[r])
+			used += (size_t)snprintf(buf + used, len - used, "%s%u", used ? ", " : "",
+			                         r);
+	}
+}
+
+static void registration_mismatch(struct aps_server *srv, struct aps_job *job,
+                                  const struct aps_tensor *t, const struct aps_msg *m)
+{
+	char ranks[96], text[APS_MSG_TEXT_MAX + 1];
+
+	srv->counters.bad_state++;
+	registered_ranks(job, t, ranks, sizeof(ranks));
+	snprintf(text, sizeof(text),
+	         "tensor '%.80s': rank(s) %s registered %llu elements, rank %u registers %llu",
+	         t->name, ranks, (unsigned long long)t->count, m->rank,
+	         (unsigned long long)m->total_count);
+	aps_server_error_job(srv, job, APS_EMISMATCH, text);
+}
+
 void aps_handle_register(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m)
 {
 	struct aps_job *job = s->job;
 	struct aps_tensor *t = aps_job_tensor_by_name(job, m->tensor_name);
-	char text[APS_MSG_TEXT_MAX + 1];
 	struct aps_msg r;
 	int ret;
 
-	if (t != NULL && t->count != m->total_count) {
-		srv->counters.bad_state++;
-		snprintf(text, sizeof(text),
-		         "tensor '%.80s': ranks registered %llu elements, rank %u registers %llu",
-		         t->name, (unsigned long long)t->count, m->rank,
-		         (unsigned long long)m->total_count);
-		aps_server_error_job(srv, job, APS_EMISMATCH, text);
-		return;
-	}
+	if (t != NULL && t->count != m->total_count)
+		return registration_mismatch(srv, job, t, m);
 	if (t == NULL) {
 		ret = aps_job_add_tensor(job, m->tensor_name, m->total_count, srv->opts.max_tensors,
 		                         &t);
 		if (ret < 0) {
 			aps_server_send_error(srv, &s->peer, ret, m,
-			                      "cannot register tensor '%.80s'", m->tensor_name);
+			                      "cannot register tensor '%.80s': %s", m->tensor_name,
+			                      ret == APS_ERANGE ? "too many tensors"
+			                                        : "out of memory");
 			return;
 		}
 	}

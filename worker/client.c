@@ -9,6 +9,7 @@
 #include "common/err.h"
 #include "worker/api_error.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +28,23 @@ void aps_client_opts_init(struct aps_client_opts *o)
 	o->scaling = APS_SCALING_MODE_LOCAL;
 	o->timeout_ms = 60000;
 	o->heartbeat_ms = 1000;
+}
+
+/* Hands one line to the user's log callback, if any; the library never prints. */
+static void client_log(const struct aps_client *c, int level, const char *fmt, ...)
+        __attribute__((format(printf, 3, 4)));
+
+static void client_log(const struct aps_client *c, int level, const char *fmt, ...)
+{
+	char line[320];
+	va_list ap;
+
+	if (c->log == NULL)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(line, sizeof(line), fmt, ap);
+	va_end(ap);
+	c->log(c->log_ctx, level, line);
 }
 
 static int64_t now_ms(void)
@@ -135,7 +153,11 @@ static int consider(struct aps_client *c, const struct client_wait *w, const str
 		*have_hb = true;
 		return 0;
 	}
-	return is_reply(m, w) ? 1 : 0;
+	if (is_reply(m, w))
+		return 1;
+	client_log(c, 3, "ignored %s tensor=%u step=%llu while waiting for %s",
+	           aps_msg_type_name(m->type), m->tensor_id, (unsigned long long)m->step, w->what);
+	return 0;
 }
 
 int aps_client_await(struct aps_client *c, const struct client_wait *w, int timeout_ms,
@@ -166,6 +188,8 @@ int aps_client_await(struct aps_client *c, const struct client_wait *w, int time
 		if (now >= deadline)
 			return timed_out(c, w, have_hb ? &last_hb : NULL, timeout_ms);
 		if (now >= next_hb) {
+			client_log(c, 3, "%s: still waiting after %lld ms", w->what,
+			           (long long)(now - deadline + timeout_ms));
 			heartbeat(c, w);
 			next_hb = now + c->heartbeat_ms;
 		}
