@@ -17,6 +17,7 @@ struct kernels {
 	size_t (*decode)(const struct aps_format *f, const uint8_t *codes, size_t n, int k,
 	                 float *out, bool accumulate);
 	float (*maxabs)(const float *x, size_t n);
+	size_t (*divide)(float *x, size_t n, float d);
 };
 
 static enum aps_codec_isa current_isa = APS_ISA_AUTO;
@@ -95,9 +96,10 @@ const char *aps_codec_isa_name(enum aps_codec_isa isa)
 static const struct kernels *vector_kernels(void)
 {
 #if defined(APS_HAVE_X86_KERNELS)
-	static const struct kernels avx2 = { aps_avx2_quantize, aps_avx2_decode, aps_avx2_maxabs };
+	static const struct kernels avx2 = { aps_avx2_quantize, aps_avx2_decode, aps_avx2_maxabs,
+		                             aps_avx2_divide };
 	static const struct kernels avx512 = { aps_avx512_quantize, aps_avx512_decode,
-		                               aps_avx512_maxabs };
+		                               aps_avx512_maxabs, aps_avx512_divide };
 
 	switch (aps_codec_get_isa()) {
 	case APS_ISA_AVX2:
@@ -192,4 +194,23 @@ size_t aps_codec_count_nonfinite(const struct aps_format *f, const uint8_t *code
 	for (size_t i = 0; i < n; i++)
 		count += aps_format_code_is_nonfinite(f, aps_bitreader_get(&r, f->bits));
 	return count;
+}
+
+size_t aps_codec_count_nonfinite_f32(const float *x, size_t n)
+{
+	const uint32_t *bits = (const uint32_t *)(const void *)x;
+	size_t count = 0;
+
+	for (size_t i = 0; i < n; i++)
+		count += (bits[i] & 0x7f800000u) == 0x7f800000u;
+	return count;
+}
+
+void aps_codec_divide(float *x, size_t n, float d)
+{
+	const struct kernels *vk = vector_kernels();
+	size_t done = vk != NULL ? vk->divide(x, n, d) : 0;
+
+	for (size_t i = done; i < n; i++)
+		x[i] /= d;
 }

@@ -67,6 +67,12 @@ int aps_codec_accumulate(const struct aps_format *f, const uint8_t *codes, size_
 /* Largest |x[i]| over finite values; 0 for n == 0. */
 float aps_codec_maxabs(const float *x, size_t n);
 
+/* x[i] /= d for i < n: a true division, correctly rounded (not a multiply by 1/d). */
+void aps_codec_divide(float *x, size_t n, float d);
+
+/* Counts inf and NaN values in x[0..n). */
+size_t aps_codec_count_nonfinite_f32(const float *x, size_t n);
+
 /* Counts inf and NaN codes in a packed buffer of n codes. */
 size_t aps_codec_count_nonfinite(const struct aps_format *f, const uint8_t *codes, size_t n);
 

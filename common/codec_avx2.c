@@ -96,6 +96,11 @@ static inline vflt vf_sub(vflt a, vflt b)
 	return _mm256_sub_ps(a, b);
 }
 
+static inline vflt vf_div(vflt a, vflt b)
+{
+	return _mm256_div_ps(a, b);
+}
+
 static inline vflt vi_as_f(vint a)
 {
 	return _mm256_castsi256_ps(a);

@@ -96,6 +96,11 @@ static inline vflt vf_sub(vflt a, vflt b)
 	return _mm512_sub_ps(a, b);
 }
 
+static inline vflt vf_div(vflt a, vflt b)
+{
+	return _mm512_div_ps(a, b);
+}
+
 static inline vflt vi_as_f(vint a)
 {
 	return _mm512_castsi512_ps(a);

@@ -30,7 +30,8 @@ uint32_t aps_scalar_encode(const struct aps_format *f, float x, int k, struct ap
 	                            uint8_t *out, struct aps_codec_stats *st);                   \
 	size_t aps_##isa##_decode(const struct aps_format *f, const uint8_t *codes, size_t n,    \
 	                          int k, float *out, bool accumulate);                           \
-	float aps_##isa##_maxabs(const float *x, size_t n);
+	float aps_##isa##_maxabs(const float *x, size_t n);                                      \
+	size_t aps_##isa##_divide(float *x, size_t n, float d);
 
 APS_DECLARE_VECTOR_KERNELS(avx2)
 APS_DECLARE_VECTOR_KERNELS(avx512)

@@ -14,7 +14,7 @@
 #include <stdint.h>
 
 #define APS_PROTO_VERSION_MAJOR 1
-#define APS_PROTO_VERSION_MINOR 0
+#define APS_PROTO_VERSION_MINOR 1
 
 #define APS_MSG_JOB_MAX  64  /* bytes of a job name, NUL excluded */
 #define APS_MSG_NAME_MAX 255 /* bytes of a tensor name, NUL excluded */
@@ -80,7 +80,9 @@ struct aps_msg {
 	uint32_t n_waiting_for;
 	uint32_t waiting_for[APS_MSG_LIST_MAX]; /* ERROR: ranks still awaited */
 	uint32_t n_exponents;
-	int32_t exponents[APS_MSG_LIST_MAX]; /* reserved for global mode */
+	int32_t exponents[APS_MSG_LIST_MAX]; /* EXPONENTS/SCALES: one per tensor_ids[i] */
+	uint32_t n_tensor_ids;
+	uint32_t tensor_ids[APS_MSG_LIST_MAX];
 	/*
 	 * Frame 1, borrowed: NULL when the message has no payload frame. Packing
 	 * writes payload_len and the CRC32C of these bytes into the header.

@@ -30,6 +30,7 @@
 #define NEED_CHUNK    (1u << 3) /* chunk_count >= 1 */
 #define NEED_FORMAT   (1u << 4) /* format */
 #define NEED_ERROR    (1u << 5) /* error_code < 0 and error_text */
+#define NEED_IDS      (1u << 6) /* 1.. tensor_ids, as many exponents */
 
 enum payload_rule {
 	PAYLOAD_NONE,
@@ -47,7 +48,6 @@ struct type_rule {
 #define ID  NEED_IDENTITY
 #define DAT (NEED_IDENTITY | NEED_COUNT | NEED_CHUNK)
 
-/* EXPONENTS and SCALES are reserved: allowed from nobody yet. */
 static const struct type_rule rules[APS_MSG_TYPE_COUNT] = {
 	[APS_MSG_HELLO] = { true, false, ID, PAYLOAD_NONE },
 	[APS_MSG_WELCOME] = { false, true, ID, PAYLOAD_NONE },
@@ -61,6 +61,8 @@ static const struct type_rule rules[APS_MSG_TYPE_COUNT] = {
 	[APS_MSG_HEARTBEAT] = { true, true, ID, PAYLOAD_NONE },
 	[APS_MSG_BYE] = { true, true, ID, PAYLOAD_NONE },
 	[APS_MSG_ERROR] = { false, true, NEED_ERROR, PAYLOAD_NONE },
+	[APS_MSG_EXPONENTS] = { true, false, ID | NEED_IDS, PAYLOAD_NONE },
+	[APS_MSG_SCALES] = { false, true, ID | NEED_IDS, PAYLOAD_NONE },
 };
 
 #undef ID
@@ -185,10 +187,12 @@ static int check_envelope(struct check *c, const Aps__Envelope *env)
 	if (strlen(env->error_text) > APS_MSG_TEXT_MAX || !ascii_only(env->error_text, ' '))
 		return fail(c, APS_MSG_FAULT_BAD_ERROR, "error text is not one line of <= %d bytes",
 		            APS_MSG_TEXT_MAX);
-	if (env->n_waiting_for > APS_MSG_LIST_MAX || env->n_exponents > APS_MSG_LIST_MAX)
+	if (env->n_waiting_for > APS_MSG_LIST_MAX || env->n_exponents > APS_MSG_LIST_MAX ||
+	    env->n_tensor_ids > APS_MSG_LIST_MAX)
 		return fail(c, APS_MSG_FAULT_TOO_LARGE,
-		            "%zu awaited ranks and %zu exponents, limit %d", env->n_waiting_for,
-		            env->n_exponents, APS_MSG_LIST_MAX);
+		            "%zu awaited ranks, %zu exponents and %zu tensor ids, limit %d",
+		            env->n_waiting_for, env->n_exponents, env->n_tensor_ids,
+		            APS_MSG_LIST_MAX);
 	if ((unsigned)env->scaling > (unsigned)APS__SCALING_MODE__SCALING_GLOBAL)
 		return fail(c, APS_MSG_FAULT_BAD_SCALE, "scaling mode %d is unknown",
 		            (int)env->scaling);
@@ -236,6 +240,20 @@ static int check_tensor_and_step(struct check *c)
 		            c->lim->max_tensors);
 	if ((c->rule->needs & NEED_NAME) && m->tensor_name[0] == '\0')
 		return fail(c, APS_MSG_FAULT_BAD_TENSOR, "tensor name is empty");
+	if ((c->rule->needs & NEED_IDS) != 0 &&
+	    (m->n_tensor_ids == 0 || m->n_tensor_ids != m->n_exponents))
+		return fail(c, APS_MSG_FAULT_BAD_TENSOR,
+		            "%" PRIu32 " tensor ids and %" PRIu32
+		            " exponents: needs 1 or more, as many",
+		            m->n_tensor_ids, m->n_exponents);
+	if ((c->rule->needs & NEED_IDS) == 0 && m->n_tensor_ids != 0)
+		return fail(c, APS_MSG_FAULT_BAD_TENSOR, "tensor ids on a %s", c->what);
+	for (uint32_t i = 0; i < m->n_tensor_ids; i++) {
+		if (m->tensor_ids[i] >= c->lim->max_tensors)
+			return fail(c, APS_MSG_FAULT_BAD_TENSOR,
+			            "tensor id %" PRIu32 " is not below %" PRIu32, m->tensor_ids[i],
+			            c->lim->max_tensors);
+	}
 	/* Steps fit int64 so that the daemon may subtract them. */
 	if (m->step > (uint64_t)INT64_MAX)
 		return fail(c, APS_MSG_FAULT_BAD_STEP, "step %" PRIu64 " is above 2^63 - 1",

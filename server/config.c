@@ -52,6 +52,9 @@ struct key {
 
 static const char *const log_levels[] = { "error", "warn", "info", "debug", NULL };
 static const char *const downlinks[] = { "auto", "fp32", "fp16", "bf16", NULL };
+/* The order of enum aps_scaling and of enum aps_sum. */
+static const char *const scalings[] = { "none", "local", "global", NULL };
+static const char *const sums[] = { "fp32", "lowp", NULL };
 
 /* Name and place of a key, from the field itself so that they cannot disagree. */
 #define KEY(f) .name = #f, .offset = offsetof(struct aps_config, f)
@@ -77,6 +80,13 @@ static const struct key keys[] = {
 	  .help = "largest message accepted (suffixes k, M, G)" },
 	{ KEY(drain_batch), .type = KEY_INT, .min = 1, .max = 65536, .def = "256",
 	  .help = "messages read per socket wake-up" },
+	{ KEY(scaling), .type = KEY_CHOICE, .choices = scalings, .def = "local",
+	  .help = "APS scaling of jobs whose workers do not choose (global: the paper)" },
+	{ KEY(sum), .type = KEY_CHOICE, .choices = sums, .def = "fp32",
+	  .help = "fp32: exact sum; lowp: rounded to the format after each addition (needs "
+	          "scaling = global)" },
+	{ KEY(chunk_bytes), .type = KEY_SIZE, .min = KIB, .max = GIB, .def = "4M",
+	  .help = "large tensors travel in chunks of this many fp32 bytes (suffixes k, M, G)" },
 };
 
 #define NKEYS (sizeof(keys) / sizeof(keys[0]))
@@ -417,6 +427,20 @@ static const struct origin *origin_of(const struct loader *ld, const char *name)
 	return &ld->origin[idx];
 }
 
+/* sum = lowp is the paper's algorithm: it needs one exponent for all workers. */
+static int check_sum(struct loader *ld)
+{
+	const struct origin *a = origin_of(ld, "sum");
+	const struct origin *b = origin_of(ld, "scaling");
+	char where[APS_CONFIG_ERROR_MAX];
+
+	if (ld->cfg.sum != APS_SUM_LOWP || ld->cfg.scaling == APS_SCALING_GLOBAL)
+		return 0;
+	origin_describe(a->seq > b->seq ? a : b, where, sizeof(where));
+	return fail(ld->err, "%s: sum = lowp needs scaling = global (scaling is %s)", where,
+	            scalings[ld->cfg.scaling]);
+}
+
 static int check_cross(struct loader *ld)
 {
 	const struct origin *a = origin_of(ld, "heartbeat_ms");
@@ -425,7 +449,7 @@ static int check_cross(struct loader *ld)
 	char where[APS_CONFIG_ERROR_MAX];
 
 	if ((long long)timeout >= 2LL * hb)
-		return 0;
+		return check_sum(ld);
 	origin_describe(a->seq > b->seq ? a : b, where, sizeof(where));
 	return fail(ld->err,
 	            "%s: heartbeat_timeout_ms (%d) must be at least twice heartbeat_ms (%d)", where,

@@ -10,6 +10,7 @@
 
 #include "common/format.h"
 #include "common/log.h"
+#include "common/scale.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -19,6 +20,13 @@
 #define APS_CONFIG_ENDPOINT_MAX 255  /* bytes, without the NUL */
 #define APS_CONFIG_LINE_MAX     1024 /* bytes per file line, without the newline */
 #define APS_CONFIG_ERROR_MAX    512
+
+/* FP32: decode every push exactly and sum in fp32; LOWP: the paper's sum, rounded to
+ * the format after every addition (global scaling only). */
+enum aps_sum {
+	APS_SUM_FP32,
+	APS_SUM_LOWP,
+};
 
 /* Format of RESULT messages; AUTO answers each tensor in its uplink format. */
 enum aps_downlink {
@@ -39,6 +47,9 @@ struct aps_config {
 	int max_tensors;            /* tensors registered by one job */
 	uint64_t max_message_bytes; /* largest payload frame accepted */
 	int drain_batch;            /* messages read per ZMQ_FD wake-up */
+	enum aps_scaling scaling;   /* of jobs whose HELLO states none */
+	enum aps_sum sum;           /* how pushes are summed */
+	uint64_t chunk_bytes;       /* chunk size of large tensors, in fp32 bytes */
 };
 
 struct aps_config_error {

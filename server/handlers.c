@@ -22,13 +22,24 @@ static void identity(struct aps_msg *m, enum aps_msg_type type, const struct aps
 	m->world_size = job->world_size;
 }
 
+/* sum = lowp only works when every rank scales with one exponent. */
+static bool lowp_needs_global(bool lowp, const struct aps_msg *m)
+{
+	return lowp && m->scaling != APS_MSG_SCALING_UNSET && m->scaling != (int)APS_SCALING_GLOBAL;
+}
+
 /* The job's options as a HELLO states them; "" when they agree with the job. */
 static bool options_differ(const struct aps_job *job, const struct aps_msg *m, char *why,
                            size_t len)
 {
 	const char *down = job->downlink_auto ? "" : job->downlink.name;
 
-	if (job->world_size != m->world_size)
+	if (lowp_needs_global(job->lowp, m))
+		snprintf(why, len,
+		         "this daemon sums in low precision (sum = lowp): job '%s' must use "
+		         "scaling 'global', rank %u asks for '%s'",
+		         job->name, m->rank, aps_scaling_name((enum aps_scaling)m->scaling));
+	else if (job->world_size != m->world_size)
 		snprintf(why, len, "job '%s' has world size %u, rank %u says %u", job->name,
 		         job->world_size, m->rank, m->world_size);
 	else if (m->scaling != APS_MSG_SCALING_UNSET && (int)job->scaling != m->scaling)
@@ -53,8 +64,10 @@ static int create_job(struct aps_server *srv, const struct aps_msg *m, struct ap
 	ret = aps_jobs_create(&srv->jobs, m->job, m->world_size, &job);
 	if (ret < 0)
 		return ret;
-	if (m->scaling != APS_MSG_SCALING_UNSET)
-		job->scaling = (enum aps_scaling)m->scaling;
+	job->lowp = srv->opts.lowp;
+	job->chunk_elems = srv->opts.chunk_elems;
+	job->scaling = m->scaling != APS_MSG_SCALING_UNSET ? (enum aps_scaling)m->scaling
+	                                                   : srv->opts.scaling;
 	job->downlink_auto = srv->default_downlink_auto;
 	job->downlink = srv->default_downlink;
 	if (m->format[0] != '\0') {
@@ -87,6 +100,13 @@ void aps_handle_hello(struct aps_server *srv, struct aps_session *s, const struc
 		return refuse_hello(srv, s, m, APS_EPROTO, "this connection already joined a job");
 	if (job != NULL && options_differ(job, m, why, sizeof(why)))
 		return refuse_hello(srv, s, m, APS_EMISMATCH, why);
+	if (job == NULL && lowp_needs_global(srv->opts.lowp, m)) {
+		snprintf(why, sizeof(why),
+		         "this daemon sums in low precision (sum = lowp): jobs "
+		         "must use scaling 'global', rank %u asks for '%s'",
+		         m->rank, aps_scaling_name((enum aps_scaling)m->scaling));
+		return refuse_hello(srv, s, m, APS_EMISMATCH, why);
+	}
 	holder = job != NULL ? job->ranks[m->rank] : NULL;
 	if (holder != NULL) {
 		snprintf(why, sizeof(why), "rank %u of job '%s' is held by a live session", m->rank,
@@ -162,11 +182,12 @@ void aps_handle_register(struct aps_server *srv, struct aps_session *s, const st
 	r.tensor_id = t->id;
 	snprintf(r.tensor_name, sizeof(r.tensor_name), "%s", t->name);
 	r.total_count = t->count;
+	r.chunk_count = t->round.chunk_elems; /* the chunk size every rank must use */
 	snprintf(r.format, sizeof(r.format), "%s", m->format[0] ? m->format : "fp32");
 	aps_server_send(srv, &s->peer, &r, NULL);
 }
 
-/* Sends one result to every rank: one header, one shared payload. */
+/* Sends one chunk's result to every rank: one header, one shared payload. */
 static void fan_out(struct aps_server *srv, struct aps_job *job, struct aps_tensor *t,
                     uint64_t step, struct aps_round_result *res, enum aps_msg_type type)
 {
@@ -175,26 +196,28 @@ static void fan_out(struct aps_server *srv, struct aps_job *job, struct aps_tens
 	identity(&r, type, job, 0);
 	r.tensor_id = t->id;
 	r.step = step;
-	r.chunk_offset = 0;
-	r.chunk_count = t->count;
+	r.chunk_offset = res->offset;
+	r.chunk_count = res->count;
 	r.total_count = t->count;
 	snprintf(r.format, sizeof(r.format), "%s", res->fmt.name);
 	r.scale_exp = res->scale_exp;
 	r.scaling = (int)job->scaling;
 	r.flushed = res->stats.flushed;
+	r.flags = res->lowp_sum ? APS_MSG_FLAG_LOWP_SUM : 0;
 	for (uint32_t rank = 0; rank < job->world_size; rank++) {
 		if (job->ranks[rank] != NULL)
 			aps_server_send(srv, &job->ranks[rank]->peer, &r, res->payload);
 	}
 }
 
-static void finish_round(struct aps_server *srv, struct aps_job *job, struct aps_tensor *t)
+static void finish_chunk(struct aps_server *srv, struct aps_job *job, struct aps_tensor *t,
+                         uint32_t chunk)
 {
 	struct aps_round_result res;
 	uint64_t step = t->round.step;
 	bool broadcast = t->round.kind == APS_ROUND_BROADCAST;
-	int ret = aps_round_finish(&t->round, job->downlink_auto ? NULL : &job->downlink,
-	                           job->scaling, &res);
+	int ret = aps_round_finish_chunk(
+	        &t->round, chunk, job->downlink_auto ? NULL : &job->downlink, job->scaling, &res);
 
 	if (ret < 0) {
 		aps_round_abort(&t->round);
@@ -203,16 +226,20 @@ static void finish_round(struct aps_server *srv, struct aps_job *job, struct aps
 	}
 	fan_out(srv, job, t, step, &res, broadcast ? APS_MSG_BROADCAST : APS_MSG_RESULT);
 	aps_sbuf_unref(res.payload);
+	if (!res.step_done)
+		return;
 	job->rounds_completed++;
 	srv->counters.rounds++;
-	aps_log_debug("server", "round job=%s tensor=%s step=%llu k=%d", job->name, t->name,
-	              (unsigned long long)step, res.scale_exp);
+	aps_log_debug("server", "round job=%s tensor=%.80s step=%llu chunks=%u", job->name, t->name,
+	              (unsigned long long)step, t->round.n_chunks);
 }
 
-static struct aps_tensor *pushed_tensor(struct aps_server *srv, struct aps_session *s,
-                                        const struct aps_msg *m)
+/* The tensor and chunk a PUSH or BROADCAST is about, or NULL after an ERROR. */
+static struct aps_tensor *pushed_chunk(struct aps_server *srv, struct aps_session *s,
+                                       const struct aps_msg *m, uint32_t *chunk)
 {
 	struct aps_tensor *t = aps_job_tensor(s->job, m->tensor_id);
+	int64_t c;
 
 	if (t == NULL || !t->registered[s->rank]) {
 		aps_server_send_error(srv, &s->peer, APS_EPROTO, m,
@@ -220,13 +247,18 @@ static struct aps_tensor *pushed_tensor(struct aps_server *srv, struct aps_sessi
 		                      m->tensor_id, s->rank, s->job->name);
 		return NULL;
 	}
-	if (m->chunk_offset != 0 || m->total_count != t->count ||
-	    (m->payload != NULL && m->chunk_count != t->count)) {
+	/* A broadcast request without data names its chunk too. */
+	c = aps_round_chunk_of(&t->round, m->chunk_offset, m->chunk_count);
+	if (m->total_count != t->count || c < 0) {
 		aps_server_send_error(srv, &s->peer, APS_EPROTO, m,
-		                      "tensor '%.80s' has %llu elements: send it whole (offset 0)",
-		                      t->name, (unsigned long long)t->count);
+		                      "tensor '%.80s' (%llu elements) travels in chunks of %zu: "
+		                      "offset %llu count %llu is not one",
+		                      t->name, (unsigned long long)t->count, t->round.chunk_elems,
+		                      (unsigned long long)m->chunk_offset,
+		                      (unsigned long long)m->chunk_count);
 		return NULL;
 	}
+	*chunk = (uint32_t)c;
 	return t;
 }
 
@@ -247,8 +279,9 @@ void aps_handle_push(struct aps_server *srv, struct aps_session *s, const struct
 {
 	enum aps_round_kind kind =
 	        m->type == APS_MSG_BROADCAST ? APS_ROUND_BROADCAST : APS_ROUND_ALLREDUCE;
-	struct aps_tensor *t = pushed_tensor(srv, s, m);
 	struct aps_contribution c;
+	uint32_t chunk;
+	struct aps_tensor *t = pushed_chunk(srv, s, m, &chunk);
 	char why[160];
 
 	if (t == NULL) {
@@ -259,7 +292,7 @@ void aps_handle_push(struct aps_server *srv, struct aps_session *s, const struct
 		aps_server_send_error(srv, &s->peer, APS_ENOMEM, m, "out of memory");
 		return;
 	}
-	if (aps_round_add(&t->round, s->rank, m->step, kind, &c, why, sizeof(why)) < 0) {
+	if (aps_round_add(&t->round, s->rank, m->step, chunk, kind, &c, why, sizeof(why)) < 0) {
 		if (c.payload.release != NULL)
 			c.payload.release(c.payload.ctx);
 		srv->counters.bad_state++;
@@ -267,8 +300,44 @@ void aps_handle_push(struct aps_server *srv, struct aps_session *s, const struct
 		                      why);
 		return;
 	}
-	if (aps_round_complete(&t->round))
-		finish_round(srv, s->job, t);
+	if (aps_round_chunk_complete(&t->round, chunk))
+		finish_chunk(srv, s->job, t, chunk);
+}
+
+/* Global mode: a rank's exponents for a batch of tensors; the max of every tensor
+ * whose exchange this completes goes to every rank in one SCALES. */
+void aps_handle_exponents(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m)
+{
+	struct aps_job *job = s->job;
+	struct aps_msg r;
+
+	identity(&r, APS_MSG_SCALES, job, 0);
+	for (uint32_t i = 0; i < m->n_tensor_ids; i++) {
+		struct aps_tensor *t = aps_job_tensor(job, m->tensor_ids[i]);
+		int32_t max;
+		int ret = t == NULL || !t->registered[s->rank]
+		                  ? APS_EINVAL
+		                  : aps_tensor_add_exponent(t, job->world_size, s->rank,
+		                                            m->exponents[i], &max);
+		if (ret < 0) {
+			srv->counters.bad_state++;
+			aps_server_send_error(srv, &s->peer, APS_EPROTO, m,
+			                      "exponent for tensor id %u: %s", m->tensor_ids[i],
+			                      t == NULL ? "not registered"
+			                                : "this rank already sent one");
+			continue;
+		}
+		if (ret == 0)
+			continue;
+		r.tensor_ids[r.n_tensor_ids] = m->tensor_ids[i];
+		r.exponents[r.n_tensor_ids++] = max;
+	}
+	r.n_exponents = r.n_tensor_ids;
+	for (uint32_t rank = 0; r.n_tensor_ids > 0 && rank < job->world_size; rank++) {
+		r.rank = rank;
+		if (job->ranks[rank] != NULL)
+			aps_server_send(srv, &job->ranks[rank]->peer, &r, NULL);
+	}
 }
 
 void aps_handle_barrier(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m)

@@ -64,6 +64,7 @@ static void free_tensor(struct aps_tensor *tensor)
 		return;
 	aps_round_fini(&tensor->round);
 	free(tensor->registered);
+	free(tensor->exp_has);
 	free(tensor);
 }
 
@@ -173,8 +174,11 @@ int aps_job_add_tensor(struct aps_job *job, const char *name, uint64_t count, ui
 	if (t == NULL)
 		return APS_ENOMEM;
 	t->registered = calloc(job->world_size, sizeof(*t->registered));
-	if (t->registered == NULL || aps_round_init(&t->round, job->world_size, count) < 0) {
+	t->exp_has = calloc(job->world_size, sizeof(*t->exp_has));
+	if (t->registered == NULL || t->exp_has == NULL ||
+	    aps_round_init(&t->round, job->world_size, count, job->chunk_elems, job->lowp) < 0) {
 		free(t->registered);
+		free(t->exp_has);
 		free(t);
 		return APS_ENOMEM;
 	}
@@ -188,8 +192,12 @@ int aps_job_add_tensor(struct aps_job *job, const char *name, uint64_t count, ui
 
 void aps_job_abort_rounds(struct aps_job *job)
 {
-	for (uint32_t i = 0; i < job->n_tensors; i++)
-		aps_round_abort(&job->tensors[i]->round);
+	for (uint32_t i = 0; i < job->n_tensors; i++) {
+		struct aps_tensor *t = job->tensors[i];
+		aps_round_abort(&t->round);
+		memset(t->exp_has, 0, job->world_size * sizeof(*t->exp_has));
+		t->exp_arrived = 0;
+	}
 	memset(job->barrier_has, 0, job->world_size * sizeof(*job->barrier_has));
 	job->barrier_arrived = 0;
 }
@@ -199,8 +207,24 @@ bool aps_job_busy(const struct aps_job *job)
 	if (job->barrier_arrived > 0)
 		return true;
 	for (uint32_t i = 0; i < job->n_tensors; i++) {
-		if (job->tensors[i]->round.arrived > 0)
+		if (aps_round_busy(&job->tensors[i]->round) || job->tensors[i]->exp_arrived > 0)
 			return true;
 	}
 	return false;
+}
+
+int aps_tensor_add_exponent(struct aps_tensor *t, uint32_t world_size, uint32_t rank,
+                            int32_t exponent, int32_t *max)
+{
+	if (t->exp_has[rank])
+		return APS_EPROTO;
+	t->exp_has[rank] = true;
+	if (t->exp_arrived == 0 || exponent > t->exp_max)
+		t->exp_max = exponent;
+	if (++t->exp_arrived < world_size)
+		return 0;
+	*max = t->exp_max;
+	t->exp_arrived = 0;
+	memset(t->exp_has, 0, world_size * sizeof(*t->exp_has));
+	return 1;
 }

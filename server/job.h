@@ -35,6 +35,10 @@ struct aps_tensor {
 	uint64_t count;
 	bool *registered; /* world_size: the rank registered this tensor */
 	struct aps_round round;
+	/* Global mode: the exponent exchange before the next push. */
+	bool *exp_has; /* world_size: the rank sent its exponent */
+	uint32_t exp_arrived;
+	int32_t exp_max;
 };
 
 struct aps_job {
@@ -43,6 +47,8 @@ struct aps_job {
 	uint32_t world_size;
 	enum aps_scaling scaling;
 	bool downlink_auto; /* RESULT in each tensor's uplink format */
+	bool lowp;          /* sum rounded to the format after each addition */
+	size_t chunk_elems; /* elements per chunk of its tensors */
 	struct aps_format downlink;
 	struct aps_session **ranks; /* world_size; NULL: not connected */
 	struct aps_tensor **tensors;
@@ -82,6 +88,14 @@ struct aps_tensor *aps_job_tensor(struct aps_job *job, uint32_t id);
 /* Adds a tensor with the next id. Returns 0, APS_ENOMEM or APS_ERANGE (limit). */
 int aps_job_add_tensor(struct aps_job *job, const char *name, uint64_t count, uint32_t max_tensors,
                        struct aps_tensor **out);
+
+/*
+ * Adds a rank's global-mode exponent for t. Returns 1 when every rank has
+ * sent one (*max is then their max and the exchange starts over), 0 while
+ * some are missing, APS_EPROTO when the rank already sent one.
+ */
+int aps_tensor_add_exponent(struct aps_tensor *t, uint32_t world_size, uint32_t rank,
+                            int32_t exponent, int32_t *max);
 
 /* Drops what every round and the barrier collected this step (a rank was lost). */
 void aps_job_abort_rounds(struct aps_job *job);

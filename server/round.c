@@ -1,9 +1,11 @@
 /*
- * Rounds: rank-ordered accumulation of contributions and the downlink
- * encoding of the result. A contribution whose lower ranks are all summed is
+ * Rounds: rank-ordered accumulation of each chunk and the downlink encoding
+ * of each finished chunk. A contribution whose lower ranks are all summed is
  * decoded straight into the accumulator (the first one writes, the others
  * add) and released at once; one that arrives early is held, without a copy,
  * until its turn. So the sum is the same bits whatever the arrival order.
+ * With lowp the running sum is rounded to the format after every addition
+ * (the paper's algorithm, all ranks on one exponent) and sent as codes.
  */
 #include "server/round.h"
 
@@ -14,15 +16,29 @@
 #include <stdlib.h>
 #include <string.h>
 
-int aps_round_init(struct aps_round *r, uint32_t world_size, size_t count)
+int aps_round_init(struct aps_round *r, uint32_t world_size, size_t count, size_t chunk_elems,
+                   bool lowp)
 {
+	size_t cells;
+
 	memset(r, 0, sizeof(*r));
 	r->world_size = world_size;
 	r->count = count;
-	r->has = calloc(world_size, sizeof(*r->has));
-	r->held = calloc(world_size, sizeof(*r->held));
+	r->lowp = lowp;
+	r->chunk_elems =
+	        chunk_elems == 0 || chunk_elems >= count ? (count ? count : 1) : chunk_elems;
+	r->n_chunks = (uint32_t)((count + r->chunk_elems - 1) / r->chunk_elems);
+	if (r->n_chunks == 0)
+		r->n_chunks = 1;
+	cells = (size_t)r->n_chunks * world_size;
+	r->chunks = calloc(r->n_chunks, sizeof(*r->chunks));
+	r->has = calloc(cells, sizeof(*r->has));
+	r->held = calloc(cells, sizeof(*r->held));
 	r->acc = malloc((count ? count : 1) * sizeof(float));
-	if (r->has == NULL || r->held == NULL || r->acc == NULL) {
+	if (lowp)
+		r->scratch = malloc(r->chunk_elems * sizeof(float));
+	if (r->chunks == NULL || r->has == NULL || r->held == NULL || r->acc == NULL ||
+	    (lowp && r->scratch == NULL)) {
 		aps_round_fini(r);
 		return APS_ENOMEM;
 	}
@@ -36,26 +52,31 @@ static void release(struct aps_payload *p)
 	memset(p, 0, sizeof(*p));
 }
 
+static void reset_step(struct aps_round *r)
+{
+	size_t cells = (size_t)r->n_chunks * r->world_size;
+
+	for (size_t i = 0; r->held != NULL && i < cells; i++)
+		release(&r->held[i].payload);
+	if (r->has != NULL)
+		memset(r->has, 0, cells * sizeof(*r->has));
+	if (r->chunks != NULL)
+		memset(r->chunks, 0, r->n_chunks * sizeof(*r->chunks));
+	r->kind = APS_ROUND_IDLE;
+	r->chunks_finished = 0;
+	r->step_fmt_set = false;
+	r->flushed = 0;
+}
+
 void aps_round_fini(struct aps_round *r)
 {
-	aps_round_abort(r);
+	reset_step(r);
+	free(r->chunks);
 	free(r->has);
 	free(r->held);
 	free(r->acc);
+	free(r->scratch);
 	memset(r, 0, sizeof(*r));
-}
-
-static void reset_step(struct aps_round *r)
-{
-	for (uint32_t i = 0; r->held != NULL && i < r->world_size; i++)
-		release(&r->held[i].payload);
-	if (r->has != NULL)
-		memset(r->has, 0, r->world_size * sizeof(*r->has));
-	r->kind = APS_ROUND_IDLE;
-	r->arrived = 0;
-	r->next_rank = 0;
-	r->root_seen = false;
-	r->flushed = 0;
 }
 
 void aps_round_abort(struct aps_round *r)
@@ -63,25 +84,67 @@ void aps_round_abort(struct aps_round *r)
 	reset_step(r);
 }
 
-/* Decodes one contribution into the accumulator: the first writes, later ones add. */
-static void sum_one(struct aps_round *r, const struct aps_contribution *c, bool first)
+bool aps_round_busy(const struct aps_round *r)
 {
-	const struct aps_payload *p = &c->payload;
-
-	if (first)
-		aps_codec_dequantize(&c->fmt, p->data, p->len, r->count, c->scale_exp, r->acc);
-	else
-		aps_codec_accumulate(&c->fmt, p->data, p->len, r->count, c->scale_exp, r->acc);
+	return r->kind != APS_ROUND_IDLE;
 }
 
-/* Sums every held contribution whose turn has come, in rank order. */
-static void sum_ready(struct aps_round *r)
+static size_t chunk_len(const struct aps_round *r, uint32_t chunk)
 {
-	while (r->next_rank < r->world_size && r->has[r->next_rank]) {
-		struct aps_contribution *c = &r->held[r->next_rank];
-		sum_one(r, c, r->next_rank == 0);
+	size_t off = (size_t)chunk * r->chunk_elems;
+
+	return r->count - off < r->chunk_elems ? r->count - off : r->chunk_elems;
+}
+
+int64_t aps_round_chunk_of(const struct aps_round *r, uint64_t offset, uint64_t count)
+{
+	uint64_t chunk = offset / r->chunk_elems;
+
+	if (offset % r->chunk_elems != 0 || chunk >= r->n_chunks)
+		return -1;
+	return count == chunk_len(r, (uint32_t)chunk) ? (int64_t)chunk : -1;
+}
+
+/* Rounds acc[off, off + n) to the format: the paper's sum after each addition. */
+static void round_to_format(struct aps_round *r, const struct aps_format *f, float *acc, size_t n)
+{
+	struct aps_quant_opts o = { 0 };
+	size_t len = aps_format_packed_size(f, n);
+
+	aps_codec_quantize(f, acc, n, &o, r->scratch, len, NULL);
+	aps_codec_dequantize(f, r->scratch, len, n, 0, acc);
+}
+
+/* Decodes one contribution into its chunk of acc: the first writes, later ones add. */
+static void sum_one(struct aps_round *r, uint32_t chunk, const struct aps_contribution *c,
+                    bool first)
+{
+	const struct aps_payload *p = &c->payload;
+	float *acc = r->acc + (size_t)chunk * r->chunk_elems;
+	size_t n = chunk_len(r, chunk);
+	/* lowp sums the codes as they are (times 2^k): every rank has the same k. */
+	int k = r->lowp ? 0 : c->scale_exp;
+
+	if (first) {
+		aps_codec_dequantize(&c->fmt, p->data, p->len, n, k, acc);
+		return;
+	}
+	aps_codec_accumulate(&c->fmt, p->data, p->len, n, k, acc);
+	if (r->lowp)
+		round_to_format(r, &c->fmt, acc, n);
+}
+
+/* Sums every held contribution of chunk whose turn has come, in rank order. */
+static void sum_ready(struct aps_round *r, uint32_t chunk)
+{
+	struct aps_round_chunk *ch = &r->chunks[chunk];
+	size_t base = (size_t)chunk * r->world_size;
+
+	while (ch->next_rank < r->world_size && r->has[base + ch->next_rank]) {
+		struct aps_contribution *c = &r->held[base + ch->next_rank];
+		sum_one(r, chunk, c, ch->next_rank == 0);
 		release(&c->payload);
-		r->next_rank++;
+		ch->next_rank++;
 	}
 }
 
@@ -98,113 +161,148 @@ static int refuse(char *why, size_t why_len, const char *fmt, ...)
 	return APS_EPROTO;
 }
 
-static int check_add(const struct aps_round *r, uint32_t rank, uint64_t step,
+static int check_lowp(const struct aps_round *r, const struct aps_contribution *c, char *why,
+                      size_t why_len)
+{
+	if (!r->lowp || c->payload.data == NULL || !r->step_fmt_set)
+		return 0;
+	if (strcmp(c->fmt.name, r->step_fmt.name) != 0 || c->scale_exp != r->step_scale)
+		return refuse(
+		        why, why_len,
+		        "lowp sum needs one format and exponent: %s k=%d, others sent %s k=%d",
+		        c->fmt.name, c->scale_exp, r->step_fmt.name, r->step_scale);
+	return 0;
+}
+
+static int check_add(const struct aps_round *r, uint32_t rank, uint64_t step, uint32_t chunk,
                      enum aps_round_kind kind, const struct aps_contribution *c, char *why,
                      size_t why_len)
 {
 	bool data = c->payload.data != NULL;
 
-	if (rank >= r->world_size)
-		return refuse(why, why_len, "rank %u is not below world size %u", rank,
-		              r->world_size);
+	if (rank >= r->world_size || chunk >= r->n_chunks)
+		return refuse(why, why_len, "rank %u or chunk %u out of range", rank, chunk);
 	if (step != r->step)
 		return refuse(why, why_len, "step %llu, the tensor is at step %llu",
 		              (unsigned long long)step, (unsigned long long)r->step);
-	if (r->has[rank])
-		return refuse(why, why_len, "rank %u already contributed to step %llu", rank,
-		              (unsigned long long)step);
+	if (r->has[(size_t)chunk * r->world_size + rank])
+		return refuse(why, why_len, "rank %u already sent chunk %u of step %llu", rank,
+		              chunk, (unsigned long long)step);
 	if (r->kind != APS_ROUND_IDLE && r->kind != kind)
 		return refuse(why, why_len, "step %llu mixes a broadcast and an all-reduce",
 		              (unsigned long long)step);
 	if (kind == APS_ROUND_ALLREDUCE && !data)
 		return refuse(why, why_len, "rank %u pushed no data", rank);
-	if (kind == APS_ROUND_BROADCAST && data && r->root_seen)
+	if (kind == APS_ROUND_BROADCAST && data && r->chunks[chunk].root_seen)
 		return refuse(why, why_len, "a second rank (%u) sent broadcast data", rank);
-	return 0;
+	return check_lowp(r, c, why, why_len);
 }
 
-int aps_round_add(struct aps_round *r, uint32_t rank, uint64_t step, enum aps_round_kind kind,
-                  struct aps_contribution *c, char *why, size_t why_len)
+int aps_round_add(struct aps_round *r, uint32_t rank, uint64_t step, uint32_t chunk,
+                  enum aps_round_kind kind, struct aps_contribution *c, char *why, size_t why_len)
 {
-	int ret = check_add(r, rank, step, kind, c, why, why_len);
+	size_t cell = (size_t)chunk * r->world_size + rank;
+	int ret = check_add(r, rank, step, chunk, kind, c, why, why_len);
 
 	if (ret < 0)
 		return ret;
 	r->kind = kind;
-	r->has[rank] = true;
-	r->arrived++;
+	r->has[cell] = true;
+	r->chunks[chunk].arrived++;
 	r->flushed += c->flushed;
-	if (rank == 0)
-		r->first_fmt = c->fmt;
-	if (kind == APS_ROUND_BROADCAST) {
-		/* Only the root carries data; there is nothing to order. */
-		if (c->payload.data != NULL) {
-			sum_one(r, c, true);
-			r->root_seen = true;
-		}
-		release(&c->payload);
+	if (c->payload.data != NULL && !r->step_fmt_set) {
+		r->step_fmt_set = true;
+		r->step_fmt = c->fmt;
+		r->step_scale = c->scale_exp;
+	}
+	r->held[cell] = *c;
+	memset(&c->payload, 0, sizeof(c->payload));
+	if (kind == APS_ROUND_ALLREDUCE) {
+		sum_ready(r, chunk);
 		return 0;
 	}
-	r->held[rank] = *c;
-	memset(&c->payload, 0, sizeof(c->payload));
-	sum_ready(r);
+	/* A broadcast: only the root carries data, there is nothing to order. */
+	if (r->held[cell].payload.data != NULL) {
+		sum_one(r, chunk, &r->held[cell], true);
+		r->chunks[chunk].root_seen = true;
+	}
+	release(&r->held[cell].payload);
 	return 0;
 }
 
-bool aps_round_complete(const struct aps_round *r)
+bool aps_round_chunk_complete(const struct aps_round *r, uint32_t chunk)
 {
-	if (r->arrived < r->world_size)
+	const struct aps_round_chunk *ch = &r->chunks[chunk];
+
+	if (ch->finished || ch->arrived < r->world_size)
 		return false;
-	return r->kind == APS_ROUND_BROADCAST ? r->root_seen : r->next_rank == r->world_size;
+	return r->kind == APS_ROUND_BROADCAST ? ch->root_seen : ch->next_rank == r->world_size;
 }
 
-static void divide(float *acc, size_t n, uint32_t world_size)
-{
-	float d = (float)world_size;
-
-	if (world_size == 1)
-		return;
-	for (size_t i = 0; i < n; i++)
-		acc[i] /= d;
-}
-
-static int encode(struct aps_round *r, enum aps_scaling scaling, struct aps_round_result *res)
+static int encode(const float *acc, size_t n, enum aps_scaling scaling,
+                  struct aps_round_result *res)
 {
 	struct aps_quant_opts o = { 0 };
-	size_t len = aps_format_packed_size(&res->fmt, r->count);
+	size_t len = aps_format_packed_size(&res->fmt, n);
 
-	res->maxabs = aps_codec_maxabs(r->acc, r->count);
+	res->maxabs = aps_codec_maxabs(acc, n);
 	if (scaling != APS_SCALING_NONE && !aps_format_is_fp32(&res->fmt))
 		aps_scale_local(&res->fmt, res->maxabs, &o.scale_exp);
 	res->scale_exp = o.scale_exp;
 	res->payload = aps_sbuf_new(len);
 	if (res->payload == NULL)
 		return APS_ENOMEM;
-	return aps_codec_quantize(&res->fmt, r->acc, r->count, &o, res->payload->data, len,
-	                          &res->stats);
+	return aps_codec_quantize(&res->fmt, acc, n, &o, res->payload->data, len, &res->stats);
 }
 
-int aps_round_finish(struct aps_round *r, const struct aps_format *down, enum aps_scaling scaling,
-                     struct aps_round_result *res)
+/* What the chunk's result is encoded as, and with which scaling. */
+static enum aps_scaling result_format(const struct aps_round *r, uint32_t chunk,
+                                      const struct aps_format *down, enum aps_scaling scaling,
+                                      struct aps_round_result *res)
 {
+	const struct aps_contribution *rank0 = &r->held[(size_t)chunk * r->world_size];
+
+	if (r->kind == APS_ROUND_BROADCAST) {
+		aps_format_parse("fp32", &res->fmt);
+		return APS_SCALING_NONE;
+	}
+	if (r->lowp) {
+		/* The codes of the sum as they are; k travels along, the client divides. */
+		res->fmt = rank0->fmt;
+		res->lowp_sum = true;
+		return APS_SCALING_NONE;
+	}
+	res->fmt = down != NULL ? *down : rank0->fmt;
+	return scaling;
+}
+
+int aps_round_finish_chunk(struct aps_round *r, uint32_t chunk, const struct aps_format *down,
+                           enum aps_scaling scaling, struct aps_round_result *res)
+{
+	size_t n = chunk_len(r, chunk);
+	float *acc = r->acc + (size_t)chunk * r->chunk_elems;
 	int ret;
 
 	memset(res, 0, sizeof(*res));
-	if (r->kind == APS_ROUND_BROADCAST) {
-		aps_format_parse("fp32", &res->fmt);
-		scaling = APS_SCALING_NONE;
-	} else {
-		res->fmt = down != NULL ? *down : r->first_fmt;
-		divide(r->acc, r->count, r->world_size);
-	}
-	ret = encode(r, scaling, res);
+	res->offset = (size_t)chunk * r->chunk_elems;
+	res->count = n;
+	scaling = result_format(r, chunk, down, scaling, res);
+	if (r->kind == APS_ROUND_ALLREDUCE && !r->lowp)
+		aps_codec_divide(acc, n, (float)r->world_size);
+	ret = encode(acc, n, scaling, res);
+	if (r->lowp)
+		res->scale_exp = r->held[(size_t)chunk * r->world_size].scale_exp;
 	if (ret < 0) {
 		aps_sbuf_unref(res->payload);
 		res->payload = NULL;
 		return ret;
 	}
-	reset_step(r);
-	r->step++;
+	r->chunks[chunk].finished = true;
+	if (++r->chunks_finished == r->n_chunks) {
+		reset_step(r);
+		r->step++;
+		res->step_done = true;
+	}
 	return 0;
 }
 
@@ -212,11 +310,15 @@ size_t aps_round_missing(const struct aps_round *r, uint32_t *ranks, size_t cap)
 {
 	size_t n = 0;
 
-	for (uint32_t i = 0; i < r->world_size; i++) {
-		if (r->has[i])
+	for (uint32_t rank = 0; rank < r->world_size; rank++) {
+		bool missing = false;
+		for (uint32_t c = 0; c < r->n_chunks && !missing; c++)
+			missing =
+			        !r->chunks[c].finished && !r->has[(size_t)c * r->world_size + rank];
+		if (!missing)
 			continue;
 		if (n < cap)
-			ranks[n] = i;
+			ranks[n] = rank;
 		n++;
 	}
 	return n;

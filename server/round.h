@@ -1,18 +1,19 @@
 /*
  * One tensor's rounds: collecting every rank's contribution for a step,
- * summing them in rank order (so that the result never depends on arrival
- * order), and encoding the mean once for the downlink.
+ * chunk by chunk, summing each chunk in rank order (so that the result never
+ * depends on arrival order), and encoding each chunk's result once for the
+ * downlink as soon as that chunk is complete, while later chunks still arrive.
  *
  * No sockets here: contributions arrive as payloads with a release callback,
- * and the result is a shared buffer the caller sends to every rank.
+ * and each result is a shared buffer the caller sends to every rank.
  */
 #ifndef APS_SERVER_ROUND_H
 #define APS_SERVER_ROUND_H
 
 #include "common/codec.h"
 #include "common/format.h"
+#include "common/sbuf.h"
 #include "common/scale.h"
-#include "server/sbuf.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -39,55 +40,81 @@ enum aps_round_kind {
 	APS_ROUND_BROADCAST,
 };
 
+/* How one chunk of the step is doing. */
+struct aps_round_chunk {
+	uint32_t arrived;   /* ranks that sent this chunk */
+	uint32_t next_rank; /* ranks [0, next_rank) are summed into acc */
+	bool root_seen;     /* broadcast: the root's data is in acc */
+	bool finished;      /* its result was produced */
+};
+
 struct aps_round {
 	uint32_t world_size;
-	size_t count;  /* elements of the tensor */
+	size_t count;       /* elements of the tensor */
+	size_t chunk_elems; /* elements per chunk, a multiple of 8; the last may be shorter */
+	uint32_t n_chunks;
+	bool lowp;     /* sum rounded to the format after every addition */
 	uint64_t step; /* the step being collected */
 	enum aps_round_kind kind;
-	uint32_t arrived;              /* ranks that contributed this step */
-	uint32_t next_rank;            /* ranks [0, next_rank) are summed into acc */
-	bool root_seen;                /* broadcast: the root's data is in acc */
-	bool *has;                     /* world_size: contributed this step */
-	struct aps_contribution *held; /* world_size: waiting for the lower ranks */
+	uint32_t chunks_finished;
+	struct aps_round_chunk *chunks;
+	bool *has;                     /* n_chunks * world_size: rank sent chunk */
+	struct aps_contribution *held; /* n_chunks * world_size: waiting for lower ranks */
 	float *acc;                    /* count floats, the rank-ordered sum */
-	struct aps_format first_fmt;   /* rank 0's uplink format: the "auto" downlink */
+	uint8_t *scratch;              /* lowp: one chunk's codes */
+	bool step_fmt_set;             /* the first contribution of the step fixed these: */
+	struct aps_format step_fmt;    /* uplink format, the "auto" downlink */
+	int step_scale;                /* lowp: every rank's k */
 	uint64_t flushed;              /* sum of the ranks' flushed counts this step */
 };
 
 struct aps_round_result {
 	struct aps_format fmt; /* downlink format */
 	int scale_exp;
+	bool lowp_sum;            /* codes hold the sum (times 2^k), not the mean */
+	size_t offset, count;     /* the chunk, in elements */
 	struct aps_sbuf *payload; /* one reference for the caller */
-	float maxabs;             /* of the mean */
+	float maxabs;             /* of the chunk's result */
 	struct aps_codec_stats stats;
+	bool step_done; /* this was the step's last chunk; the round moved on */
 };
 
-int aps_round_init(struct aps_round *r, uint32_t world_size, size_t count);
+/* chunk_elems 0 means one chunk for the whole tensor. Returns 0 or APS_ENOMEM. */
+int aps_round_init(struct aps_round *r, uint32_t world_size, size_t count, size_t chunk_elems,
+                   bool lowp);
 void aps_round_fini(struct aps_round *r);
 
-/*
- * Adds rank's contribution to the round of step. Takes ownership of c->payload
- * on success only. Returns 0, or APS_EPROTO with a reason in why: another
- * step, a second contribution of the rank, a broadcast mixed with a push.
- */
-int aps_round_add(struct aps_round *r, uint32_t rank, uint64_t step, enum aps_round_kind kind,
-                  struct aps_contribution *c, char *why, size_t why_len);
-
-bool aps_round_complete(const struct aps_round *r);
+/* The chunk index of [offset, offset + count), or -1 when it is not one chunk. */
+int64_t aps_round_chunk_of(const struct aps_round *r, uint64_t offset, uint64_t count);
 
 /*
- * Finishes a complete round: the mean (allreduce) or the root's values
- * (broadcast), encoded in down (NULL: rank 0's uplink format) with the local
- * APS exponent of the mean, or k = 0 when scaling is APS_SCALING_NONE. Then
- * the round moves to the next step. Returns 0 or APS_ENOMEM.
+ * Adds rank's contribution to chunk of the round of step. Takes ownership of
+ * c->payload on success only. Returns 0, or APS_EPROTO with a reason in why:
+ * another step, a second contribution of the rank, a broadcast mixed with a
+ * push, a lowp push in another format or with another exponent.
  */
-int aps_round_finish(struct aps_round *r, const struct aps_format *down, enum aps_scaling scaling,
-                     struct aps_round_result *res);
+int aps_round_add(struct aps_round *r, uint32_t rank, uint64_t step, uint32_t chunk,
+                  enum aps_round_kind kind, struct aps_contribution *c, char *why, size_t why_len);
+
+bool aps_round_chunk_complete(const struct aps_round *r, uint32_t chunk);
+
+/*
+ * Finishes a complete chunk: the mean (all-reduce; the sum for lowp) or the
+ * root's values (broadcast), encoded in down (NULL: the step's uplink format)
+ * with the local APS exponent of the chunk's result, or k = 0 when scaling is
+ * APS_SCALING_NONE. After the last chunk the round moves to the next step.
+ * Returns 0 or APS_ENOMEM.
+ */
+int aps_round_finish_chunk(struct aps_round *r, uint32_t chunk, const struct aps_format *down,
+                           enum aps_scaling scaling, struct aps_round_result *res);
 
 /* Drops what this step collected; the step stays, to be collected again. */
 void aps_round_abort(struct aps_round *r);
 
-/* Writes up to cap ranks that have not contributed; returns how many are missing. */
+/* True when some contribution of this step has arrived. */
+bool aps_round_busy(const struct aps_round *r);
+
+/* Writes up to cap ranks that have not sent every chunk; returns how many there are. */
 size_t aps_round_missing(const struct aps_round *r, uint32_t *ranks, size_t cap);
 
 #endif

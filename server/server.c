@@ -143,6 +143,9 @@ static void dispatch(struct aps_server *srv, struct aps_session *s, const struct
 	case APS_MSG_BARRIER:
 		aps_handle_barrier(srv, s, m);
 		break;
+	case APS_MSG_EXPONENTS:
+		aps_handle_exponents(srv, s, m);
+		break;
 	case APS_MSG_HEARTBEAT:
 		aps_handle_heartbeat(srv, s, m);
 		break;

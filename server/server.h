@@ -6,6 +6,7 @@
 #ifndef APS_SERVER_SERVER_H
 #define APS_SERVER_SERVER_H
 
+#include "common/scale.h"
 #include "proto/validate.h"
 
 #include <stdint.h>
@@ -40,6 +41,9 @@ struct aps_server_opts {
 	uint32_t max_jobs;
 	uint32_t max_ranks;
 	uint32_t max_tensors;
+	enum aps_scaling scaling; /* of jobs whose HELLO states none */
+	bool lowp;                /* sum = lowp: the paper's rounded sum, global scaling only */
+	size_t chunk_elems;       /* elements per chunk, a multiple of 8 */
 };
 
 struct aps_server;

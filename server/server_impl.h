@@ -47,6 +47,7 @@ void aps_handle_register(struct aps_server *srv, struct aps_session *s, const st
 void aps_handle_push(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m,
                      struct aps_inmsg *in);
 void aps_handle_barrier(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m);
+void aps_handle_exponents(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m);
 void aps_handle_heartbeat(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m);
 void aps_handle_bye(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m);
 

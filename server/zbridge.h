@@ -7,8 +7,8 @@
 #ifndef APS_SERVER_ZBRIDGE_H
 #define APS_SERVER_ZBRIDGE_H
 
+#include "common/sbuf.h"
 #include "server/round.h"
-#include "server/sbuf.h"
 
 #include <stdbool.h>
 #include <stddef.h>

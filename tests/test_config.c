@@ -127,7 +127,7 @@ static void test_config_defaults(void **state)
 	assert_string_equal(line, "listen=tcp://127.0.0.1:5555 log_level=info downlink=auto "
 	                          "heartbeat_ms=1000 heartbeat_timeout_ms=5000 max_jobs=64 "
 	                          "max_ranks=1024 max_tensors=65536 max_message_bytes=1G "
-	                          "drain_batch=256");
+	                          "drain_batch=256 scaling=local sum=fp32 chunk_bytes=4M");
 }
 
 static void test_config_valid_file(void **state)
@@ -515,6 +515,29 @@ static void test_config_cross_key(void **state)
 	assert_int_equal(PARSE(&cfg, &err, "--config", conf_path, "--heartbeat_ms=1500"), 0);
 }
 
+/* The paper's low-precision sum needs one exponent for all workers. */
+static void test_config_lowp_sum_needs_global_scaling(void **state)
+{
+	struct aps_config_error err;
+	struct aps_config cfg;
+	bool exit_now;
+
+	(void)state;
+	expect_file_error("scaling = global\nsum = lowp\nscaling = local\n",
+	                  "3: duplicate key 'scaling' (first set on line 1)");
+	expect_file_error("sum = lowp\n",
+	                  "1: sum = lowp needs scaling = global (scaling is local)");
+	expect_file_error("sum = lowp\nscaling = none\n",
+	                  "2: sum = lowp needs scaling = global (scaling is none)");
+	assert_int_equal(load("sum = lowp\nscaling = global\n", &cfg, &err), 0);
+	assert_int_equal(cfg.sum, APS_SUM_LOWP);
+	assert_int_equal(cfg.scaling, APS_SCALING_GLOBAL);
+	assert_int_equal(PARSE(&cfg, &err, "--sum", "lowp"), APS_ECONFIG);
+	assert_string_equal(err.message,
+	                    "--sum: sum = lowp needs scaling = global (scaling is local)");
+	assert_int_equal(PARSE(&cfg, &err, "--sum", "lowp", "--scaling=global"), 0);
+}
+
 static void test_config_did_you_mean(void **state)
 {
 	(void)state;
@@ -629,6 +652,7 @@ int main(void)
 		cmocka_unit_test(test_config_help_and_version),
 		cmocka_unit_test(test_config_size_suffixes),
 		cmocka_unit_test(test_config_cross_key),
+		cmocka_unit_test(test_config_lowp_sum_needs_global_scaling),
 		cmocka_unit_test(test_config_did_you_mean),
 		cmocka_unit_test(test_config_describe_truncates),
 		cmocka_unit_test(test_config_downlink_format),

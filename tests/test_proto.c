@@ -46,7 +46,7 @@ static const struct aps_msg_limits *limits(bool from_server)
 static bool sent_by_server(enum aps_msg_type type)
 {
 	return type == APS_MSG_WELCOME || type == APS_MSG_REGISTERED || type == APS_MSG_RESULT ||
-	       type == APS_MSG_ERROR;
+	       type == APS_MSG_ERROR || type == APS_MSG_SCALES;
 }
 
 static void set_chunk(struct aps_msg *m, const char *format, const void *payload, size_t n,
@@ -99,6 +99,14 @@ static void make_valid(struct aps_msg *m, enum aps_msg_type type)
 		m->n_waiting_for = 2;
 		m->waiting_for[0] = 2;
 		m->waiting_for[1] = 3;
+		break;
+	case APS_MSG_EXPONENTS:
+	case APS_MSG_SCALES:
+		m->n_tensor_ids = m->n_exponents = 2;
+		m->tensor_ids[0] = 3;
+		m->tensor_ids[1] = 5;
+		m->exponents[0] = -7;
+		m->exponents[1] = -320; /* an all-zero tensor */
 		break;
 	default:
 		break;
@@ -173,6 +181,8 @@ static void assert_msg_equal(const struct aps_msg *a, const struct aps_msg *b)
 	assert_memory_equal(a->waiting_for, b->waiting_for, sizeof(a->waiting_for));
 	assert_int_equal(a->n_exponents, b->n_exponents);
 	assert_memory_equal(a->exponents, b->exponents, sizeof(a->exponents));
+	assert_int_equal(a->n_tensor_ids, b->n_tensor_ids);
+	assert_memory_equal(a->tensor_ids, b->tensor_ids, sizeof(a->tensor_ids));
 	assert_ptr_equal(a->payload, b->payload);
 	assert_int_equal(a->payload_len, b->payload_len);
 }
@@ -193,8 +203,6 @@ static void test_proto_every_type_round_trips(void **state)
 	for (int t = APS_MSG_HELLO; t < APS_MSG_TYPE_COUNT; t++) {
 		struct aps_msg m;
 
-		if (t == APS_MSG_EXPONENTS || t == APS_MSG_SCALES)
-			continue;
 		make_valid(&m, (enum aps_msg_type)t);
 		expect_ok(parse_msg(&m, sent_by_server((enum aps_msg_type)t)));
 		assert_msg_equal(&parsed, &m);
@@ -250,7 +258,7 @@ static void test_proto_rejects_version_mismatch(void **state)
 	make_valid(&m, APS_MSG_HELLO);
 	m.version_major = APS_PROTO_VERSION_MAJOR + 1;
 	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_VERSION);
-	assert_non_null(strstr(fault.text, "HELLO: protocol version 2.0"));
+	assert_non_null(strstr(fault.text, "HELLO: protocol version 2.1"));
 	m.version_major = 0;
 	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_VERSION);
 	/* Another minor is compatible; an ERROR is read from any version. */
@@ -273,14 +281,38 @@ static void test_proto_rejects_bad_type(void **state)
 		m.type = (enum aps_msg_type)bad[i];
 		expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_TYPE);
 	}
-	make_valid(&m, APS_MSG_EXPONENTS);
+	make_valid(&m, APS_MSG_SCALES); /* only the daemon sends SCALES */
 	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_TYPE);
+	make_valid(&m, APS_MSG_EXPONENTS);
+	expect_fault(parse_msg(&m, true), APS_MSG_FAULT_BAD_TYPE);
 	make_valid(&m, APS_MSG_RESULT); /* only the daemon sends RESULT */
 	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_TYPE);
 	make_valid(&m, APS_MSG_ERROR);
 	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_TYPE);
 	make_valid(&m, APS_MSG_PUSH); /* and only workers send PUSH */
 	expect_fault(parse_msg(&m, true), APS_MSG_FAULT_BAD_TYPE);
+}
+
+static void test_proto_rejects_bad_exponent_lists(void **state)
+{
+	struct aps_msg m;
+
+	(void)state;
+	make_valid(&m, APS_MSG_EXPONENTS);
+	m.n_exponents = 1; /* one exponent for two tensors */
+	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_TENSOR);
+	make_valid(&m, APS_MSG_EXPONENTS);
+	m.n_tensor_ids = m.n_exponents = 0;
+	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_TENSOR);
+	make_valid(&m, APS_MSG_EXPONENTS);
+	m.tensor_ids[1] = 1u << 30;
+	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_TENSOR);
+	make_valid(&m, APS_MSG_EXPONENTS);
+	m.exponents[0] = 321;
+	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_SCALE);
+	make_valid(&m, APS_MSG_PUSH); /* tensor ids belong to EXPONENTS and SCALES only */
+	m.n_tensor_ids = 1;
+	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_TENSOR);
 }
 
 static void test_proto_rejects_bad_job(void **state)
@@ -745,6 +777,7 @@ int main(void)
 		cmocka_unit_test(test_proto_pack_reports_short_buffer),
 		cmocka_unit_test(test_proto_rejects_version_mismatch),
 		cmocka_unit_test(test_proto_rejects_bad_type),
+		cmocka_unit_test(test_proto_rejects_bad_exponent_lists),
 		cmocka_unit_test(test_proto_rejects_bad_job),
 		cmocka_unit_test(test_proto_rejects_bad_rank),
 		cmocka_unit_test(test_proto_rejects_bad_tensor),

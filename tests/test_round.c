@@ -4,6 +4,7 @@
  * broadcasts deliver the root's values, aborts release what was held.
  */
 #include "common/codec.h"
+#include "common/codec_kernels.h"
 #include "common/err.h"
 #include "server/round.h"
 
@@ -88,18 +89,18 @@ static void run_round(const int *order, float *out, int *k)
 	struct aps_round_result res;
 	char why[128];
 
-	assert_int_equal(aps_round_init(&r, RANKS, N), 0);
+	assert_int_equal(aps_round_init(&r, RANKS, N, 0, false), 0);
 	released = 0;
 	for (int i = 0; i < RANKS; i++) {
 		struct aps_contribution c = contribution(order[i], true);
-		assert_false(aps_round_complete(&r));
-		assert_int_equal(aps_round_add(&r, (uint32_t)order[i], 0, APS_ROUND_ALLREDUCE, &c,
-		                               why, sizeof(why)),
+		assert_false(aps_round_chunk_complete(&r, 0));
+		assert_int_equal(aps_round_add(&r, (uint32_t)order[i], 0, 0, APS_ROUND_ALLREDUCE,
+		                               &c, why, sizeof(why)),
 		                 0);
 	}
-	assert_true(aps_round_complete(&r));
+	assert_true(aps_round_chunk_complete(&r, 0));
 	assert_int_equal(released, RANKS);
-	assert_int_equal(aps_round_finish(&r, NULL, APS_SCALING_LOCAL, &res), 0);
+	assert_int_equal(aps_round_finish_chunk(&r, 0, NULL, APS_SCALING_LOCAL, &res), 0);
 	assert_int_equal(r.step, 1);
 	*k = res.scale_exp;
 	aps_codec_dequantize(&res.fmt, res.payload->data, res.payload->len, N, res.scale_exp, out);
@@ -155,26 +156,26 @@ static void test_round_refuses_duplicates_and_wrong_steps(void **state)
 
 	(void)state;
 	make_data("e5m2", 1);
-	assert_int_equal(aps_round_init(&r, RANKS, N), 0);
+	assert_int_equal(aps_round_init(&r, RANKS, N, 0, false), 0);
 	released = 0;
 	c = contribution(2, true);
-	assert_int_equal(aps_round_add(&r, 2, 0, APS_ROUND_ALLREDUCE, &c, why, sizeof(why)), 0);
+	assert_int_equal(aps_round_add(&r, 2, 0, 0, APS_ROUND_ALLREDUCE, &c, why, sizeof(why)), 0);
 	assert_int_equal(released, 0); /* held: ranks 0 and 1 come first */
 	c = contribution(2, true);
-	assert_int_equal(aps_round_add(&r, 2, 0, APS_ROUND_ALLREDUCE, &c, why, sizeof(why)),
+	assert_int_equal(aps_round_add(&r, 2, 0, 0, APS_ROUND_ALLREDUCE, &c, why, sizeof(why)),
 	                 APS_EPROTO);
-	assert_non_null(strstr(why, "already contributed"));
+	assert_non_null(strstr(why, "already sent chunk 0"));
 	c = contribution(1, true);
-	assert_int_equal(aps_round_add(&r, 1, 1, APS_ROUND_ALLREDUCE, &c, why, sizeof(why)),
+	assert_int_equal(aps_round_add(&r, 1, 1, 0, APS_ROUND_ALLREDUCE, &c, why, sizeof(why)),
 	                 APS_EPROTO);
 	assert_non_null(strstr(why, "at step 0"));
-	assert_int_equal(aps_round_add(&r, 7, 0, APS_ROUND_ALLREDUCE, &c, why, sizeof(why)),
+	assert_int_equal(aps_round_add(&r, 7, 0, 0, APS_ROUND_ALLREDUCE, &c, why, sizeof(why)),
 	                 APS_EPROTO);
 	c = contribution(1, false);
-	assert_int_equal(aps_round_add(&r, 1, 0, APS_ROUND_ALLREDUCE, &c, why, sizeof(why)),
+	assert_int_equal(aps_round_add(&r, 1, 0, 0, APS_ROUND_ALLREDUCE, &c, why, sizeof(why)),
 	                 APS_EPROTO);
 	c = contribution(1, false);
-	assert_int_equal(aps_round_add(&r, 1, 0, APS_ROUND_BROADCAST, &c, why, sizeof(why)),
+	assert_int_equal(aps_round_add(&r, 1, 0, 0, APS_ROUND_BROADCAST, &c, why, sizeof(why)),
 	                 APS_EPROTO);
 	assert_non_null(strstr(why, "mixes"));
 	uint32_t missing[RANKS];
@@ -198,16 +199,16 @@ static void test_round_broadcast_delivers_the_root(void **state)
 
 	(void)state;
 	make_data("fp32", 11);
-	assert_int_equal(aps_round_init(&r, RANKS, N), 0);
+	assert_int_equal(aps_round_init(&r, RANKS, N, 0, false), 0);
 	for (int rank = 0; rank < RANKS; rank++) {
 		c = contribution(rank, rank == 2);
-		assert_int_equal(aps_round_add(&r, (uint32_t)rank, 0, APS_ROUND_BROADCAST, &c, why,
-		                               sizeof(why)),
+		assert_int_equal(aps_round_add(&r, (uint32_t)rank, 0, 0, APS_ROUND_BROADCAST, &c,
+		                               why, sizeof(why)),
 		                 0);
 	}
 	c = contribution(0, true);
-	assert_true(aps_round_complete(&r));
-	assert_int_equal(aps_round_finish(&r, NULL, APS_SCALING_LOCAL, &res), 0);
+	assert_true(aps_round_chunk_complete(&r, 0));
+	assert_int_equal(aps_round_finish_chunk(&r, 0, NULL, APS_SCALING_LOCAL, &res), 0);
 	assert_int_equal(res.payload->len, 4 * N);
 	assert_memory_equal(res.payload->data, ranks[2].x, sizeof(ranks[2].x));
 	aps_sbuf_unref(res.payload);
@@ -225,16 +226,135 @@ static void test_round_downlink_format_and_no_scaling(void **state)
 	(void)state;
 	make_data("e4m3", 5);
 	aps_format_parse("fp16", &fp16);
-	assert_int_equal(aps_round_init(&r, RANKS, N), 0);
+	assert_int_equal(aps_round_init(&r, RANKS, N, 0, false), 0);
 	for (int i = 0; i < RANKS; i++) {
 		struct aps_contribution c = contribution(order[i], true);
-		aps_round_add(&r, (uint32_t)order[i], 0, APS_ROUND_ALLREDUCE, &c, why, sizeof(why));
+		aps_round_add(&r, (uint32_t)order[i], 0, 0, APS_ROUND_ALLREDUCE, &c, why,
+		              sizeof(why));
 	}
-	assert_int_equal(aps_round_finish(&r, &fp16, APS_SCALING_NONE, &res), 0);
+	assert_int_equal(aps_round_finish_chunk(&r, 0, &fp16, APS_SCALING_NONE, &res), 0);
 	assert_string_equal(res.fmt.name, "fp16");
 	assert_int_equal(res.scale_exp, 0);
 	assert_int_equal(res.payload->len, 2 * N);
 	aps_sbuf_unref(res.payload);
+	aps_round_fini(&r);
+}
+
+/* Chunks of one tensor, pushed in any order, give the bits of one whole-tensor round
+ * with the downlink exponent chosen per chunk. */
+static void test_round_chunks_in_any_order(void **state)
+{
+	enum {
+		CHUNK = 96,
+		CHUNKS = (N + CHUNK - 1) / CHUNK
+	};
+	struct aps_round r;
+	struct aps_round_result res;
+	float mean[N], want[N], got[N];
+	char why[128];
+	int finished = 0;
+
+	(void)state;
+	make_data("e5m2", 21);
+	expected_mean(mean);
+	assert_int_equal(aps_round_init(&r, RANKS, N, CHUNK, false), 0);
+	assert_int_equal(r.n_chunks, CHUNKS);
+	assert_int_equal(aps_round_chunk_of(&r, 96, 96), 1);
+	assert_int_equal(aps_round_chunk_of(&r, 95, 96), -1);
+	assert_int_equal(aps_round_chunk_of(&r, 960, 41), 10);
+	assert_int_equal(aps_round_chunk_of(&r, 960, 96), -1);
+	/* ranks walk the chunks from opposite ends: chunks complete out of order */
+	for (int i = 0; i < CHUNKS; i++) {
+		for (int rank = RANKS - 1; rank >= 0; rank--) {
+			uint32_t chunk = (uint32_t)(rank % 2 ? i : CHUNKS - 1 - i);
+			size_t off = chunk * CHUNK, n = off + CHUNK > N ? N - off : CHUNK;
+			struct aps_contribution c = contribution(rank, true);
+			c.payload.data += aps_format_packed_size(&ranks[rank].fmt, off);
+			c.payload.len = aps_format_packed_size(&ranks[rank].fmt, n);
+			assert_int_equal(aps_round_add(&r, (uint32_t)rank, 0, chunk,
+			                               APS_ROUND_ALLREDUCE, &c, why, sizeof(why)),
+			                 0);
+			if (!aps_round_chunk_complete(&r, chunk))
+				continue;
+			assert_int_equal(
+			        aps_round_finish_chunk(&r, chunk, NULL, APS_SCALING_LOCAL, &res),
+			        0);
+			assert_int_equal(res.offset, off);
+			aps_codec_dequantize(&res.fmt, res.payload->data, res.payload->len, n,
+			                     res.scale_exp, got + off);
+			aps_sbuf_unref(res.payload);
+			/* the expectation of this chunk: its own local exponent */
+			struct aps_quant_opts o = { 0 };
+			uint8_t codes[CHUNK];
+			aps_scale_local(&res.fmt, aps_codec_maxabs(mean + off, n), &o.scale_exp);
+			aps_codec_quantize(&res.fmt, mean + off, n, &o, codes, sizeof(codes), NULL);
+			aps_codec_dequantize(&res.fmt, codes, sizeof(codes), n, o.scale_exp,
+			                     want + off);
+			assert_int_equal(res.step_done, ++finished == CHUNKS);
+		}
+	}
+	assert_int_equal(finished, CHUNKS);
+	assert_int_equal(r.step, 1);
+	assert_memory_equal(got, want, sizeof(want));
+	aps_round_fini(&r);
+}
+
+/* The paper's lowp sum: one k for all, rounded to the format after every addition,
+ * in rank order; the result is the codes of the sum. */
+static void test_round_lowp_sum_is_the_rounded_rank_order_sum(void **state)
+{
+	static const int order[RANKS] = { 3, 1, 0, 2 };
+	struct aps_format f;
+	struct aps_round r;
+	struct aps_round_result res;
+	float x[RANKS][N], sum[N], dec[N], got[N];
+	static uint8_t codes[RANKS][N], tmp[N];
+	struct aps_quant_opts o = { .scale_exp = 5 };
+	char why[128];
+
+	(void)state;
+	aps_format_parse("e4m3", &f);
+	for (int rank = 0; rank < RANKS; rank++) {
+		for (int i = 0; i < N; i++)
+			x[rank][i] = (float)((i * 7 + rank * 13) % 29 - 14) / 16.0f;
+		aps_codec_quantize(&f, x[rank], N, &o, codes[rank], N, NULL);
+	}
+	/* independently: decode raw codes, add, round to e4m3 after each addition */
+	for (int rank = 0; rank < RANKS; rank++) {
+		aps_codec_dequantize(&f, codes[rank], N, N, 0, dec);
+		for (int i = 0; i < N; i++) {
+			struct aps_codec_stats st = { 0 };
+			float s = rank == 0 ? dec[i] : sum[i] + dec[i];
+			uint8_t c = (uint8_t)aps_scalar_encode(&f, s, 0, &st);
+			sum[i] = (float)aps_format_decode(&f, c);
+		}
+	}
+	assert_int_equal(aps_round_init(&r, RANKS, N, 0, true), 0);
+	for (int i = 0; i < RANKS; i++) {
+		struct aps_contribution c = { .fmt = f,
+			                      .scale_exp = 5,
+			                      .payload = { codes[order[i]], N, NULL, NULL } };
+		assert_int_equal(aps_round_add(&r, (uint32_t)order[i], 0, 0, APS_ROUND_ALLREDUCE,
+		                               &c, why, sizeof(why)),
+		                 0);
+	}
+	assert_int_equal(aps_round_finish_chunk(&r, 0, NULL, APS_SCALING_LOCAL, &res), 0);
+	assert_true(res.lowp_sum);
+	assert_int_equal(res.scale_exp, 5);
+	aps_codec_dequantize(&res.fmt, res.payload->data, res.payload->len, N, 0, got);
+	assert_memory_equal(got, sum, sizeof(sum));
+	aps_sbuf_unref(res.payload);
+	/* every rank must share the format and the exponent */
+	struct aps_contribution c = { .fmt = f,
+		                      .scale_exp = 5,
+		                      .payload = { codes[0], N, NULL, NULL } };
+	assert_int_equal(aps_round_add(&r, 0, 1, 0, APS_ROUND_ALLREDUCE, &c, why, sizeof(why)), 0);
+	c = (struct aps_contribution){ .fmt = f,
+		                       .scale_exp = 4,
+		                       .payload = { tmp, N, NULL, NULL } };
+	assert_int_equal(aps_round_add(&r, 1, 1, 0, APS_ROUND_ALLREDUCE, &c, why, sizeof(why)),
+	                 APS_EPROTO);
+	assert_non_null(strstr(why, "one format and exponent"));
 	aps_round_fini(&r);
 }
 
@@ -246,6 +366,8 @@ int main(void)
 		cmocka_unit_test(test_round_refuses_duplicates_and_wrong_steps),
 		cmocka_unit_test(test_round_broadcast_delivers_the_root),
 		cmocka_unit_test(test_round_downlink_format_and_no_scaling),
+		cmocka_unit_test(test_round_chunks_in_any_order),
+		cmocka_unit_test(test_round_lowp_sum_is_the_rounded_rank_order_sum),
 	};
 	return cmocka_run_group_tests_name("round", tests, NULL, NULL);
 }

@@ -123,7 +123,8 @@ struct aps_client_opts {
 	uint32_t rank;        /* 0 <= rank < world_size */
 	uint32_t world_size;  /* ranks in the job, >= 1 */
 	const char *format;   /* uplink format of every tensor, default "e4m3" */
-	int32_t scaling;      /* enum aps_scaling_mode, default APS_SCALING_MODE_LOCAL */
+	int32_t scaling;      /* enum aps_scaling_mode, default APS_SCALING_MODE_LOCAL; GLOBAL
+	                         exchanges exponents through the daemon before each push */
 	const char *downlink; /* format of results: NULL (the uplink format), "fp32", ... */
 	int32_t timeout_ms;   /* deadline of a call without progress, default 60000 */
 	int32_t heartbeat_ms; /* liveness while waiting, default 1000 */
@@ -160,6 +161,35 @@ int aps_client_register(aps_client *c, const char *name, uint64_t count, uint32_
  */
 int aps_client_allreduce(aps_client *c, uint32_t tensor_id, float *buf, uint64_t count,
                          int32_t timeout_ms);
+
+/** An all-reduce or broadcast in flight; aps_request_wait ends it. */
+typedef struct aps_request aps_request;
+
+/**
+ * Starts an all-reduce and returns at once: the client's I/O thread sends
+ * the tensor (in chunks of the daemon's size) and writes the mean into buf
+ * as results arrive. buf must stay valid and untouched until the request is
+ * waited for. Many requests may be in flight, one per tensor; they complete
+ * in any order. In global scaling mode the requests started together share
+ * one exponent exchange. Errors as aps_client_allreduce, plus APS_EBUSY when
+ * the tensor already has a call in flight. On success *req must be passed to
+ * aps_request_wait exactly once, before aps_client_close.
+ */
+int aps_client_allreduce_start(aps_client *c, uint32_t tensor_id, float *buf, uint64_t count,
+                               int32_t timeout_ms, aps_request **req);
+
+/** Starts a broadcast from rank 0; see aps_client_allreduce_start. */
+int aps_client_broadcast_start(aps_client *c, uint32_t tensor_id, float *buf, uint64_t count,
+                               int32_t timeout_ms, aps_request **req);
+
+/**
+ * Waits until req is complete, frees it and returns its result: 0 or the
+ * APS_E* code of the call (aps_last_error() says why, on this thread).
+ */
+int aps_request_wait(aps_request *req);
+
+/** 1 when req is complete (aps_request_wait will not block), 0 when not. */
+int aps_request_done(const aps_request *req);
 
 /** Broadcast from rank 0: every rank's buf[0..count) receives rank 0's values. */
 int aps_client_broadcast(aps_client *c, uint32_t tensor_id, float *buf, uint64_t count,

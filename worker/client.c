@@ -1,8 +1,8 @@
 /*
- * The blocking client: joining a job (HELLO/WELCOME), registering tensors,
- * leaving, and the one loop every call waits in. A wait sends a HEARTBEAT
- * each heartbeat interval; the daemon answers with the ranks the call still
- * waits for, which is what a timeout reports.
+ * The client's life: joining a job (HELLO/WELCOME on the caller's thread,
+ * before the I/O thread exists), handing requests to the I/O thread, waiting
+ * for them, and leaving (BYE). The socket belongs to the I/O thread from the
+ * moment it starts until aps_client_close has joined it.
  */
 #include "worker/client_impl.h"
 
@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -30,11 +31,15 @@ void aps_client_opts_init(struct aps_client_opts *o)
 	o->heartbeat_ms = 1000;
 }
 
-/* Hands one line to the user's log callback, if any; the library never prints. */
-static void client_log(const struct aps_client *c, int level, const char *fmt, ...)
-        __attribute__((format(printf, 3, 4)));
+int64_t aps_client_now_ms(void)
+{
+	struct timespec ts;
 
-static void client_log(const struct aps_client *c, int level, const char *fmt, ...)
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+void aps_client_log(const struct aps_client *c, int level, const char *fmt, ...)
 {
 	char line[320];
 	va_list ap;
@@ -47,22 +52,14 @@ static void client_log(const struct aps_client *c, int level, const char *fmt, .
 	c->log(c->log_ctx, level, line);
 }
 
-static int64_t now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 int aps_client_check(const struct aps_client *c)
 {
 	if (c == NULL)
 		return aps_api_fail(APS_EINVAL, "client is NULL");
 	if (c->pid != getpid())
 		return aps_api_fail(APS_ECLOSED,
-		                    "the client was created by process %d, not this "
-		                    "one: create a client after fork()",
+		                    "the client was created by process %d, not this one: create a "
+		                    "client after fork()",
 		                    (int)c->pid);
 	return 0;
 }
@@ -75,125 +72,22 @@ void aps_client_msg(const struct aps_client *c, struct aps_msg *m, enum aps_msg_
 	m->world_size = c->world_size;
 }
 
-int aps_client_send(struct aps_client *c, struct aps_msg *m, const void *payload,
-                    size_t payload_len)
+int aps_client_send(struct aps_client *c, struct aps_msg *m, struct aps_sbuf *buf,
+                    const uint8_t *data, size_t len)
 {
 	uint8_t hdr[HEADER_MAX];
-	size_t len;
+	size_t hdr_len;
+	int ret;
 
-	m->payload = payload;
-	m->payload_len = payload_len;
-	if (aps_msg_pack(m, hdr, sizeof(hdr), &len) < 0)
-		return aps_api_fail(APS_EINVAL, "cannot encode a %s", aps_msg_type_name(m->type));
-	if (aps_transport_send(c->tr, hdr, len, payload, payload_len, payload != NULL) < 0)
-		return aps_api_fail(APS_ECONN, "send to %s failed: %s", c->endpoint,
-		                    aps_transport_strerror());
-	return 0;
-}
-
-static void heartbeat(struct aps_client *c, const struct client_wait *w)
-{
-	struct aps_msg hb;
-
-	aps_client_msg(c, &hb, APS_MSG_HEARTBEAT);
-	hb.tensor_id = w->tensor_id;
-	hb.step = w->step;
-	if (w->barrier)
-		snprintf(hb.tensor_name, sizeof(hb.tensor_name), "@barrier");
-	aps_client_send(c, &hb, NULL, 0);
-}
-
-static bool is_reply(const struct aps_msg *m, const struct client_wait *w)
-{
-	if (m->type != w->type)
-		return false;
-	if (w->by_name)
-		return strcmp(m->tensor_name, w->name) == 0;
-	if (w->type == APS_MSG_WELCOME)
-		return true;
-	return m->step == w->step && (w->barrier || m->tensor_id == w->tensor_id);
-}
-
-static int timed_out(const struct aps_client *c, const struct client_wait *w,
-                     const struct aps_msg *last_hb, int timeout_ms)
-{
-	char ranks[160] = "";
-	size_t used = 0;
-
-	if (last_hb == NULL)
-		return aps_api_fail(APS_ETIMEDOUT,
-		                    "%s: no answer from apsd at %s within %d ms "
-		                    "(is the daemon running?)",
-		                    w->what, c->endpoint, timeout_ms);
-	for (uint32_t i = 0; i < last_hb->n_waiting_for && used < sizeof(ranks) - 12; i++)
-		used += (size_t)snprintf(ranks + used, sizeof(ranks) - used, "%s%u", i ? ", " : "",
-		                         last_hb->waiting_for[i]);
-	return aps_api_fail(APS_ETIMEDOUT, "%s: no result within %d ms; apsd still waits for %s %s",
-	                    w->what, timeout_ms, last_hb->n_waiting_for == 1 ? "rank" : "ranks",
-	                    used ? ranks : "(none: the round is complete)");
-}
-
-/* Handles one received message: 1 the reply, 0 keep waiting, <0 the call failed. */
-static int consider(struct aps_client *c, const struct client_wait *w, const struct aps_rxmsg *rx,
-                    struct aps_msg *last_hb, bool *have_hb)
-{
-	struct aps_msg_fault fault;
-	struct aps_msg *m = &c->reply;
-
-	if (aps_msg_parse(&c->limits, rx->hdr, rx->hdr_len, rx->payload, rx->payload_len,
-	                  rx->payload != NULL, m, &fault) < 0)
-		return aps_api_fail(APS_EPROTO, "bad message from apsd: %s", fault.text);
-	if (m->type == APS_MSG_ERROR)
-		return aps_api_fail(m->error_code, "%s", m->error_text);
-	if (m->type == APS_MSG_BYE)
-		return aps_api_fail(APS_ECONN, "%s: apsd at %s is shutting down", w->what,
-		                    c->endpoint);
-	if (m->type == APS_MSG_HEARTBEAT) {
-		*last_hb = *m;
-		*have_hb = true;
-		return 0;
-	}
-	if (is_reply(m, w))
-		return 1;
-	client_log(c, 3, "ignored %s tensor=%u step=%llu while waiting for %s",
-	           aps_msg_type_name(m->type), m->tensor_id, (unsigned long long)m->step, w->what);
-	return 0;
-}
-
-int aps_client_await(struct aps_client *c, const struct client_wait *w, int timeout_ms,
-                     const uint8_t **payload, size_t *payload_len)
-{
-	int64_t deadline = now_ms() + timeout_ms, next_hb = now_ms() + c->heartbeat_ms;
-	static _Thread_local struct aps_msg last_hb;
-	bool have_hb = false;
-	struct aps_rxmsg rx;
-
-	for (;;) {
-		int64_t now = now_ms(), wait = (deadline < next_hb ? deadline : next_hb) - now;
-		int got = aps_transport_recv(c->tr, wait > 0 ? (int)wait : 0, &rx);
-		if (got < 0)
-			return aps_api_fail(APS_ECONN, "receive from %s failed: %s", c->endpoint,
-			                    aps_transport_strerror());
-		if (got > 0) {
-			int ret = consider(c, w, &rx, &last_hb, &have_hb);
-			if (ret < 0)
-				return ret;
-			if (ret > 0) {
-				*payload = rx.payload;
-				*payload_len = rx.payload_len;
-				return 0;
-			}
-		}
-		now = now_ms();
-		if (now >= deadline)
-			return timed_out(c, w, have_hb ? &last_hb : NULL, timeout_ms);
-		if (now >= next_hb) {
-			client_log(c, 3, "%s: still waiting after %lld ms", w->what,
-			           (long long)(now - deadline + timeout_ms));
-			heartbeat(c, w);
-			next_hb = now + c->heartbeat_ms;
-		}
-	}
+	m->payload = data;
+	m->payload_len = data != NULL ? len : 0;
+	if (aps_msg_pack(m, hdr, sizeof(hdr), &hdr_len) < 0)
+		return APS_EINVAL;
+	if (data != NULL)
+		ret = aps_transport_send_shared(c->tr, hdr, hdr_len, buf, data, len);
+	else
+		ret = aps_transport_send(c->tr, hdr, hdr_len, NULL, 0, false);
+	return ret;
 }
 
 static int check_opts(const struct aps_client_opts *o, struct aps_format *fmt,
@@ -214,10 +108,9 @@ static int check_opts(const struct aps_client_opts *o, struct aps_format *fmt,
 	if (o->downlink != NULL && o->downlink[0] != '\0' && strcmp(o->downlink, "auto") != 0 &&
 	    aps_format_parse(o->downlink, down) < 0)
 		return aps_api_fail(APS_EFORMAT, "downlink '%.32s' is not a format", o->downlink);
-	if (o->scaling != APS_SCALING_MODE_NONE && o->scaling != APS_SCALING_MODE_LOCAL)
+	if (o->scaling < APS_SCALING_MODE_NONE || o->scaling > APS_SCALING_MODE_GLOBAL)
 		return aps_api_fail(APS_EINVAL,
-		                    "scaling %d: only none (0) and local (1) are "
-		                    "served in this release",
+		                    "scaling %d is not none (0), local (1) or global (2)",
 		                    o->scaling);
 	if (o->timeout_ms <= 0 || o->heartbeat_ms <= 0)
 		return aps_api_fail(APS_EINVAL, "timeout_ms and heartbeat_ms must be positive");
@@ -238,26 +131,72 @@ static void copy_opts(struct aps_client *c, const struct aps_client_opts *o,
 	c->heartbeat_ms = o->heartbeat_ms;
 	c->log = o->log;
 	c->log_ctx = o->log_ctx;
+	c->wake_fd = -1;
 	aps_msg_limits_init(&c->limits);
 	c->limits.from_server = true;
 }
 
+/* Waits for WELCOME on this thread: the I/O thread does not exist yet. */
+static int await_welcome(struct aps_client *c)
+{
+	int64_t deadline = aps_client_now_ms() + c->timeout_ms;
+	struct aps_msg_fault fault;
+	struct aps_rxmsg rx;
+	struct aps_msg m;
+
+	for (;;) {
+		int64_t left = deadline - aps_client_now_ms();
+		int got = aps_transport_recv(c->tr, left > 0 ? (int)left : 0, &rx);
+		if (got < 0)
+			return aps_api_fail(APS_ECONN, "receive from %s failed", c->endpoint);
+		if (got == 0)
+			return aps_api_fail(APS_ETIMEDOUT,
+			                    "joining the job: no answer from apsd at %s within %d "
+			                    "ms (is the daemon running?)",
+			                    c->endpoint, c->timeout_ms);
+		if (aps_msg_parse(&c->limits, rx.hdr, rx.hdr_len, rx.payload, rx.payload_len,
+		                  rx.payload != NULL, &m, &fault) < 0)
+			return aps_api_fail(APS_EPROTO, "bad message from apsd: %s", fault.text);
+		if (m.type == APS_MSG_ERROR)
+			return aps_api_fail(m.error_code, "%s", m.error_text);
+		if (m.type == APS_MSG_WELCOME)
+			return 0;
+	}
+}
+
 static int hello(struct aps_client *c, const struct aps_client_opts *o)
 {
-	struct client_wait w = { .type = APS_MSG_WELCOME, .what = "joining the job" };
-	const uint8_t *payload;
-	size_t len;
 	struct aps_msg m;
-	int ret;
 
 	aps_client_msg(c, &m, APS_MSG_HELLO);
 	m.scaling = (int)c->scaling;
 	if (o->downlink != NULL && strcmp(o->downlink, "auto") != 0)
 		snprintf(m.format, sizeof(m.format), "%s", o->downlink);
-	ret = aps_client_send(c, &m, NULL, 0);
-	if (ret == 0)
-		ret = aps_client_await(c, &w, c->timeout_ms, &payload, &len);
-	return ret;
+	if (aps_client_send(c, &m, NULL, NULL, 0) < 0)
+		return aps_api_fail(APS_ECONN, "cannot send to %s", c->endpoint);
+	return await_welcome(c);
+}
+
+static int start_io(struct aps_client *c)
+{
+	c->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	if (c->wake_fd < 0)
+		return aps_api_fail(APS_ESYS, "eventfd failed");
+	pthread_mutex_init(&c->lock, NULL);
+	pthread_cond_init(&c->done_cv, NULL);
+	if (pthread_create(&c->io, NULL, aps_client_io_main, c) != 0)
+		return aps_api_fail(APS_ESYS, "cannot start the client's I/O thread");
+	c->io_started = true;
+	return 0;
+}
+
+static void free_client(struct aps_client *c)
+{
+	aps_transport_close(c->tr, 0);
+	if (c->wake_fd >= 0)
+		close(c->wake_fd);
+	free(c->tensors);
+	free(c);
 }
 
 int aps_client_new(aps_client **out, const struct aps_client_opts *o)
@@ -280,64 +219,101 @@ int aps_client_new(aps_client **out, const struct aps_client_opts *o)
 		                    aps_transport_strerror());
 	}
 	ret = hello(c, o);
+	if (ret == 0)
+		ret = start_io(c);
 	if (ret < 0) {
-		aps_transport_close(c->tr, 0);
-		free(c);
+		free_client(c);
 		return ret;
 	}
 	*out = c;
 	return aps_api_ok();
 }
 
-static int add_tensor(struct aps_client *c, uint32_t id, const char *name, uint64_t count)
+int aps_client_enqueue(struct aps_client *c, struct aps_request *r)
 {
-	if (id >= c->n_tensors) {
-		struct client_tensor *t = realloc(c->tensors, (id + 1) * sizeof(*t));
-		if (t == NULL)
-			return aps_api_fail(APS_ENOMEM, "out of memory");
-		memset(t + c->n_tensors, 0, (id + 1 - c->n_tensors) * sizeof(*t));
-		c->tensors = t;
-		c->n_tensors = id + 1;
-	}
-	snprintf(c->tensors[id].name, sizeof(c->tensors[id].name), "%s", name);
-	c->tensors[id].count = count;
-	c->tensors[id].registered = true;
+	struct aps_request **tail = &c->queue;
+	uint64_t one = 1;
+
+	r->next = NULL;
+	while (*tail != NULL)
+		tail = &(*tail)->next;
+	*tail = r;
+	if (write(c->wake_fd, &one, sizeof(one)) < 0)
+		return APS_ESYS;
 	return 0;
 }
 
-int aps_client_register(aps_client *c, const char *name, uint64_t count, uint32_t *tensor_id)
+void aps_request_finish_locked(struct aps_client *c, struct aps_request *r, int result,
+                               const char *text)
 {
-	struct client_wait w = { .type = APS_MSG_REGISTERED, .by_name = true, .name = name };
-	char what[300];
-	const uint8_t *payload;
-	size_t len;
-	struct aps_msg m;
-	int ret = aps_client_check(c);
+	r->result = result;
+	snprintf(r->error, sizeof(r->error), "%s", text != NULL ? text : "");
+	r->done = true;
+	if (r->kind == REQ_ALLREDUCE || r->kind == REQ_BROADCAST) {
+		struct client_tensor *t = &c->tensors[r->tensor_id];
+		t->busy = NULL;
+		if (result == 0)
+			t->step++;
+	}
+	pthread_cond_broadcast(&c->done_cv);
+}
 
-	if (ret < 0)
-		return ret;
-	if (name == NULL || name[0] == '\0' || strlen(name) > APS_MSG_NAME_MAX || count == 0 ||
-	    tensor_id == NULL)
-		return aps_api_fail(APS_EINVAL,
-		                    "a tensor needs a name of 1 to %d bytes, a count "
-		                    "of at least 1 and an id pointer",
-		                    APS_MSG_NAME_MAX);
-	snprintf(what, sizeof(what), "registering '%.200s'", name);
-	w.what = what;
-	aps_client_msg(c, &m, APS_MSG_REGISTER);
-	snprintf(m.tensor_name, sizeof(m.tensor_name), "%s", name);
-	m.total_count = count;
-	snprintf(m.format, sizeof(m.format), "%s", c->format.name);
-	ret = aps_client_send(c, &m, NULL, 0);
-	if (ret == 0)
-		ret = aps_client_await(c, &w, c->timeout_ms, &payload, &len);
-	if (ret < 0)
-		return ret;
-	ret = add_tensor(c, c->reply.tensor_id, name, count);
-	if (ret < 0)
-		return ret;
-	*tensor_id = c->reply.tensor_id;
-	return aps_api_ok();
+static void free_request(struct aps_request *r)
+{
+	aps_sbuf_unref(r->codes);
+	free(r);
+}
+
+int aps_request_wait_tensor(struct aps_request *r, uint32_t *tensor_id)
+{
+	struct aps_client *c;
+	int result;
+
+	if (r == NULL)
+		return aps_api_fail(APS_EINVAL, "request is NULL");
+	c = r->owner;
+	pthread_mutex_lock(&c->lock);
+	while (!r->done)
+		pthread_cond_wait(&c->done_cv, &c->lock);
+	pthread_mutex_unlock(&c->lock);
+	result = r->result;
+	if (result < 0)
+		aps_api_fail(result, "%s", r->error);
+	else
+		aps_api_ok();
+	if (result == 0 && tensor_id != NULL)
+		*tensor_id = r->tensor_id;
+	free_request(r);
+	return result;
+}
+
+int aps_request_wait(aps_request *r)
+{
+	return aps_request_wait_tensor(r, NULL);
+}
+
+int aps_request_done(const aps_request *r)
+{
+	bool done;
+
+	if (r == NULL)
+		return aps_api_fail(APS_EINVAL, "request is NULL");
+	pthread_mutex_lock(&r->owner->lock);
+	done = r->done;
+	pthread_mutex_unlock(&r->owner->lock);
+	return done ? 1 : 0;
+}
+
+static void stop_io(struct aps_client *c)
+{
+	uint64_t one = 1;
+
+	pthread_mutex_lock(&c->lock);
+	c->stopping = true;
+	pthread_mutex_unlock(&c->lock);
+	if (write(c->wake_fd, &one, sizeof(one)) < 0)
+		return;
+	pthread_join(c->io, NULL);
 }
 
 int aps_client_close(aps_client *c)
@@ -346,13 +322,20 @@ int aps_client_close(aps_client *c)
 
 	if (c == NULL)
 		return 0;
-	if (c->pid == getpid()) {
-		aps_client_msg(c, &bye, APS_MSG_BYE);
-		aps_client_send(c, &bye, NULL, 0);
-		aps_transport_close(c->tr, 1000);
+	if (c->pid != getpid()) {
+		/* A forked child: the parent's thread and socket are not ours to touch. */
+		free(c->tensors);
+		free(c);
+		return 0;
 	}
-	free(c->tensors);
-	free(c->scratch);
-	free(c);
+	if (c->io_started)
+		stop_io(c);
+	aps_client_msg(c, &bye, APS_MSG_BYE);
+	aps_client_send(c, &bye, NULL, NULL, 0);
+	aps_transport_close(c->tr, 1000);
+	c->tr = NULL;
+	pthread_mutex_destroy(&c->lock);
+	pthread_cond_destroy(&c->done_cv);
+	free_client(c);
 	return 0;
 }

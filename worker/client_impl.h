@@ -1,23 +1,75 @@
 /*
- * The client's state, shared by client.c (joining, registering, closing,
- * waiting for replies) and collective.c (all-reduce, broadcast, barrier).
+ * The client's state, shared by client.c (joining, leaving, waiting for a
+ * request), request.c (starting calls on the caller's thread) and iothread.c
+ * (the one thread that owns the socket).
+ *
+ * Locking: c->lock guards the queue of new requests, the tensor table, every
+ * request's done/result/error and c->fatal. Everything else of an active
+ * request belongs to the I/O thread.
  */
 #ifndef APS_WORKER_CLIENT_IMPL_H
 #define APS_WORKER_CLIENT_IMPL_H
 
 #include "common/format.h"
+#include "common/sbuf.h"
 #include "common/scale.h"
 #include "proto/validate.h"
 #include "worker/aps.h"
 #include "worker/transport.h"
 
+#include <pthread.h>
 #include <sys/types.h>
+
+#define APS_CLIENT_ERROR_MAX   320
+#define APS_CLIENT_WAITING_MAX 16 /* ranks a timeout message names */
 
 struct client_tensor {
 	char name[APS_MSG_NAME_MAX + 1];
 	uint64_t count;
-	uint64_t step; /* the next call's step */
-	bool registered;
+	size_t chunk_elems;       /* from REGISTERED: every rank uses the daemon's */
+	uint64_t step;            /* the next call's step */
+	struct aps_request *busy; /* the call in flight on this tensor, or NULL */
+};
+
+enum request_kind {
+	REQ_REGISTER,
+	REQ_ALLREDUCE,
+	REQ_BROADCAST,
+	REQ_BARRIER,
+};
+
+enum request_state {
+	REQ_NEW,      /* queued by the caller */
+	REQ_EXCHANGE, /* global mode: exponent sent, waiting for SCALES */
+	REQ_SENT,     /* data or request sent, waiting for the reply */
+};
+
+struct aps_request {
+	struct aps_request *next;
+	struct aps_client *owner;
+	enum request_kind kind;
+	enum request_state state;
+	uint32_t tensor_id;
+	uint64_t step;
+	char name[APS_MSG_NAME_MAX + 1]; /* REGISTER: the tensor's name */
+	uint64_t count;
+	size_t chunk_elems;
+	float *buf;             /* the caller's: results are written here */
+	struct aps_sbuf *codes; /* what this rank sends */
+	struct aps_format fmt;
+	int scale_exp;
+	int32_t exponent; /* global mode: this rank's ceil(log2(N max)) */
+	uint64_t flushed;
+	uint32_t chunks, chunks_done;
+	int timeout_ms;
+	int64_t deadline_ms, next_heartbeat_ms;
+	uint32_t waiting[APS_CLIENT_WAITING_MAX]; /* from the daemon's heartbeat reply */
+	uint32_t n_waiting;
+	bool heard; /* the daemon answered a heartbeat of this request */
+	/* under c->lock: */
+	bool done;
+	int result;
+	char error[APS_CLIENT_ERROR_MAX];
 };
 
 struct aps_client {
@@ -32,41 +84,51 @@ struct aps_client {
 	aps_log_fn log;
 	void *log_ctx;
 	struct aps_msg_limits limits;
-	struct client_tensor *tensors; /* by id */
+	pthread_t io;
+	bool io_started;
+	int wake_fd;
+	pthread_mutex_t lock;
+	pthread_cond_t done_cv;
+	struct aps_request *queue; /* new requests, oldest first (lock) */
+	bool stopping;             /* (lock) */
+	int fatal;                 /* a job-wide failure: later calls fail too (lock) */
+	char fatal_text[APS_CLIENT_ERROR_MAX];
+	struct client_tensor *tensors; /* by id (lock) */
 	uint32_t n_tensors;
-	uint64_t barrier_step;
-	uint8_t *scratch; /* packed codes of the call in progress */
-	size_t scratch_cap;
-	struct aps_msg reply; /* the reply of the call in progress */
+	uint64_t barrier_step;      /* (I/O thread) */
+	struct aps_request *active; /* sent, waiting for replies (I/O thread) */
 };
 
-/* What a call waits for: a reply of this type about this tensor and step. */
-struct client_wait {
-	enum aps_msg_type type;
-	uint32_t tensor_id;
-	uint64_t step;
-	const char *what; /* "all-reduce of 'w' step 3", for messages */
-	bool barrier;
-	bool by_name; /* REGISTERED: match the tensor name instead of the id */
-	const char *name;
-};
+int64_t aps_client_now_ms(void);
+
+/* The client may be used by this call: not NULL, not forked. */
+int aps_client_check(const struct aps_client *c);
+
+/* Hands one line to the user's log callback, if any. */
+void aps_client_log(const struct aps_client *c, int level, const char *fmt, ...)
+        __attribute__((format(printf, 3, 4)));
 
 /* A message with our identity, ready to fill. */
 void aps_client_msg(const struct aps_client *c, struct aps_msg *m, enum aps_msg_type type);
 
-/* Packs and sends m with an optional payload. */
-int aps_client_send(struct aps_client *c, struct aps_msg *m, const void *payload,
-                    size_t payload_len);
+/* Packs m and sends it with an optional shared payload (data, len within buf). */
+int aps_client_send(struct aps_client *c, struct aps_msg *m, struct aps_sbuf *buf,
+                    const uint8_t *data, size_t len);
 
-/*
- * Waits for the reply w describes, heartbeating meanwhile; on success the
- * reply is in c->reply and its payload (if any) in *payload until the next
- * receive. Returns 0 or the error (APS_ETIMEDOUT, APS_EPEERLOST, ...).
- */
-int aps_client_await(struct aps_client *c, const struct client_wait *w, int timeout_ms,
-                     const uint8_t **payload, size_t *payload_len);
+/* Queues a request for the I/O thread (takes ownership) and wakes it. */
+int aps_client_enqueue(struct aps_client *c, struct aps_request *r);
 
-/* The client may be used by this call: not NULL, not forked. */
-int aps_client_check(const struct aps_client *c);
+/* Marks r done with result (0 or an APS_E* code and text) and wakes waiters (lock held). */
+void aps_request_finish_locked(struct aps_client *c, struct aps_request *r, int result,
+                               const char *text);
+
+/* Waits for r, frees it, and writes the tensor id it registered (if not NULL). */
+int aps_request_wait_tensor(struct aps_request *r, uint32_t *tensor_id);
+
+/* The I/O thread's body. */
+void *aps_client_io_main(void *arg);
+
+/* Encodes r's data for the wire once its scale exponent is known. */
+int aps_request_encode(struct aps_client *c, struct aps_request *r);
 
 #endif

@@ -82,6 +82,42 @@ int aps_transport_send(struct aps_transport *t, const uint8_t *hdr, size_t hdr_l
 	return 0;
 }
 
+static void free_sbuf_cb(void *data, void *hint)
+{
+	(void)data;
+	aps_sbuf_unref(hint);
+}
+
+int aps_transport_send_shared(struct aps_transport *t, const uint8_t *hdr, size_t hdr_len,
+                              struct aps_sbuf *buf, const uint8_t *data, size_t len)
+{
+	zmq_msg_t m;
+
+	if (zmq_send(t->sock, hdr, hdr_len, ZMQ_SNDMORE) < 0)
+		return APS_ECONN;
+	zmq_msg_init_data(&m, (void *)data, len, free_sbuf_cb, aps_sbuf_ref(buf));
+	if (zmq_msg_send(&m, t->sock, 0) < 0) {
+		zmq_msg_close(&m);
+		return APS_ECONN;
+	}
+	return 0;
+}
+
+int aps_transport_poll(struct aps_transport *t, int wake_fd, int timeout_ms)
+{
+	zmq_pollitem_t items[2] = { { .socket = t->sock, .events = ZMQ_POLLIN },
+		                    { .fd = wake_fd, .events = ZMQ_POLLIN } };
+	int n;
+
+	do {
+		n = zmq_poll(items, 2, timeout_ms);
+	} while (n < 0 && errno == EINTR);
+	if (n < 0)
+		return APS_ECONN;
+	return ((items[0].revents & ZMQ_POLLIN) ? APS_TRANSPORT_READABLE : 0) |
+	       ((items[1].revents & ZMQ_POLLIN) ? APS_TRANSPORT_WOKEN : 0);
+}
+
 /* Reads every frame of a waiting message, keeping the first MAX_FRAMES. */
 static size_t read_frames(struct aps_transport *t)
 {

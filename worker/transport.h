@@ -10,6 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/sbuf.h"
+
 struct aps_transport;
 
 /* One received message; valid until the next aps_transport_recv or close. */
@@ -31,8 +33,23 @@ void aps_transport_close(struct aps_transport *t, int linger_ms);
 int aps_transport_send(struct aps_transport *t, const uint8_t *hdr, size_t hdr_len,
                        const void *payload, size_t payload_len, bool has_payload);
 
+/*
+ * Sends a header (copied) and len bytes at data of a shared buffer, without a
+ * copy: the message holds a reference to buf until ZeroMQ has sent it.
+ */
+int aps_transport_send_shared(struct aps_transport *t, const uint8_t *hdr, size_t hdr_len,
+                              struct aps_sbuf *buf, const uint8_t *data, size_t len);
+
 /* Waits up to timeout_ms for one message: 1 received, 0 timed out, APS_ECONN. */
 int aps_transport_recv(struct aps_transport *t, int timeout_ms, struct aps_rxmsg *out);
+
+/*
+ * Waits up to timeout_ms until a message can be read or wake_fd is readable.
+ * Returns a mask of APS_TRANSPORT_READABLE and APS_TRANSPORT_WOKEN, or APS_ECONN.
+ */
+#define APS_TRANSPORT_READABLE 1
+#define APS_TRANSPORT_WOKEN    2
+int aps_transport_poll(struct aps_transport *t, int wake_fd, int timeout_ms);
 
 /* zmq_strerror of the last failure of this thread. */
 const char *aps_transport_strerror(void);

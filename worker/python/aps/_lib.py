@@ -51,6 +51,27 @@ class QuantizeOpts(ctypes.Structure):
     ]
 
 
+# The client's diagnostics callback: (ctx, level, line); see aps_log_fn in aps.h.
+LogFn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p)
+
+
+class ClientOpts(ctypes.Structure):
+    """struct aps_client_opts; fill with aps_client_opts_init."""
+    _fields_ = [
+        ("endpoint", ctypes.c_char_p),
+        ("job", ctypes.c_char_p),
+        ("rank", ctypes.c_uint32),
+        ("world_size", ctypes.c_uint32),
+        ("format", ctypes.c_char_p),
+        ("scaling", ctypes.c_int32),
+        ("downlink", ctypes.c_char_p),
+        ("timeout_ms", ctypes.c_int32),
+        ("heartbeat_ms", ctypes.c_int32),
+        ("log", LogFn),
+        ("log_ctx", ctypes.c_void_p),
+    ]
+
+
 class QuantizeStats(ctypes.Structure):
     _fields_ = [
         ("overflow", ctypes.c_uint64),
@@ -98,6 +119,14 @@ _SIGNATURES = {
     "aps_maxabs": (ctypes.c_float, [_P, _U64]),
     "aps_exponent": (ctypes.c_int, [ctypes.c_char_p, _P, _U64, _I32, _I32,
                                     ctypes.POINTER(_I32)]),
+    "aps_client_opts_init": (None, [ctypes.POINTER(ClientOpts)]),
+    "aps_client_new": (ctypes.c_int, [ctypes.POINTER(_P), ctypes.POINTER(ClientOpts)]),
+    "aps_client_register": (ctypes.c_int, [_P, ctypes.c_char_p, _U64,
+                                           ctypes.POINTER(ctypes.c_uint32)]),
+    "aps_client_allreduce": (ctypes.c_int, [_P, ctypes.c_uint32, _P, _U64, _I32]),
+    "aps_client_broadcast": (ctypes.c_int, [_P, ctypes.c_uint32, _P, _U64, _I32]),
+    "aps_client_barrier": (ctypes.c_int, [_P, _I32]),
+    "aps_client_close": (ctypes.c_int, [_P]),
 }
 for _name, (_restype, _argtypes) in _SIGNATURES.items():
     _fn = getattr(lib, _name)
@@ -105,13 +134,19 @@ for _name, (_restype, _argtypes) in _SIGNATURES.items():
     _fn.argtypes = _argtypes
 
 
+def error_for(ret, detail):
+    """The exception for the negative APS_E* code ret with the message detail."""
+    name = lib.aps_err_name(ret)
+    name = name.decode() if name else None
+    err = (ArgumentError if name in _ARGUMENT_ERRORS else Error)(ret, detail)
+    err.name = name
+    return err
+
+
 def check(ret):
-    """Raises Error for a negative return code, else returns ret."""
+    """Raises Error for a negative return code, else returns ret. Reads
+    aps_last_error, which is per thread: call it on the thread that failed."""
     if ret < 0:
         detail = lib.aps_last_error().decode() or lib.aps_strerror(ret).decode()
-        name = lib.aps_err_name(ret)
-        name = name.decode() if name else None
-        err = (ArgumentError if name in _ARGUMENT_ERRORS else Error)(ret, detail)
-        err.name = name
-        raise err
+        raise error_for(ret, detail)
     return ret

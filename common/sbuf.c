@@ -1,7 +1,7 @@
 /*
  * Reference counting of shared payload buffers.
  */
-#include "server/sbuf.h"
+#include "common/sbuf.h"
 
 #include <stdlib.h>
 

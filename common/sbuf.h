@@ -3,8 +3,8 @@
  * rank without a copy per rank. The count is atomic because the last
  * reference is often dropped on a ZeroMQ I/O thread.
  */
-#ifndef APS_SERVER_SBUF_H
-#define APS_SERVER_SBUF_H
+#ifndef APS_COMMON_SBUF_H
+#define APS_COMMON_SBUF_H
 
 #include <stdatomic.h>
 #include <stddef.h>

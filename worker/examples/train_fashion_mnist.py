@@ -1,0 +1,162 @@
+#!/usr/bin/python3
+"""One worker of data-parallel training on Fashion-MNIST, its gradients
+all-reduced through apsd. Run N of them with the launcher:
+
+    PYTHONPATH=worker/python python3 -m aps.launch -n 4 \\
+        worker/examples/train_fashion_mnist.py --format e4m3 --scaling local
+
+or on several machines, apsd on host A (`apsd --listen tcp://0.0.0.0:5555`)
+and on each worker machine k of 4:
+
+    APS_ENDPOINT=tcp://A:5555 RANK=k WORLD_SIZE=4 python3 train_fashion_mnist.py ...
+
+Every step draws one global batch from a seeded permutation shared by all
+ranks and each rank trains on its share, so N workers follow the same path
+as one process on the whole batch (exactly so with --format fp32). Rank 0
+evaluates on the test set every --eval-every steps, prints progress and, with
+--out, writes the run's history as JSON.
+"""
+
+import argparse
+import json
+import pathlib
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "python"))
+import aps  # noqa: E402
+import aps.torch  # noqa: E402
+import fashion_mnist  # noqa: E402
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--format", default="e4m3", help="gradient format (fp32, e4m3, e3m0, ...)")
+    ap.add_argument("--scaling", default="local", choices=["local", "none"],
+                    help="local: APS; none: plain quantization")
+    ap.add_argument("--model", default="mlp", choices=["mlp", "cnn"])
+    ap.add_argument("--hidden", type=int, default=256, help="width of the MLP's hidden layers")
+    ap.add_argument("--steps", type=int, default=600)
+    ap.add_argument("--batch", type=int, default=32, help="examples per worker and step")
+    ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--momentum", type=float, default=0.9)
+    ap.add_argument("--eval-every", type=int, default=50)
+    ap.add_argument("--eval-size", type=int, default=10000, help="test images evaluated")
+    ap.add_argument("--train-size", type=int, default=60000, help="training images used")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", help="rank 0 writes the history here (JSON)")
+    ap.add_argument("--label", help="name of the run in the output")
+    return ap.parse_args(argv)
+
+
+def make_model(kind, hidden):
+    """A small network; the same seed gives the same weights on every rank."""
+    if kind == "mlp":
+        return torch.nn.Sequential(
+            torch.nn.Linear(784, hidden), torch.nn.ReLU(),
+            torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),
+            torch.nn.Linear(hidden, 10))
+    return torch.nn.Sequential(
+        torch.nn.Unflatten(1, (1, 28, 28)),
+        torch.nn.Conv2d(1, 16, 5, padding=2), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(16, 32, 5, padding=2), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Flatten(), torch.nn.Linear(32 * 7 * 7, 128), torch.nn.ReLU(),
+        torch.nn.Linear(128, 10))
+
+
+def accuracy(model, images, labels):
+    with torch.no_grad():
+        pred = torch.cat([model(x).argmax(1) for x in torch.split(images, 2000)])
+    return float((pred == labels).float().mean()) * 100
+
+
+def flushed_fraction(model, fmt, scaling):
+    """Share of this rank's non-zero gradient values that quantizing them (with
+    the APS exponent, or without scaling) turns into zeros."""
+    flushed = nonzero = 0
+    for p in model.parameters():
+        g = p.grad.detach().numpy().ravel()
+        k = aps.aps_exponent(g, fmt, mode=scaling)
+        stats = {}
+        aps.quantize(g, fmt, scale_exp=k, stats=stats)
+        flushed += stats["flushed"]
+        nonzero += int(np.count_nonzero(g))
+    return flushed / max(nonzero, 1)
+
+
+class Batches:
+    """This rank's share of each global batch of a seeded shuffle, epoch after epoch."""
+
+    def __init__(self, images, labels, per_rank, rank, world, seed):
+        self.images, self.labels = images, labels
+        self.per_rank, self.rank, self.world = per_rank, rank, world
+        self.rng = np.random.default_rng(seed)
+        self.order, self.pos = self.rng.permutation(len(labels)), 0
+
+    def next(self):
+        size = self.per_rank * self.world
+        if self.pos + size > len(self.order):
+            self.order, self.pos = self.rng.permutation(len(self.labels)), 0
+        idx = self.order[self.pos + self.rank * self.per_rank:][:self.per_rank]
+        self.pos += size
+        return self.images[idx], self.labels[idx]
+
+
+def train(args, client):
+    torch.manual_seed(args.seed)
+    model = make_model(args.model, args.hidden)
+    sgd = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    opt = aps.torch.DistributedOptimizer(sgd, client, named_parameters=model.named_parameters())
+    train_x, train_y = (torch.from_numpy(a[:args.train_size]) for a in fashion_mnist.load("train"))
+    test_x, test_y = (torch.from_numpy(a[:args.eval_size]) for a in fashion_mnist.load("test"))
+    batches = Batches(train_x, train_y, args.batch, client.rank, client.world_size, args.seed)
+    history, flushed, label = [], [], args.label or f"{args.format} {args.scaling}"
+    client.barrier()
+    start = time.monotonic()
+    for step in range(args.steps + 1):
+        if step % args.eval_every == 0 or step == args.steps:
+            if client.rank == 0:
+                history.append((step, accuracy(model, test_x, test_y)))
+            if step == args.steps:
+                break
+        x, y = batches.next()
+        if step % args.eval_every == 0:
+            with opt.no_sync():  # look at this rank's gradients before they travel
+                F.cross_entropy(model(x), y).backward()
+            flushed.append(flushed_fraction(model, args.format, args.scaling))
+            opt.zero_grad()
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        if client.rank == 0 and step % args.eval_every == 0:
+            print(f"{label}: step {step:5d}/{args.steps}  loss {loss.item():6.3f}  test acc "
+                  f"{history[-1][1]:5.1f}%  gradients flushed {flushed[-1] * 100:5.1f}%",
+                  flush=True)
+    wall = time.monotonic() - start
+    return {"label": label, "format": args.format, "scaling": args.scaling,
+            "world_size": client.world_size, "steps": args.steps, "wall_s": wall,
+            "history": history, "accuracy": history[-1][1] if history else None,
+            "bytes_per_step": client.bytes_pushed / max(args.steps, 1),
+            "flushed": float(np.mean(flushed)) if flushed else None,
+            "skipped_steps": opt.skipped_steps}
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    torch.set_num_threads(1)
+    with aps.Client.from_env(format=args.format, scaling=args.scaling) as client:
+        result = train(args, client)
+    if client.rank == 0:
+        print(f"{result['label']}: test accuracy {result['accuracy']:.1f}% after "
+              f"{args.steps} steps in {result['wall_s']:.1f} s", flush=True)
+        if args.out:
+            pathlib.Path(args.out).write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,450 @@
+/*
+ * The client's I/O thread: the only user of the socket once the client has
+ * joined. It takes new requests from the queue and sends them (a tensor in
+ * chunks of the daemon's size; global-mode exponents batched into one
+ * EXPONENTS per wake-up), matches every reply to its request, decodes
+ * results into the caller's buffer chunk by chunk, heartbeats for requests
+ * that wait, and fails those whose deadline passed without progress.
+ */
+#include "worker/client_impl.h"
+
+#include "common/codec.h"
+#include "common/err.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define WIRE_ZERO_EXPONENT (-APS_CODEC_SCALE_MAX) /* an all-zero tensor */
+#define MAX_WAIT_MS        1000
+
+static void describe(const struct aps_request *r, char *buf, size_t len)
+{
+	static const char *const kinds[] = { "registering", "all-reduce of", "broadcast of",
+		                             "barrier" };
+
+	if (r->kind == REQ_BARRIER)
+		snprintf(buf, len, "barrier %llu", (unsigned long long)r->step);
+	else if (r->kind == REQ_REGISTER)
+		snprintf(buf, len, "registering '%.200s'", r->name);
+	else
+		snprintf(buf, len, "%s '%.200s' step %llu", kinds[r->kind], r->name,
+		         (unsigned long long)r->step);
+}
+
+static void unlink_active(struct aps_client *c, struct aps_request *r)
+{
+	struct aps_request **link = &c->active;
+
+	while (*link != NULL && *link != r)
+		link = &(*link)->next;
+	if (*link == r)
+		*link = r->next;
+}
+
+/* Ends an active request: out of the active list, then done for its waiter. */
+static void finish(struct aps_client *c, struct aps_request *r, int result, const char *text)
+{
+	unlink_active(c, r);
+	pthread_mutex_lock(&c->lock);
+	aps_request_finish_locked(c, r, result, text);
+	pthread_mutex_unlock(&c->lock);
+}
+
+static void fail_all(struct aps_client *c, int code, const char *text, bool fatal)
+{
+	pthread_mutex_lock(&c->lock);
+	if (fatal && c->fatal == 0) {
+		c->fatal = code;
+		snprintf(c->fatal_text, sizeof(c->fatal_text), "%s", text);
+	}
+	while (c->active != NULL) {
+		struct aps_request *r = c->active;
+		c->active = r->next;
+		aps_request_finish_locked(c, r, code, text);
+	}
+	pthread_mutex_unlock(&c->lock);
+}
+
+static void activate(struct aps_client *c, struct aps_request *r, enum request_state state)
+{
+	int64_t now = aps_client_now_ms();
+
+	r->state = state;
+	r->deadline_ms = now + r->timeout_ms;
+	r->next_heartbeat_ms = now + c->heartbeat_ms;
+	r->next = c->active;
+	c->active = r;
+}
+
+static int send_chunks(struct aps_client *c, struct aps_request *r)
+{
+	enum aps_msg_type type = r->kind == REQ_BROADCAST ? APS_MSG_BROADCAST : APS_MSG_PUSH;
+	size_t per = r->chunk_elems ? r->chunk_elems : r->count;
+
+	r->chunks = (uint32_t)((r->count + per - 1) / per);
+	for (uint32_t i = 0; i < r->chunks; i++) {
+		size_t off = (size_t)i * per, n = r->count - off < per ? r->count - off : per;
+		struct aps_msg m;
+		aps_client_msg(c, &m, type);
+		m.tensor_id = r->tensor_id;
+		m.step = r->step;
+		m.chunk_offset = off;
+		m.chunk_count = n;
+		m.total_count = r->count;
+		m.scale_exp = r->scale_exp;
+		m.flushed = i == 0 ? r->flushed : 0;
+		if (r->codes == NULL) { /* a broadcast's non-root asks for its chunks */
+			if (aps_client_send(c, &m, NULL, NULL, 0) < 0)
+				return APS_ECONN;
+			continue;
+		}
+		snprintf(m.format, sizeof(m.format), "%s", r->fmt.name);
+		if (aps_client_send(c, &m, r->codes,
+		                    r->codes->data + aps_format_packed_size(&r->fmt, off),
+		                    aps_format_packed_size(&r->fmt, n)) < 0)
+			return APS_ECONN;
+	}
+	return 0;
+}
+
+static int send_simple(struct aps_client *c, struct aps_request *r)
+{
+	struct aps_msg m;
+
+	aps_client_msg(c, &m, r->kind == REQ_BARRIER ? APS_MSG_BARRIER : APS_MSG_REGISTER);
+	if (r->kind == REQ_BARRIER) {
+		r->step = c->barrier_step++;
+		m.step = r->step;
+	} else {
+		snprintf(m.tensor_name, sizeof(m.tensor_name), "%s", r->name);
+		m.total_count = r->count;
+		snprintf(m.format, sizeof(m.format), "%s", c->format.name);
+	}
+	return aps_client_send(c, &m, NULL, NULL, 0);
+}
+
+/* Global mode: one EXPONENTS for every request of this wake-up (at most 256 a message). */
+static int send_exponents(struct aps_client *c, struct aps_request **batch, uint32_t n)
+{
+	struct aps_msg m;
+
+	for (uint32_t i = 0; i < n; i += APS_MSG_LIST_MAX) {
+		aps_client_msg(c, &m, APS_MSG_EXPONENTS);
+		for (uint32_t j = i; j < n && j < i + APS_MSG_LIST_MAX; j++) {
+			int32_t e = batch[j]->exponent;
+			m.tensor_ids[m.n_tensor_ids] = batch[j]->tensor_id;
+			m.exponents[m.n_tensor_ids++] =
+			        e == APS_SCALE_ZERO_EXPONENT ? WIRE_ZERO_EXPONENT : e;
+		}
+		m.n_exponents = m.n_tensor_ids;
+		if (aps_client_send(c, &m, NULL, NULL, 0) < 0)
+			return APS_ECONN;
+	}
+	return 0;
+}
+
+static int start_one(struct aps_client *c, struct aps_request *r, bool *exchange)
+{
+	*exchange = false;
+	if (r->kind == REQ_REGISTER || r->kind == REQ_BARRIER) {
+		activate(c, r, REQ_SENT);
+		return send_simple(c, r);
+	}
+	if (r->kind == REQ_ALLREDUCE && r->codes == NULL) {
+		activate(c, r, REQ_EXCHANGE);
+		*exchange = true;
+		return 0;
+	}
+	activate(c, r, REQ_SENT);
+	return send_chunks(c, r);
+}
+
+/* Sends what the callers queued since the last wake-up; false once closing. */
+static bool start_new(struct aps_client *c)
+{
+	struct aps_request *r, *next, **batch = NULL;
+	uint32_t n = 0, cap = 0;
+	bool stopping, exchange;
+
+	pthread_mutex_lock(&c->lock);
+	r = c->queue;
+	c->queue = NULL;
+	stopping = c->stopping;
+	pthread_mutex_unlock(&c->lock);
+	for (; r != NULL; r = next) {
+		next = r->next;
+		if (start_one(c, r, &exchange) < 0)
+			finish(c, r, APS_ECONN, "send to the daemon failed");
+		if (!exchange)
+			continue;
+		if (n == cap) {
+			cap = cap ? 2 * cap : 64;
+			struct aps_request **grown = realloc(batch, cap * sizeof(*batch));
+			if (grown == NULL) {
+				finish(c, r, APS_ENOMEM, "out of memory");
+				continue;
+			}
+			batch = grown;
+		}
+		batch[n++] = r;
+	}
+	if (n > 0 && send_exponents(c, batch, n) < 0)
+		fail_all(c, APS_ECONN, "send to the daemon failed", false);
+	free(batch);
+	return !stopping;
+}
+
+static struct aps_request *find(struct aps_client *c, enum request_kind kind, uint32_t tensor_id,
+                                uint64_t step)
+{
+	for (struct aps_request *r = c->active; r != NULL; r = r->next) {
+		if (r->kind != kind)
+			continue;
+		if (kind == REQ_BARRIER ? r->step == step
+		                        : r->tensor_id == tensor_id && r->step == step)
+			return r;
+	}
+	return NULL;
+}
+
+static void on_registered(struct aps_client *c, const struct aps_msg *m)
+{
+	struct aps_request *r = c->active;
+
+	while (r != NULL && !(r->kind == REQ_REGISTER && strcmp(r->name, m->tensor_name) == 0))
+		r = r->next;
+	if (r == NULL)
+		return;
+	pthread_mutex_lock(&c->lock);
+	if (m->tensor_id >= c->n_tensors) {
+		struct client_tensor *t = realloc(c->tensors, (m->tensor_id + 1) * sizeof(*t));
+		if (t == NULL) {
+			pthread_mutex_unlock(&c->lock);
+			return finish(c, r, APS_ENOMEM, "out of memory");
+		}
+		memset(t + c->n_tensors, 0, (m->tensor_id + 1 - c->n_tensors) * sizeof(*t));
+		c->tensors = t;
+		c->n_tensors = m->tensor_id + 1;
+	}
+	struct client_tensor *t = &c->tensors[m->tensor_id];
+	snprintf(t->name, sizeof(t->name), "%s", m->tensor_name);
+	t->count = m->total_count;
+	t->chunk_elems = m->chunk_count ? m->chunk_count : m->total_count;
+	r->tensor_id = m->tensor_id;
+	pthread_mutex_unlock(&c->lock);
+	finish(c, r, 0, NULL);
+}
+
+/* One chunk of a RESULT (or of a broadcast) into the caller's buffer. */
+static void on_result(struct aps_client *c, const struct aps_msg *m)
+{
+	enum request_kind kind = m->type == APS_MSG_RESULT ? REQ_ALLREDUCE : REQ_BROADCAST;
+	struct aps_request *r = find(c, kind, m->tensor_id, m->step);
+	struct aps_format f;
+	float *out;
+
+	if (r == NULL) {
+		aps_client_log(c, 3, "ignored a result for tensor %u step %llu", m->tensor_id,
+		               (unsigned long long)m->step);
+		return;
+	}
+	if (m->total_count != r->count || m->chunk_offset + m->chunk_count > r->count ||
+	    aps_format_parse(m->format, &f) < 0 || m->payload == NULL)
+		return finish(c, r, APS_EPROTO, "a result does not match its tensor");
+	out = r->buf + m->chunk_offset;
+	if (aps_codec_dequantize(&f, m->payload, m->payload_len, m->chunk_count, m->scale_exp,
+	                         out) < 0)
+		return finish(c, r, APS_EPROTO, "a result chunk is too short");
+	/* The paper's lowp sum arrives as the sum: the mean is ours to take, in fp32. */
+	if (m->flags & APS_MSG_FLAG_LOWP_SUM)
+		aps_codec_divide(out, m->chunk_count, (float)c->world_size);
+	r->deadline_ms = aps_client_now_ms() + r->timeout_ms;
+	if (++r->chunks_done == r->chunks)
+		finish(c, r, 0, NULL);
+}
+
+/* Global mode: the shared exponents; each waiting tensor encodes and sends. */
+static void on_scales(struct aps_client *c, const struct aps_msg *m)
+{
+	for (uint32_t i = 0; i < m->n_tensor_ids; i++) {
+		struct aps_request *r = c->active;
+		while (r != NULL && !(r->state == REQ_EXCHANGE && r->tensor_id == m->tensor_ids[i]))
+			r = r->next;
+		if (r == NULL)
+			continue;
+		r->scale_exp = m->exponents[i] == WIRE_ZERO_EXPONENT
+		                       ? 0
+		                       : aps_scale_from_global_exponent(&r->fmt, m->exponents[i]);
+		r->state = REQ_SENT;
+		r->deadline_ms = aps_client_now_ms() + r->timeout_ms;
+		if (aps_request_encode(c, r) < 0)
+			finish(c, r, APS_ENOMEM, "out of memory for the codes");
+		else if (send_chunks(c, r) < 0)
+			finish(c, r, APS_ECONN, "send to the daemon failed");
+	}
+}
+
+static void on_heartbeat(struct aps_client *c, const struct aps_msg *m)
+{
+	bool barrier = strcmp(m->tensor_name, "@barrier") == 0;
+	struct aps_request *r = c->active;
+
+	for (; r != NULL; r = r->next) {
+		if (barrier ? r->kind == REQ_BARRIER && r->step == m->step
+		            : r->kind != REQ_BARRIER && r->tensor_id == m->tensor_id &&
+		                      r->step == m->step)
+			break;
+	}
+	if (r == NULL)
+		return;
+	r->n_waiting = m->n_waiting_for < APS_CLIENT_WAITING_MAX ? m->n_waiting_for
+	                                                         : APS_CLIENT_WAITING_MAX;
+	memcpy(r->waiting, m->waiting_for, r->n_waiting * sizeof(r->waiting[0]));
+	r->heard = true;
+}
+
+/* An ERROR about one call fails that call; one about the job fails them all. */
+static void on_error(struct aps_client *c, const struct aps_msg *m)
+{
+	struct aps_request *r = NULL;
+
+	if (m->error_code != APS_EPEERLOST && m->error_code != APS_EMISMATCH) {
+		r = find(c, REQ_ALLREDUCE, m->tensor_id, m->step);
+		if (r == NULL)
+			r = find(c, REQ_BROADCAST, m->tensor_id, m->step);
+		if (r == NULL)
+			for (r = c->active; r != NULL && r->next != NULL; r = r->next)
+				; /* the oldest request: the list is newest first */
+	}
+	if (r != NULL)
+		finish(c, r, m->error_code, m->error_text);
+	else
+		fail_all(c, m->error_code, m->error_text, false);
+}
+
+static void on_message(struct aps_client *c, const struct aps_msg *m)
+{
+	switch (m->type) {
+	case APS_MSG_REGISTERED:
+		on_registered(c, m);
+		break;
+	case APS_MSG_RESULT:
+	case APS_MSG_BROADCAST:
+		on_result(c, m);
+		break;
+	case APS_MSG_SCALES:
+		on_scales(c, m);
+		break;
+	case APS_MSG_BARRIER: {
+		struct aps_request *r = find(c, REQ_BARRIER, 0, m->step);
+		if (r != NULL)
+			finish(c, r, 0, NULL);
+		break;
+	}
+	case APS_MSG_HEARTBEAT:
+		on_heartbeat(c, m);
+		break;
+	case APS_MSG_ERROR:
+		on_error(c, m);
+		break;
+	case APS_MSG_BYE:
+		fail_all(c, APS_ECONN, "apsd is shutting down", true);
+		break;
+	default:
+		aps_client_log(c, 3, "ignored a %s", aps_msg_type_name(m->type));
+		break;
+	}
+}
+
+static void receive_all(struct aps_client *c)
+{
+	struct aps_msg_fault fault;
+	struct aps_rxmsg rx;
+	struct aps_msg m;
+
+	while (aps_transport_recv(c->tr, 0, &rx) > 0) {
+		if (aps_msg_parse(&c->limits, rx.hdr, rx.hdr_len, rx.payload, rx.payload_len,
+		                  rx.payload != NULL, &m, &fault) < 0) {
+			aps_client_log(c, 1, "bad message from apsd: %s", fault.text);
+			continue;
+		}
+		on_message(c, &m);
+	}
+}
+
+static void timed_out(struct aps_client *c, struct aps_request *r)
+{
+	char what[240], ranks[96] = "", text[APS_CLIENT_ERROR_MAX + 256];
+	size_t used = 0;
+
+	describe(r, what, sizeof(what));
+	for (uint32_t i = 0; i < r->n_waiting && used + 12 < sizeof(ranks); i++)
+		used += (size_t)snprintf(ranks + used, sizeof(ranks) - used, "%s%u", i ? ", " : "",
+		                         r->waiting[i]);
+	if (!r->heard)
+		snprintf(text, sizeof(text),
+		         "%s: no answer from apsd at %.120s within %d ms (is the daemon running?)",
+		         what, c->endpoint, r->timeout_ms);
+	else
+		snprintf(text, sizeof(text),
+		         "%s: no progress within %d ms; apsd still waits for %s %s", what,
+		         r->timeout_ms, r->n_waiting == 1 ? "rank" : "ranks",
+		         used ? ranks : "(none: the result is on its way)");
+	finish(c, r, APS_ETIMEDOUT, text);
+}
+
+static void heartbeat(struct aps_client *c, struct aps_request *r)
+{
+	struct aps_msg hb;
+
+	aps_client_msg(c, &hb, APS_MSG_HEARTBEAT);
+	hb.tensor_id = r->kind == REQ_BARRIER ? 0 : r->tensor_id;
+	hb.step = r->step;
+	if (r->kind == REQ_BARRIER)
+		snprintf(hb.tensor_name, sizeof(hb.tensor_name), "@barrier");
+	aps_client_send(c, &hb, NULL, NULL, 0);
+}
+
+/* Deadlines and heartbeats; returns the milliseconds until the next one is due. */
+static int run_timers(struct aps_client *c)
+{
+	int64_t now = aps_client_now_ms(), next = now + MAX_WAIT_MS;
+	struct aps_request *r = c->active, *following;
+
+	for (; r != NULL; r = following) {
+		following = r->next;
+		if (now >= r->deadline_ms) {
+			timed_out(c, r);
+			continue;
+		}
+		if (now >= r->next_heartbeat_ms) {
+			heartbeat(c, r);
+			r->next_heartbeat_ms = now + c->heartbeat_ms;
+		}
+		next = r->deadline_ms < next ? r->deadline_ms : next;
+		next = r->next_heartbeat_ms < next ? r->next_heartbeat_ms : next;
+	}
+	return next > now ? (int)(next - now) : 0;
+}
+
+void *aps_client_io_main(void *arg)
+{
+	struct aps_client *c = arg;
+	uint64_t wakeups;
+
+	while (start_new(c)) {
+		int ready = aps_transport_poll(c->tr, c->wake_fd, run_timers(c));
+		if (ready < 0) {
+			fail_all(c, APS_ECONN, "the connection to apsd failed", true);
+			break;
+		}
+		if (ready & APS_TRANSPORT_WOKEN && read(c->wake_fd, &wakeups, sizeof(wakeups)) < 0)
+			wakeups = 0;
+		if (ready & APS_TRANSPORT_READABLE)
+			receive_all(c);
+	}
+	fail_all(c, APS_ECLOSED, "the client was closed", true);
+	return NULL;
+}

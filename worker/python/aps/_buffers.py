@@ -1,0 +1,49 @@
+"""The memory of a tensor handed to libaps: a C-contiguous float32 numpy array
+or CPU torch tensor, used in place (no copy in Python).
+
+Checks raise TypeError/ValueError before anything reaches C. torch is not
+imported here: a torch tensor is recognised only if torch is already loaded.
+"""
+
+import sys
+
+import numpy as np
+
+
+def _torch_tensor_type():
+    torch = sys.modules.get("torch")
+    return getattr(torch, "Tensor", None)
+
+
+def float32_buffer(x, what="x", writable=True):
+    """Returns (address, element count) of x's memory after checking that x is
+    a contiguous float32 numpy array or CPU torch tensor (writable if asked)."""
+    tensor_type = _torch_tensor_type()
+    if tensor_type is not None and isinstance(x, tensor_type):
+        return _torch_buffer(x, what)
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"{what} must be a numpy.ndarray or torch.Tensor, "
+                        f"not {type(x).__name__}")
+    if x.dtype != np.float32:
+        raise TypeError(f"{what} must have dtype float32, not {x.dtype}")
+    if not x.flags.c_contiguous:
+        raise ValueError(f"{what} must be C-contiguous (use numpy.ascontiguousarray "
+                         "and copy the result back)")
+    if writable and not x.flags.writeable:
+        raise ValueError(f"{what} is read-only: the result is written into it")
+    return x.ctypes.data, x.size
+
+
+def _torch_buffer(x, what):
+    import torch
+
+    if x.dtype != torch.float32:
+        raise TypeError(f"{what} must have dtype torch.float32, not {x.dtype} "
+                        "(aps.torch stages other dtypes through host buffers)")
+    if x.device.type != "cpu":
+        raise TypeError(f"{what} is on {x.device}: only CPU tensors are used in place "
+                        "(aps.torch stages device tensors through host buffers)")
+    if x.is_sparse or not x.is_contiguous():
+        raise ValueError(f"{what} must be a dense contiguous tensor (use .contiguous() "
+                         "and copy the result back)")
+    return x.data_ptr(), x.numel()

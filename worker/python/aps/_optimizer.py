@@ -1,0 +1,252 @@
+"""DistributedOptimizer: all-reduce gradients through apsd as backward
+produces them, then step the wrapped optimizer.
+
+How a step flows:
+- Parameters are grouped into buckets of about bucket_bytes, in reverse order
+  of the optimizer's parameters (roughly the order backward finishes them).
+- A hook on each parameter's gradient accumulator (torch 1.13 has no
+  post-accumulate hook on the tensor) marks the gradient ready. When every
+  gradient of a bucket is ready, the bucket is queued on the client's I/O
+  thread, while backward goes on. Buckets are queued strictly in bucket order,
+  so every rank makes the same calls in the same order (the blocking C client
+  serves one tensor at a time and must not wait for a tensor another rank
+  sends later).
+- Inside a bucket every tensor is its own all-reduce with its own APS
+  exponent (the paper's point is per layer); Client.allreduce_many_async is
+  the one place a batched C call will replace the loop.
+- step() (or synchronize()) queues the buckets not yet sent: a parameter with
+  no gradient on this rank (unused branch) contributes zeros and receives the
+  mean like the others, so no rank waits and every rank applies the same
+  update. Then, with check_finite, one flag (aps._flags) tells every rank
+  whether some rank had NaN or inf: such a tensor is sent as zeros and the
+  step is skipped on every rank (reported, not raised), as a grad scaler
+  expects.
+"""
+
+import contextlib
+import logging
+import threading
+
+import torch
+
+from aps._flags import AnyRankFlag
+from aps._staging import HostStage
+
+DEFAULT_BUCKET_BYTES = 256 << 10
+
+log = logging.getLogger("aps.torch")
+
+
+class _Bucket:
+    """Parameters whose gradients travel as one queued task."""
+
+    def __init__(self, index):
+        self.index = index
+        self.entries = []  # (name, param, HostStage)
+        self.nbytes = 0
+        self.ready = set()  # ids of params whose gradient is ready this step
+        self.handle = None  # set when queued
+
+    def add(self, name, param):
+        self.entries.append((name, param, HostStage()))
+        self.nbytes += param.numel() * 4
+
+    @property
+    def complete(self):
+        return len(self.ready) == len(self.entries)
+
+
+def plan_buckets(named_params, bucket_bytes):
+    """Buckets of about bucket_bytes (of fp32), last parameter first."""
+    buckets = []
+    for name, p in reversed(named_params):
+        if not buckets or (buckets[-1].nbytes + p.numel() * 4 > bucket_bytes
+                           and buckets[-1].entries):
+            buckets.append(_Bucket(len(buckets)))
+        buckets[-1].add(name, p)
+    return buckets
+
+
+def _named_optimizer_params(optimizer, named_parameters, prefix):
+    """[(wire name, param)] for every parameter of optimizer that requires grad,
+    in the optimizer's order, named from named_parameters if given."""
+    params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
+    if named_parameters is None:
+        return [(f"{prefix}{i}", p) for i, p in enumerate(params)]
+    names = {}
+    for name, p in named_parameters:
+        if id(p) in names and names[id(p)] != name:
+            continue  # a shared parameter keeps its first name
+        names[id(p)] = name
+    if len(set(names.values())) != len(names):
+        raise ValueError("named_parameters has duplicate names")
+    missing = [i for i, p in enumerate(params) if id(p) not in names]
+    if missing:
+        raise ValueError(f"{len(missing)} parameters of the optimizer are not in "
+                         "named_parameters (pass model.named_parameters())")
+    seen, out = set(), []
+    for p in params:
+        if id(p) not in seen:
+            seen.add(id(p))
+            out.append((prefix + names[id(p)], p))
+    return out
+
+
+class DistributedOptimizer:
+    """Wraps a torch optimizer so that step() applies the mean gradient over
+    every rank of client's job. apsd returns the mean: do not divide the loss
+    by the world size.
+
+    named_parameters: model.named_parameters() (names must be the same on
+    every rank; default: positions in the optimizer). bucket_bytes: size of
+    the groups queued together. check_finite: detect NaN/inf gradients on any
+    rank and skip the step on all of them (last_step_skipped, skipped_steps).
+    """
+
+    def __init__(self, optimizer, client, named_parameters=None,
+                 bucket_bytes=DEFAULT_BUCKET_BYTES, check_finite=True, prefix="grad."):
+        self.optimizer = optimizer
+        self.client = client
+        self.check_finite = check_finite
+        self._flag = AnyRankFlag(client, prefix + "@nonfinite") if check_finite else None
+        named = _named_optimizer_params(optimizer, named_parameters, prefix)
+        self._buckets = plan_buckets(named, bucket_bytes)
+        self._bucket_of = {id(p): b for b in self._buckets for _, p, _ in b.entries}
+        self._lock = threading.Lock()
+        self._next = 0  # the next bucket to queue
+        self._sync = True
+        self._accumulators = []  # keep the AccumulateGrad nodes (and their hooks) alive
+        for b in self._buckets:
+            for name, p, _ in b.entries:
+                self._hook(name, p)
+        self.skipped_steps = 0
+        self.last_step_skipped = False
+
+    # -- the wrapped optimizer --------------------------------------------
+
+    @property
+    def param_groups(self):
+        return self.optimizer.param_groups
+
+    @property
+    def state(self):
+        return self.optimizer.state
+
+    @property
+    def defaults(self):
+        return self.optimizer.defaults
+
+    def state_dict(self):
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict):
+        self.optimizer.load_state_dict(state_dict)
+
+    def add_param_group(self, group):
+        raise NotImplementedError("add parameter groups before wrapping the optimizer")
+
+    def zero_grad(self, set_to_none=False):
+        if self._next > 0:
+            raise RuntimeError("zero_grad() while gradients are being all-reduced: "
+                               "call step() or synchronize() first")
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def __repr__(self):
+        return (f"DistributedOptimizer({self.optimizer.__class__.__name__}, "
+                f"{len(self._bucket_of)} tensors in {len(self._buckets)} buckets, {self.client})")
+
+    # -- the step ---------------------------------------------------------
+
+    @property
+    def buckets(self):
+        """[[wire name, ...], ...]: the buckets in the order they are sent."""
+        return [[name for name, _, _ in b.entries] for b in self._buckets]
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Backward passes inside accumulate gradients locally without
+        communication; the first backward after the block sends the sum."""
+        self._sync = False
+        try:
+            yield
+        finally:
+            self._sync = True
+
+    def synchronize(self):
+        """Waits until every gradient holds the mean over ranks (sending those
+        not sent yet). Returns False if some rank had NaN or inf, in which case
+        every rank must skip the step (step() does)."""
+        with self._lock:
+            while self._next < len(self._buckets):
+                self._send(self._buckets[self._next], fill_missing=True)
+        try:
+            flag = self._flag.reduce_after([b.handle for b in self._buckets]) \
+                if self._flag else None
+            for b in self._buckets:
+                b.handle.wait()
+                for _, _, stage in b.entries:
+                    stage.store()
+            return not (flag and flag.wait())
+        finally:
+            self._reset()
+
+    def step(self, closure=None):
+        """Synchronizes, then steps the wrapped optimizer unless some rank had
+        non-finite gradients (then returns without stepping, sets
+        last_step_skipped and counts skipped_steps)."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        finite = self.synchronize()
+        self.last_step_skipped = not finite
+        if not finite:
+            self.skipped_steps += 1
+            log.warning("step skipped: non-finite gradients on some rank (%d skipped so far)",
+                        self.skipped_steps)
+            return loss
+        result = self.optimizer.step()
+        return loss if loss is not None else result
+
+    # -- internals --------------------------------------------------------
+
+    def _hook(self, name, p):
+        # p.expand_as(p) has p's AccumulateGrad as its first next function; a
+        # hook on that node runs once the gradient is accumulated into p.grad.
+        acc = p.expand_as(p).grad_fn.next_functions[0][0]
+        acc.register_hook(lambda *_: self._on_ready(name, p))
+        self._accumulators.append(acc)
+
+    def _on_ready(self, name, p):
+        if not self._sync:
+            return
+        with self._lock:
+            bucket = self._bucket_of[id(p)]
+            if id(p) in bucket.ready or bucket.handle is not None:
+                raise RuntimeError(f"gradient of {name!r} computed twice before step(): "
+                                   "call step() between backward passes, or accumulate "
+                                   "inside no_sync()")
+            bucket.ready.add(id(p))
+            while self._next < len(self._buckets) and self._buckets[self._next].complete:
+                self._send(self._buckets[self._next], fill_missing=False)
+
+    def _send(self, bucket, fill_missing):
+        """Queues bucket (lock held); fill_missing gives absent gradients zeros."""
+        items = []
+        with torch.no_grad():
+            for name, p, stage in bucket.entries:
+                if p.grad is None:
+                    assert fill_missing
+                    p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
+                items.append((name, stage.load(p.grad)))
+        bucket.handle = self.client.allreduce_many_async(
+            items, nonfinite="zero" if self.check_finite else "raise",
+            _what=f"gradient bucket {bucket.index}")
+        self._next += 1
+
+    def _reset(self):
+        with self._lock:
+            for b in self._buckets:
+                b.ready.clear()
+                b.handle = None
+            self._next = 0

@@ -1,0 +1,251 @@
+"""aps.Client: one rank of a job on apsd, over libaps's blocking C client.
+
+    with aps.Client("tcp://127.0.0.1:5555", rank, world_size, format="e4m3") as c:
+        c.allreduce("fc.weight", grad)          # grad becomes the mean over ranks
+        h = c.allreduce_async("fc.bias", g2)    # runs on the client's I/O thread
+        ...                                     # compute meanwhile
+        h.wait()
+
+Every foreign call runs on the client's one I/O thread, in the order the calls
+were made (the C client is not thread-safe and serves one tensor at a time).
+So every rank must make its calls in the same order; a call blocks only the
+I/O thread, and the GIL is released while it waits on the network. A tensor
+is passed by address and reduced in place: it must stay alive and untouched
+until its handle is done.
+"""
+
+import ctypes
+import logging
+import math
+import threading
+
+import numpy as np
+
+from aps import _env
+from aps._buffers import float32_buffer
+from aps._io import IOThread
+from aps._lib import ClientOpts, Error, LogFn, check, error_for, lib
+
+_SCALING = {"none": 0, "local": 1, "global": 2}
+_LOG_LEVELS = {0: logging.ERROR, 1: logging.WARNING, 2: logging.INFO, 3: logging.DEBUG}
+_NAME_MAX = 255  # bytes of a tensor name (APS_MSG_NAME_MAX)
+_APS_ECLOSED = -11
+NONFINITE_POLICIES = ("raise", "zero")
+
+log = logging.getLogger("aps.client")
+
+
+def _log_line(_ctx, level, line):
+    log.log(_LOG_LEVELS.get(level, logging.DEBUG), "%s", line.decode(errors="replace"))
+
+
+_LOG_CALLBACK = LogFn(_log_line)  # one object for the life of the process
+
+
+def _check_str(value, what, allow_none=False):
+    if value is None and allow_none:
+        return None
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a str, not {type(value).__name__}")
+    return value.encode()
+
+
+def _check_int(value, what):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{what} must be an int, not {type(value).__name__}")
+    return int(value)
+
+
+class Client:
+    """A connection to apsd as rank `rank` of `world_size` in job `job`.
+
+    format is the uplink format of every tensor ("fp32", "e4m3", "e3m0", ...),
+    scaling "local" (APS, the default) or "none", downlink the format of
+    results (None: the uplink format). timeout_ms bounds each call without
+    progress. Raises aps.Error (e.g. APS_ETIMEDOUT when no daemon answers,
+    APS_EBUSY when the rank is taken) or aps.ArgumentError for bad options.
+    """
+
+    def __init__(self, endpoint, rank, world_size, format="e4m3", scaling="local",
+                 job="default", downlink=None, timeout_ms=60000):
+        if scaling not in _SCALING:
+            raise ValueError(f"scaling must be one of {sorted(_SCALING)}, not {scaling!r}")
+        self._strings = [_check_str(endpoint, "endpoint"), _check_str(job, "job"),
+                         _check_str(format, "format"),
+                         _check_str(downlink, "downlink", allow_none=True)]
+        opts = ClientOpts()
+        lib.aps_client_opts_init(ctypes.byref(opts))
+        opts.endpoint, opts.job, opts.format, opts.downlink = self._strings
+        opts.rank = _check_int(rank, "rank")
+        opts.world_size = _check_int(world_size, "world_size")
+        if opts.rank != rank or opts.world_size != world_size:
+            raise ValueError(f"rank {rank} is not in a world of {world_size}")
+        opts.scaling = _SCALING[scaling]
+        opts.timeout_ms = _check_int(timeout_ms, "timeout_ms")
+        opts.log = _LOG_CALLBACK
+        self.endpoint, self.job, self.rank, self.world_size = endpoint, job, rank, world_size
+        self.format, self.scaling, self.downlink = format, scaling, downlink
+        self.timeout_ms = timeout_ms
+        self.bytes_pushed = 0  # packed uplink bytes of every all-reduce so far
+        self._lock = threading.Lock()
+        self._counts = {}  # name -> element count, as first used (calling side)
+        self._ids = {}  # name -> (tensor id, packed bytes), once registered (I/O thread)
+        self._c = None
+        self._io = IOThread(f"aps-io-rank{rank}")
+        try:
+            self._c = self._io.submit(lambda: self._connect(opts), "joining").wait()
+        except BaseException:
+            self._io.stop()
+            raise
+
+    @classmethod
+    def from_env(cls, environ=None, **kwargs):
+        """A client configured by the environment (see aps._env: APS_ENDPOINT,
+        APS_JOB, APS_RANK/APS_WORLD_SIZE, RANK/WORLD_SIZE, SLURM_PROCID/
+        SLURM_NTASKS); keyword arguments override it and set the other options."""
+        return cls(**{**_env.client_config(environ), **kwargs})
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        state = "closed" if self.closed else "open"
+        return (f"<aps.Client {self.endpoint} job={self.job!r} rank {self.rank}/"
+                f"{self.world_size} {self.format} scaling={self.scaling} {state}>")
+
+    @property
+    def closed(self):
+        return self._c is None
+
+    # -- collectives ------------------------------------------------------
+
+    def allreduce(self, name, x, timeout_ms=None):
+        """Replaces x (contiguous float32 numpy array or CPU torch tensor, any
+        shape) with the mean of x over every rank, in place, and returns x. The
+        first call with a name registers it with x's size; later calls must pass
+        the same size."""
+        return self.allreduce_async(name, x, timeout_ms).wait()
+
+    def allreduce_async(self, name, x, timeout_ms=None):
+        """As allreduce, queued on the I/O thread; returns a Handle whose wait()
+        returns x once it holds the mean."""
+        return self.allreduce_many_async([(name, x)], timeout_ms=timeout_ms,
+                                         _result=x, _what=f"all-reduce of {name!r}")
+
+    def allreduce_many_async(self, items, nonfinite="raise", timeout_ms=None, _result=None,
+                             _what=None):
+        """All-reduces each (name, x) of items in order, each tensor with its own
+        APS exponent, as one queued task. nonfinite="raise" fails on a tensor
+        holding NaN or inf (nothing of it is sent, aps.Error APS_ENONFINITE);
+        "zero" sends such a tensor as zeros instead so that no rank waits, and
+        the handle's wait() returns the names of those tensors."""
+        if nonfinite not in NONFINITE_POLICIES:
+            raise ValueError(f"nonfinite must be one of {NONFINITE_POLICIES}, not {nonfinite!r}")
+        calls = [self._prepare(name, x) for name, x in items]
+        timeout = self._call_timeout(timeout_ms)
+
+        def run():
+            bad = [name for name, addr, n in calls
+                   if self._reduce_one(name, addr, n, nonfinite == "zero", timeout)]
+            return _result if _result is not None else bad
+        return self._submit(run, _what or f"all-reduce of {len(calls)} tensors")
+
+    def broadcast(self, name, x, root=0, timeout_ms=None):
+        """Replaces x on every rank with rank root's x, in place; returns x.
+        Only root 0 is served today."""
+        return self.broadcast_async(name, x, root, timeout_ms).wait()
+
+    def broadcast_async(self, name, x, root=0, timeout_ms=None):
+        """As broadcast, queued on the I/O thread; returns a Handle."""
+        if _check_int(root, "root") != 0:
+            raise ValueError(f"broadcast from root {root}: apsd serves broadcasts from "
+                             "rank 0 only (copy the data to rank 0 first)")
+        _, addr, n = self._prepare(name, x)
+        timeout = self._call_timeout(timeout_ms)
+
+        def run():
+            tid = self._tensor_id(name, n)
+            check(lib.aps_client_broadcast(self._c, tid, addr, n, timeout))
+            return x
+        return self._submit(run, f"broadcast of {name!r}")
+
+    def barrier(self, timeout_ms=None):
+        """Returns once every rank of the job has entered the barrier."""
+        timeout = self._call_timeout(timeout_ms)
+        self._submit(lambda: check(lib.aps_client_barrier(self._c, timeout)),
+                     "barrier").wait()
+
+    def close(self):
+        """Lets queued calls finish, says BYE and frees the C client. Idempotent."""
+        with self._lock:
+            c, self._c = self._c, None
+        if c is None:
+            return
+        self._io.submit(lambda: lib.aps_client_close(c), "closing")
+        self._io.stop()
+
+    # -- internals --------------------------------------------------------
+
+    def _connect(self, opts):
+        ptr = ctypes.c_void_p()
+        check(lib.aps_client_new(ctypes.byref(ptr), ctypes.byref(opts)))
+        return ptr
+
+    def _submit(self, fn, what):
+        with self._lock:
+            if self._c is None:
+                raise error_for(_APS_ECLOSED, f"{what}: the client is closed")
+            return self._io.submit(fn, what)
+
+    def _call_timeout(self, timeout_ms):
+        return 0 if timeout_ms is None else _check_int(timeout_ms, "timeout_ms")
+
+    def _prepare(self, name, x):
+        """Checks name and x on the calling thread: (name, address, count)."""
+        raw = _check_str(name, "tensor name")
+        if not 0 < len(raw) <= _NAME_MAX:
+            raise ValueError(f"tensor name must have 1 to {_NAME_MAX} bytes, {name!r} has "
+                             f"{len(raw)}")
+        addr, n = float32_buffer(x, f"tensor {name!r}")
+        if n == 0:
+            raise ValueError(f"tensor {name!r} is empty")
+        with self._lock:
+            known = self._counts.setdefault(name, n)
+        if known != n:
+            raise ValueError(f"tensor {name!r} has {n} elements but was registered with "
+                             f"{known}")
+        return name, addr, n
+
+    def _tensor_id(self, name, n):
+        """The id of name, registering it on first use (I/O thread)."""
+        entry = self._ids.get(name)
+        if entry is None:
+            tid = ctypes.c_uint32()
+            check(lib.aps_client_register(self._c, name.encode(), n, ctypes.byref(tid)))
+            entry = self._ids[name] = (tid.value, _packed_bytes(self.format, n))
+        return entry[0]
+
+    def _reduce_one(self, name, addr, n, zero_nonfinite, timeout):
+        """All-reduces one tensor (I/O thread); True if it held NaN or inf and
+        was sent as zeros."""
+        tid = self._tensor_id(name, n)
+        bad = zero_nonfinite and _zero_if_nonfinite(addr, n)
+        check(lib.aps_client_allreduce(self._c, tid, addr, n, timeout))
+        self.bytes_pushed += self._ids[name][1]
+        return bad
+
+
+def _packed_bytes(fmt, n):
+    return check(lib.aps_packed_size(fmt.encode(), n))
+
+
+def _zero_if_nonfinite(addr, n):
+    """Zeroes the n floats at addr if any is NaN or inf; True if it did."""
+    view = np.ctypeslib.as_array((ctypes.c_float * n).from_address(addr))
+    if math.isfinite(float(view.sum(dtype=np.float64))):
+        return False  # a sum of finite float32 values cannot overflow a double
+    view[...] = 0
+    return True

@@ -1,0 +1,140 @@
+"""A local apsd for launchers, demos and tests: find the binary, tell whether
+something listens at an endpoint, start one and stop it.
+
+    with aps.daemon.LocalDaemon("tcp://127.0.0.1:5555") as d:
+        ...                     # d.endpoint serves workers until the block ends
+"""
+
+import os
+import pathlib
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.parse
+
+_REPO = pathlib.Path(__file__).resolve().parents[3]
+_PR_SET_PDEATHSIG = 1
+
+
+def find_apsd():
+    """Path of the apsd binary: $APSD, else the build tree's build/server/apsd,
+    else `apsd` on PATH. Raises FileNotFoundError naming what was tried."""
+    env = os.environ.get("APSD")
+    if env:
+        if not os.access(env, os.X_OK):
+            raise FileNotFoundError(f"APSD={env} is not an executable")
+        return env
+    built = _REPO / "build" / "server" / "apsd"
+    if os.access(built, os.X_OK):
+        return str(built)
+    found = shutil.which("apsd")
+    if found:
+        return found
+    raise FileNotFoundError(f"no apsd: set APSD, run 'make build' (for {built}) or install "
+                            "apsd on PATH")
+
+
+def free_endpoint(host="127.0.0.1"):
+    """A tcp:// endpoint on a port that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return f"tcp://{host}:{s.getsockname()[1]}"
+
+
+def _tcp_address(endpoint):
+    url = urllib.parse.urlsplit(endpoint)
+    if url.hostname is None or url.port is None:
+        raise ValueError(f"endpoint {endpoint!r} has no host:port")
+    return url.hostname, url.port
+
+
+def is_local(endpoint):
+    """True if a daemon for endpoint would run on this machine (ipc://, or tcp://
+    on a loopback address or localhost)."""
+    if endpoint.startswith("ipc://"):
+        return True
+    if not endpoint.startswith("tcp://"):
+        return False
+    host, _ = _tcp_address(endpoint)
+    return host in ("localhost", "127.0.0.1", "::1", "*", "0.0.0.0")
+
+
+def is_listening(endpoint, timeout=0.5):
+    """True if something accepts connections at a tcp:// or ipc:// endpoint."""
+    if endpoint.startswith("ipc://"):
+        family, address = socket.AF_UNIX, endpoint[len("ipc://"):]
+    elif endpoint.startswith("tcp://"):
+        host, port = _tcp_address(endpoint)
+        family, address = socket.AF_INET, ("127.0.0.1" if host in ("*", "0.0.0.0") else host,
+                                           port)
+    else:
+        raise ValueError(f"cannot probe endpoint {endpoint!r}: tcp:// or ipc:// only")
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        try:
+            s.connect(address)
+        except OSError:
+            return False
+    return True
+
+
+def _die_with_parent():
+    """In the child before exec: get SIGTERM when the parent dies (Linux)."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
+
+
+class LocalDaemon:
+    """An apsd child process serving endpoint (default: a free tcp port).
+
+    Its output goes to stderr (a file object may be given instead). start()
+    returns once the endpoint accepts connections; stop() sends SIGTERM and
+    returns the exit status. The daemon also gets SIGTERM if this process dies.
+    """
+
+    def __init__(self, endpoint=None, binary=None, log_level="warn", output=None,
+                 extra_args=()):
+        self.endpoint = endpoint or free_endpoint()
+        self.args = [binary or find_apsd(), "--listen", self.endpoint,
+                     "--log_level", log_level, *extra_args]
+        self.output = output
+        self.proc = None
+
+    def start(self, timeout=10):
+        self.proc = subprocess.Popen(self.args, stdin=subprocess.DEVNULL, stdout=self.output,
+                                     stderr=self.output, start_new_session=True,
+                                     preexec_fn=_die_with_parent)
+        deadline = time.monotonic() + timeout
+        while not is_listening(self.endpoint):
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"apsd exited with status {self.proc.returncode} before "
+                                   f"listening at {self.endpoint}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise TimeoutError(f"apsd did not listen at {self.endpoint} within {timeout} s")
+            time.sleep(0.02)
+        return self
+
+    def stop(self, timeout=10):
+        """SIGTERM, then SIGKILL after timeout seconds; returns the exit status."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()

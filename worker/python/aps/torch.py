@@ -1,0 +1,99 @@
+"""PyTorch helpers: apsd as the gradient all-reduce of a training script.
+
+    client = aps.Client.from_env(format="e4m3")
+    aps.torch.broadcast_parameters(model, client)        # same start on every rank
+    opt = aps.torch.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         client, named_parameters=model.named_parameters())
+    for x, y in batches:                                  # this rank's share of the batch
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()                   # gradients leave as they are ready
+        opt.step()                                        # mean over ranks, then SGD
+
+or, for a DDP script (torch.distributed initialised, e.g. gloo with a world of 1
+per process): ddp_model.register_comm_hook(client, aps.torch.allreduce_hook).
+
+Tensors that are not contiguous CPU float32 (CUDA, fp16, bf16) are staged
+through host buffers (aps._staging).
+"""
+
+import torch
+
+from aps._flags import AnyRankFlag
+from aps._optimizer import DEFAULT_BUCKET_BYTES, DistributedOptimizer
+from aps._staging import HostStage
+
+__all__ = ["DEFAULT_BUCKET_BYTES", "DistributedOptimizer", "HostStage", "allreduce_hook",
+           "broadcast_parameters"]
+
+
+def _named_tensors(source):
+    if isinstance(source, torch.nn.Module):
+        return list(source.state_dict().items())
+    if isinstance(source, dict):
+        return list(source.items())
+    return list(source)
+
+
+def broadcast_parameters(source, client, prefix="param."):
+    """Copies rank 0's values into every rank's tensors, in place: source is a
+    module (its parameters and floating-point buffers), a state dict or an
+    iterable of (name, tensor). Integer tensors (step counters) are left as
+    they are. Call it on every rank with the same names, before training."""
+    stages, handles = [], []
+    with torch.no_grad():
+        for name, t in _named_tensors(source):
+            if not (t.is_floating_point() and t.numel() > 0):
+                continue
+            stage = HostStage()
+            handles.append(client.broadcast_async(prefix + name, stage.load(t)))
+            stages.append(stage)
+        for stage, h in zip(stages, handles):
+            h.wait()
+            stage.store()
+
+
+def _bucket_views(buffer, params):
+    """One view of the flat bucket buffer per parameter (DDP lays them out in
+    order); the whole buffer if the sizes do not add up."""
+    sizes = [p.numel() for p in params]
+    if sum(sizes) != buffer.numel():
+        return [buffer]
+    return list(torch.split(buffer, sizes))
+
+
+_ddp_flags = {}  # client -> AnyRankFlag
+
+
+def allreduce_hook(client, bucket):
+    """DDP communication hook (model.register_comm_hook(client, allreduce_hook)):
+    the bucket's gradients become their mean over client's job, each parameter
+    with its own APS exponent. Returns a torch.futures.Future of the buffer.
+
+    A NaN or inf on any rank makes the whole bucket NaN on every rank, as a sum
+    through gloo or NCCL would, so that a grad scaler skips the step; the
+    tensor is sent as zeros and one flag per bucket tells the other ranks.
+    Names are derived from the bucket's index and sizes, identical on every
+    rank (DDP builds the same buckets everywhere)."""
+    flag = _ddp_flags.get(id(client))
+    if flag is None or flag.client is not client:
+        flag = _ddp_flags[id(client)] = AnyRankFlag(client, "ddp.@nonfinite")
+    stage = HostStage()
+    host = stage.load(bucket.buffer())
+    views = _bucket_views(host, bucket.parameters())
+    items = [(f"ddp.{bucket.index()}.{i}:{v.numel()}", v) for i, v in enumerate(views)]
+    handle = client.allreduce_many_async(items, nonfinite="zero",
+                                         _what=f"DDP bucket {bucket.index()}")
+    flagged = flag.reduce_after([handle])
+    future = torch.futures.Future()
+
+    def finish(_flag_handle):
+        try:
+            handle.wait()
+            if flagged.wait():
+                host.fill_(float("nan"))
+            stage.store()
+            future.set_result(bucket.buffer())
+        except Exception as exc:
+            future.set_exception(exc)
+    flagged.add_done_callback(finish)
+    return future

@@ -1,0 +1,244 @@
+/*
+ * Starting calls, on the caller's thread: checks, the APS exponent and the
+ * quantization of the caller's buffer (or, in global mode, the local half of
+ * the exponent exchange), then the request goes to the I/O thread. The
+ * blocking calls are a start and a wait.
+ */
+#include "worker/client_impl.h"
+
+#include "common/codec.h"
+#include "common/err.h"
+#include "worker/api_error.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int call_timeout(const struct aps_client *c, int32_t timeout_ms)
+{
+	return timeout_ms > 0 ? timeout_ms : c->timeout_ms;
+}
+
+static struct aps_request *new_request(struct aps_client *c, enum request_kind kind,
+                                       int32_t timeout_ms)
+{
+	struct aps_request *r = calloc(1, sizeof(*r));
+
+	if (r == NULL)
+		return NULL;
+	r->owner = c;
+	r->kind = kind;
+	r->timeout_ms = call_timeout(c, timeout_ms);
+	return r;
+}
+
+/* Queues r unless the client already failed for good; on failure r is freed. */
+static int submit(struct aps_client *c, struct aps_request *r, aps_request **out)
+{
+	int ret = 0;
+
+	pthread_mutex_lock(&c->lock);
+	if (c->fatal < 0) {
+		ret = aps_api_fail(c->fatal, "%s", c->fatal_text);
+	} else {
+		if (r->kind == REQ_ALLREDUCE || r->kind == REQ_BROADCAST)
+			c->tensors[r->tensor_id].busy = r;
+		aps_client_enqueue(c, r);
+	}
+	pthread_mutex_unlock(&c->lock);
+	if (ret < 0) {
+		aps_sbuf_unref(r->codes);
+		free(r);
+		return ret;
+	}
+	*out = r;
+	return aps_api_ok();
+}
+
+int aps_request_encode(struct aps_client *c, struct aps_request *r)
+{
+	struct aps_quant_opts o = { .scale_exp = r->scale_exp };
+	struct aps_codec_stats st;
+	size_t len = aps_format_packed_size(&r->fmt, r->count);
+
+	r->codes = aps_sbuf_new(len);
+	if (r->codes == NULL)
+		return APS_ENOMEM;
+	aps_codec_quantize(&r->fmt, r->buf, r->count, &o, r->codes->data, len, &st);
+	r->flushed = st.flushed;
+	(void)c;
+	return 0;
+}
+
+/* The APS exponent, or in global mode this rank's half of the exchange. */
+static int scale(struct aps_client *c, struct aps_request *r)
+{
+	float maxabs;
+
+	r->scale_exp = 0;
+	if (c->scaling == APS_SCALING_NONE || aps_format_is_fp32(&r->fmt))
+		return 0;
+	maxabs = aps_codec_maxabs(r->buf, r->count);
+	if (c->scaling == APS_SCALING_LOCAL)
+		return aps_scale_local(&r->fmt, maxabs, &r->scale_exp);
+	return aps_scale_global_exponent(maxabs, (int)c->world_size, &r->exponent);
+}
+
+/* Checks the tensor of a data call and fills r's tensor fields (lock held). */
+static int tensor_of(struct aps_client *c, struct aps_request *r, const float *buf, uint64_t count)
+{
+	struct client_tensor *t;
+
+	if (r->tensor_id >= c->n_tensors || c->tensors[r->tensor_id].count == 0)
+		return aps_api_fail(APS_EINVAL, "tensor id %u is not registered", r->tensor_id);
+	t = &c->tensors[r->tensor_id];
+	if (buf == NULL || count != t->count)
+		return aps_api_fail(APS_EINVAL,
+		                    "tensor '%.200s' has %llu elements, the call passes %llu%s",
+		                    t->name, (unsigned long long)t->count,
+		                    (unsigned long long)count, buf == NULL ? " and no buffer" : "");
+	if (t->busy != NULL)
+		return aps_api_fail(APS_EBUSY, "tensor '%.200s' has a call in flight: wait for it",
+		                    t->name);
+	r->count = count;
+	r->chunk_elems = t->chunk_elems;
+	r->step = t->step;
+	snprintf(r->name, sizeof(r->name), "%s", t->name);
+	return 0;
+}
+
+/* A data call's request, checked against the tensor table. */
+static int data_request(struct aps_client *c, enum request_kind kind, uint32_t tensor_id,
+                        float *buf, uint64_t count, int32_t timeout_ms, struct aps_request **out)
+{
+	struct aps_request *r;
+	int ret = aps_client_check(c);
+
+	if (ret < 0)
+		return ret;
+	if ((r = new_request(c, kind, timeout_ms)) == NULL)
+		return aps_api_fail(APS_ENOMEM, "out of memory");
+	r->tensor_id = tensor_id;
+	r->buf = buf;
+	pthread_mutex_lock(&c->lock);
+	ret = tensor_of(c, r, buf, count);
+	pthread_mutex_unlock(&c->lock);
+	if (ret < 0) {
+		free(r);
+		return ret;
+	}
+	*out = r;
+	return 0;
+}
+
+static int refuse_nonfinite(struct aps_request *r, size_t nonfinite)
+{
+	int ret = aps_api_fail(APS_ENONFINITE,
+	                       "tensor '%.200s' holds %zu NaN or inf values; nothing was sent",
+	                       r->name, nonfinite);
+
+	free(r);
+	return ret;
+}
+
+int aps_client_allreduce_start(aps_client *c, uint32_t tensor_id, float *buf, uint64_t count,
+                               int32_t timeout_ms, aps_request **out)
+{
+	struct aps_request *r;
+	size_t nonfinite;
+	int ret;
+
+	if (out == NULL)
+		return aps_api_fail(APS_EINVAL, "request pointer is NULL");
+	ret = data_request(c, REQ_ALLREDUCE, tensor_id, buf, count, timeout_ms, &r);
+	if (ret < 0)
+		return ret;
+	r->fmt = c->format;
+	nonfinite = aps_codec_count_nonfinite_f32(buf, count);
+	if (nonfinite > 0)
+		return refuse_nonfinite(r, nonfinite);
+	scale(c, r);
+	/* Global mode encodes when the daemon has sent the shared exponent. */
+	if (c->scaling != APS_SCALING_GLOBAL || aps_format_is_fp32(&r->fmt)) {
+		if (aps_request_encode(c, r) < 0) {
+			free(r);
+			return aps_api_fail(APS_ENOMEM, "out of memory for the codes");
+		}
+	}
+	return submit(c, r, out);
+}
+
+int aps_client_broadcast_start(aps_client *c, uint32_t tensor_id, float *buf, uint64_t count,
+                               int32_t timeout_ms, aps_request **out)
+{
+	struct aps_request *r;
+	int ret;
+
+	if (out == NULL)
+		return aps_api_fail(APS_EINVAL, "request pointer is NULL");
+	ret = data_request(c, REQ_BROADCAST, tensor_id, buf, count, timeout_ms, &r);
+	if (ret < 0)
+		return ret;
+	aps_format_parse("fp32", &r->fmt);
+	/* Only the root sends values; the others ask. */
+	if (c->rank == 0 && aps_request_encode(c, r) < 0) {
+		free(r);
+		return aps_api_fail(APS_ENOMEM, "out of memory");
+	}
+	return submit(c, r, out);
+}
+
+int aps_client_allreduce(aps_client *c, uint32_t tensor_id, float *buf, uint64_t count,
+                         int32_t timeout_ms)
+{
+	aps_request *r;
+	int ret = aps_client_allreduce_start(c, tensor_id, buf, count, timeout_ms, &r);
+
+	return ret < 0 ? ret : aps_request_wait(r);
+}
+
+int aps_client_broadcast(aps_client *c, uint32_t tensor_id, float *buf, uint64_t count,
+                         int32_t timeout_ms)
+{
+	aps_request *r;
+	int ret = aps_client_broadcast_start(c, tensor_id, buf, count, timeout_ms, &r);
+
+	return ret < 0 ? ret : aps_request_wait(r);
+}
+
+int aps_client_barrier(aps_client *c, int32_t timeout_ms)
+{
+	struct aps_request *r;
+	int ret = aps_client_check(c);
+
+	if (ret < 0)
+		return ret;
+	if ((r = new_request(c, REQ_BARRIER, timeout_ms)) == NULL)
+		return aps_api_fail(APS_ENOMEM, "out of memory");
+	ret = submit(c, r, &r);
+	return ret < 0 ? ret : aps_request_wait(r);
+}
+
+/* The I/O thread fills the table when REGISTERED arrives. */
+int aps_client_register(aps_client *c, const char *name, uint64_t count, uint32_t *tensor_id)
+{
+	struct aps_request *r;
+	int ret = aps_client_check(c);
+
+	if (ret < 0)
+		return ret;
+	if (name == NULL || name[0] == '\0' || strlen(name) > APS_MSG_NAME_MAX || count == 0 ||
+	    tensor_id == NULL)
+		return aps_api_fail(APS_EINVAL,
+		                    "a tensor needs a name of 1 to %d bytes, a count of at least 1 "
+		                    "and an id pointer",
+		                    APS_MSG_NAME_MAX);
+	if ((r = new_request(c, REQ_REGISTER, 0)) == NULL)
+		return aps_api_fail(APS_ENOMEM, "out of memory");
+	snprintf(r->name, sizeof(r->name), "%s", name);
+	r->count = count;
+	ret = submit(c, r, &r);
+	if (ret < 0)
+		return ret;
+	return aps_request_wait_tensor(r, tensor_id);
+}
