@@ -37,6 +37,7 @@ demo: build
 
 bench: build
 	$(BUILD)/tests/bench/bench_codec
+	$(BUILD)/tests/bench/bench_blas
 	$(PYTHON) tests/bench/bench_codec.py
 
 install: build
