@@ -91,8 +91,10 @@ struct aps_client {
 	pthread_cond_t done_cv;
 	struct aps_request *queue; /* new requests, oldest first (lock) */
 	bool stopping;             /* (lock) */
-	int fatal;                 /* a job-wide failure: later calls fail too (lock) */
+	int fatal;                 /* a failure for good: every later call fails too (lock) */
 	char fatal_text[APS_CLIENT_ERROR_MAX];
+	int pending; /* a job-wide error no call was waiting for: the next call's */
+	char pending_text[APS_CLIENT_ERROR_MAX];
 	struct client_tensor *tensors; /* by id (lock) */
 	uint32_t n_tensors;
 	uint64_t barrier_step;      /* (I/O thread) */

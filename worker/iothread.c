@@ -52,12 +52,16 @@ static void finish(struct aps_client *c, struct aps_request *r, int result, cons
 	pthread_mutex_unlock(&c->lock);
 }
 
+/* Fails every active request; with none, a job-wide error waits for the next call. */
 static void fail_all(struct aps_client *c, int code, const char *text, bool fatal)
 {
 	pthread_mutex_lock(&c->lock);
 	if (fatal && c->fatal == 0) {
 		c->fatal = code;
 		snprintf(c->fatal_text, sizeof(c->fatal_text), "%s", text);
+	} else if (!fatal && c->active == NULL && c->pending == 0) {
+		c->pending = code;
+		snprintf(c->pending_text, sizeof(c->pending_text), "%s", text);
 	}
 	while (c->active != NULL) {
 		struct aps_request *r = c->active;

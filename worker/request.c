@@ -40,6 +40,9 @@ static int submit(struct aps_client *c, struct aps_request *r, aps_request **out
 	pthread_mutex_lock(&c->lock);
 	if (c->fatal < 0) {
 		ret = aps_api_fail(c->fatal, "%s", c->fatal_text);
+	} else if (c->pending < 0) {
+		ret = aps_api_fail(c->pending, "%s", c->pending_text);
+		c->pending = 0;
 	} else {
 		if (r->kind == REQ_ALLREDUCE || r->kind == REQ_BROADCAST)
 			c->tensors[r->tensor_id].busy = r;

@@ -84,7 +84,7 @@ def start_worker(endpoint, rank, world, sizes, **opts):
     args = [str(WORKER), "--endpoint", endpoint, "--rank", str(rank), "--world", str(world),
             "--sizes", ",".join(str(s) for s in sizes)]
     for key, value in opts.items():
-        args += ["--" + key.replace("_", "-"), str(value)]
+        args += ["--" + key.strip("_").replace("_", "-"), str(value)]
     return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 

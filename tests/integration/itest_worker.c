@@ -12,6 +12,7 @@
 #include "common/scale.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +24,9 @@ struct args {
 	const char *endpoint, *job, *format, *downlink, *mode;
 	int rank, world, steps, jitter_ms, timeout_ms, sleep_ms;
 	enum aps_scaling scaling;
+	bool lowp;            /* the daemon runs with sum = lowp */
+	bool async;           /* start every tensor of a step, then wait in reverse */
+	uint64_t chunk_elems; /* the daemon's chunk_bytes / 4 (0: one chunk) */
 	uint64_t seed;
 	uint64_t sizes[16];
 	int n_sizes;
@@ -49,41 +53,107 @@ static void make_data(const struct args *a, int r, int s, int t, float *x, uint6
 	}
 }
 
-static int encode_like_client(const struct args *a, const struct aps_format *f, const float *x,
-                              uint64_t n, uint8_t *codes)
+static int rank_scale(const struct args *a, const struct aps_format *f, const float *x, uint64_t n,
+                      int global_k)
 {
-	struct aps_quant_opts o = { 0 };
+	int k = 0;
 
-	if (a->scaling == APS_SCALING_LOCAL && !aps_format_is_fp32(f))
-		aps_scale_local(f, aps_codec_maxabs(x, n), &o.scale_exp);
-	aps_codec_quantize(f, x, n, &o, codes, aps_format_packed_size(f, n), NULL);
-	return o.scale_exp;
+	if (aps_format_is_fp32(f) || a->scaling == APS_SCALING_NONE)
+		return 0;
+	if (a->scaling == APS_SCALING_GLOBAL)
+		return global_k;
+	aps_scale_local(f, aps_codec_maxabs(x, n), &k);
+	return k;
 }
 
-static void expected(const struct args *a, int s, int t, uint64_t n, float *want, float *tmp,
+/* Global mode: every rank's ceil(log2(N max)), the max of them, then emax - max. */
+static int global_scale(const struct args *a, const struct aps_format *f, int s, int t, uint64_t n,
+                        float *tmp)
+{
+	int e, best = APS_SCALE_ZERO_EXPONENT;
+
+	for (int r = 0; r < a->world; r++) {
+		make_data(a, r, s, t, tmp, n);
+		aps_scale_global_exponent(aps_codec_maxabs(tmp, n), a->world, &e);
+		best = e > best ? e : best;
+	}
+	return aps_scale_from_global_exponent(f, best);
+}
+
+/* Adds one rank's codes into want: exactly (fp32 sum) or rounded to f (lowp). */
+static void add_rank(const struct args *a, const struct aps_format *f, int r, const uint8_t *codes,
+                     uint64_t n, int k, float *want, float *tmp)
+{
+	size_t len = aps_format_packed_size(f, n);
+	struct aps_quant_opts raw = { 0 };
+
+	if (!a->lowp) {
+		if (r == 0)
+			aps_codec_dequantize(f, codes, len, n, k, want);
+		else
+			aps_codec_accumulate(f, codes, len, n, k, want);
+		return;
+	}
+	aps_codec_dequantize(f, codes, len, n, 0, tmp);
+	for (uint64_t i = 0; i < n; i++)
+		want[i] = r == 0 ? tmp[i] : want[i] + tmp[i];
+	/* round the running sum to the format (an e4m3 buffer needs n bytes) */
+	uint8_t *round = malloc(len);
+	aps_codec_quantize(f, want, n, &raw, round, len, NULL);
+	aps_codec_dequantize(f, round, len, n, 0, want);
+	free(round);
+}
+
+/* The downlink: each chunk encoded with its own local exponent (or k = 0). */
+static void downlink(const struct args *a, const struct aps_format *down, float *want, uint64_t n,
                      uint8_t *codes)
 {
+	uint64_t per = a->chunk_elems && a->chunk_elems < n ? a->chunk_elems : n;
+
+	for (uint64_t off = 0; off < n; off += per) {
+		uint64_t m = n - off < per ? n - off : per;
+		struct aps_quant_opts o = { 0 };
+		if (a->scaling != APS_SCALING_NONE && !aps_format_is_fp32(down))
+			aps_scale_local(down, aps_codec_maxabs(want + off, m), &o.scale_exp);
+		aps_codec_quantize(down, want + off, m, &o, codes, aps_format_packed_size(down, m),
+		                   NULL);
+		aps_codec_dequantize(down, codes, aps_format_packed_size(down, m), m, o.scale_exp,
+		                     want + off);
+	}
+}
+
+/* The result every rank must receive; 0, or 1 when a rank's data overflowed. */
+static int expected(const struct args *a, int s, int t, uint64_t n, float *want, float *tmp,
+                    uint8_t *codes)
+{
 	struct aps_format up, down;
-	int k;
+	struct aps_codec_stats st;
+	int k = 0, global_k;
 
 	aps_format_parse(a->format, &up);
 	down = up;
 	if (a->downlink != NULL)
 		aps_format_parse(a->downlink, &down);
+	global_k = a->scaling == APS_SCALING_GLOBAL ? global_scale(a, &up, s, t, n, tmp) : 0;
 	for (int r = 0; r < a->world; r++) {
+		struct aps_quant_opts o;
 		make_data(a, r, s, t, tmp, n);
-		k = encode_like_client(a, &up, tmp, n, codes);
-		if (r == 0)
-			aps_codec_dequantize(&up, codes, aps_format_packed_size(&up, n), n, k,
-			                     want);
-		else
-			aps_codec_accumulate(&up, codes, aps_format_packed_size(&up, n), n, k,
-			                     want);
+		k = rank_scale(a, &up, tmp, n, global_k);
+		o = (struct aps_quant_opts){ .scale_exp = k };
+		aps_codec_quantize(&up, tmp, n, &o, codes, aps_format_packed_size(&up, n), &st);
+		if (a->scaling == APS_SCALING_GLOBAL && st.overflow > 0)
+			return 1; /* APS.md 2: global scaling never overflows */
+		add_rank(a, &up, r, codes, n, k, want, tmp);
 	}
-	for (uint64_t i = 0; i < n && a->world > 1; i++)
-		want[i] /= (float)a->world;
-	k = encode_like_client(a, &down, want, n, codes);
-	aps_codec_dequantize(&down, codes, aps_format_packed_size(&down, n), n, k, want);
+	if (a->lowp) {
+		/* the daemon sends the sum's codes with k; the client decodes and divides */
+		for (uint64_t i = 0; i < n; i++)
+			want[i] = ldexpf(want[i], -k) / (float)a->world;
+		return 0;
+	}
+	aps_codec_divide(want, n, (float)a->world);
+	downlink(a, &down, want, n, codes);
+	return 0;
 }
 
 static int fail(int ret)
@@ -110,33 +180,91 @@ static uint32_t checksum(const float *x, uint64_t n)
 	return (uint32_t)(h ^ (h >> 32));
 }
 
-static int check_steps(const struct args *a, aps_client *c, const uint32_t *ids, float *x,
+/* Compares the result of tensor t at step s with the expectation and says so. */
+static int check_one(const struct args *a, int s, int t, const float *x, float *want, float *tmp,
+                     uint8_t *codes)
+{
+	uint64_t n = a->sizes[t];
+
+	if (expected(a, s, t, n, want, tmp, codes) != 0) {
+		printf("OVERFLOW step=%d tensor=%d: global scaling overflowed\n", s, t);
+		return 1;
+	}
+	if (memcmp(x, want, n * sizeof(float)) != 0) {
+		printf("MISMATCH step=%d tensor=%d\n", s, t);
+		return 1;
+	}
+	printf("ok step=%d tensor=%d n=%llu sum=%08x\n", s, t, (unsigned long long)n,
+	       checksum(x, n));
+	return 0;
+}
+
+static void prepare(const struct args *a, int s, int t, float *x)
+{
+	uint64_t n = a->sizes[t];
+
+	make_data(a, a->rank, s, t, x, n);
+	if (strcmp(a->mode, "nan") == 0)
+		x[n / 2] = NAN;
+	if (a->jitter_ms > 0)
+		sleep_ms((int)(mix(a->seed + (uint64_t)(a->rank * 977 + s * 31 + t)) %
+		               (uint64_t)a->jitter_ms));
+	if (a->sleep_ms > 0 && s == a->steps - 1)
+		sleep_ms(a->sleep_ms);
+}
+
+/* One step: every tensor in flight at once, waited for in reverse order. */
+static int async_step(const struct args *a, aps_client *c, int s, const uint32_t *ids, float **xs,
+                      float *want, float *tmp, uint8_t *codes)
+{
+	aps_request *req[16];
+	int ret, bad = 0;
+
+	for (int t = 0; t < a->n_sizes; t++) {
+		prepare(a, s, t, xs[t]);
+		ret = aps_client_allreduce_start(c, ids[t], xs[t], a->sizes[t], a->timeout_ms,
+		                                 &req[t]);
+		if (ret < 0) {
+			while (t-- > 0)
+				aps_request_wait(req[t]);
+			return fail(ret);
+		}
+	}
+	for (int t = a->n_sizes - 1; t >= 0; t--) {
+		ret = aps_request_wait(req[t]);
+		if (ret < 0 && bad == 0)
+			bad = fail(ret);
+	}
+	for (int t = 0; t < a->n_sizes && bad == 0; t++)
+		bad = check_one(a, s, t, xs[t], want, tmp, codes);
+	return bad;
+}
+
+static int sync_step(const struct args *a, aps_client *c, int s, const uint32_t *ids, float **xs,
+                     float *want, float *tmp, uint8_t *codes)
+{
+	int ret;
+
+	for (int t = 0; t < a->n_sizes; t++) {
+		prepare(a, s, t, xs[t]);
+		if ((ret = aps_client_allreduce(c, ids[t], xs[t], a->sizes[t], a->timeout_ms)) < 0)
+			return fail(ret);
+		if ((ret = check_one(a, s, t, xs[t], want, tmp, codes)) != 0)
+			return ret;
+	}
+	return 0;
+}
+
+static int check_steps(const struct args *a, aps_client *c, const uint32_t *ids, float **xs,
                        float *want, float *tmp, uint8_t *codes)
 {
 	int ret;
 
 	for (int s = 0; s < a->steps; s++) {
-		for (int t = 0; t < a->n_sizes; t++) {
-			uint64_t n = a->sizes[t];
-			make_data(a, a->rank, s, t, x, n);
-			if (strcmp(a->mode, "nan") == 0)
-				x[n / 2] = NAN;
-			if (a->jitter_ms > 0)
-				sleep_ms((
-				        int)(mix(a->seed + (uint64_t)(a->rank * 977 + s * 31 + t)) %
-				             (uint64_t)a->jitter_ms));
-			if (a->sleep_ms > 0 && s == a->steps - 1)
-				sleep_ms(a->sleep_ms);
-			if ((ret = aps_client_allreduce(c, ids[t], x, n, a->timeout_ms)) < 0)
-				return fail(ret);
-			expected(a, s, t, n, want, tmp, codes);
-			if (memcmp(x, want, n * sizeof(float)) != 0) {
-				printf("MISMATCH step=%d tensor=%d\n", s, t);
-				return 1;
-			}
-			printf("ok step=%d tensor=%d n=%llu sum=%08x\n", s, t,
-			       (unsigned long long)n, checksum(x, n));
-		}
+		ret = a->async ? async_step(a, c, s, ids, xs, want, tmp, codes)
+		               : sync_step(a, c, s, ids, xs, want, tmp, codes);
+		if (ret != 0)
+			return ret;
 	}
 	if ((ret = aps_client_barrier(c, a->timeout_ms)) < 0)
 		return fail(ret);
@@ -148,6 +276,7 @@ static int run(const struct args *a, aps_client *c)
 {
 	uint64_t max = 1;
 	uint32_t ids[16];
+	float *xs[16] = { 0 };
 	int ret;
 
 	for (int t = 0; t < a->n_sizes; t++) {
@@ -156,11 +285,13 @@ static int run(const struct args *a, aps_client *c)
 		if ((ret = aps_client_register(c, name, a->sizes[t], &ids[t])) < 0)
 			return fail(ret);
 		max = a->sizes[t] > max ? a->sizes[t] : max;
+		xs[t] = malloc(a->sizes[t] * sizeof(float));
 	}
-	float *x = malloc(max * 4), *want = malloc(max * 4), *tmp = malloc(max * 4);
+	float *want = malloc(max * 4), *tmp = malloc(max * 4);
 	uint8_t *codes = malloc(max * 4);
-	ret = check_steps(a, c, ids, x, want, tmp, codes);
-	free(x);
+	ret = check_steps(a, c, ids, xs, want, tmp, codes);
+	for (int t = 0; t < a->n_sizes; t++)
+		free(xs[t]);
 	free(want);
 	free(tmp);
 	free(codes);
@@ -214,6 +345,12 @@ static int parse(struct args *a, int argc, char **argv)
 			aps_scaling_parse(v, &a->scaling);
 		else if (!strcmp(k, "--sizes"))
 			parse_sizes(a, argv[i + 1]);
+		else if (!strcmp(k, "--lowp"))
+			a->lowp = atoi(v) != 0;
+		else if (!strcmp(k, "--async"))
+			a->async = atoi(v) != 0;
+		else if (!strcmp(k, "--chunk-elems"))
+			a->chunk_elems = strtoull(v, NULL, 10);
 		else
 			return -1;
 	}

@@ -217,3 +217,54 @@ def test_bad_messages_get_an_error_and_a_counter(daemon):
     log = daemon.log_path.read_text()
     assert "bad_header=1" in log and "bad_frames=1" in log and "bad_version=1" in log, log
     assert "dropped=0" in log
+
+
+# apsd II: asynchronous calls, chunks, global mode and the paper's lowp sum.
+
+def test_async_calls_complete_in_any_order(daemon):
+    sizes = [7, 100_000, 1, 4097, 33, 250_000]
+    assert_all_ok(run_workers(daemon.endpoint, 4, sizes, steps=3, async_=1, jitter_ms=8),
+                  3, len(sizes))
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e3m0", "fp32"])
+def test_chunked_tensors_are_exact(daemon_factory, fmt):
+    # 4 KiB chunks = 1024 elements: every size below crosses chunk edges differently
+    d = daemon_factory(extra=["--chunk_bytes", "4k"])
+    sizes = [1, 1023, 1024, 1025, 4097, 100_003]
+    assert_all_ok(run_workers(d.endpoint, 3, sizes, steps=2, format=fmt, chunk_elems=1024,
+                              async_=1, jitter_ms=5), 2, len(sizes))
+
+
+@pytest.mark.parametrize("fmt", ["e5m2", "e4m3", "e3m0"])
+def test_global_mode_is_identical_on_every_rank_and_never_overflows(daemon, fmt):
+    # itest_worker checks each rank's quantization at the shared k for overflow
+    sizes = [1, 7, 4097, 100_000]
+    assert_all_ok(run_workers(daemon.endpoint, 4, sizes, steps=2, format=fmt, scaling="global",
+                              jitter_ms=5), 2, len(sizes))
+
+
+def test_global_mode_batches_one_exchange_for_many_async_calls(daemon):
+    sizes = [7, 100, 1000, 4097, 5000, 20_000]
+    assert_all_ok(run_workers(daemon.endpoint, 4, sizes, steps=2, scaling="global", async_=1),
+                  2, len(sizes))
+
+
+@pytest.mark.parametrize("world", [4, 8])
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+def test_lowp_sum_reproduces_the_papers_rounded_sum(daemon_factory, world, fmt):
+    d = daemon_factory(extra=["--sum", "lowp", "--scaling", "global", "--chunk_bytes", "16k"])
+    sizes = [1, 4097, 50_000]
+    assert_all_ok(run_workers(d.endpoint, world, sizes, steps=2, format=fmt, scaling="global",
+                              lowp=1, chunk_elems=4096, jitter_ms=5), 2, len(sizes))
+
+
+def test_lowp_daemon_refuses_local_scaling(daemon_factory):
+    d = daemon_factory(extra=["--sum", "lowp", "--scaling", "global"])
+    out = run_workers(d.endpoint, 1, [7], steps=1, scaling="local", timeout_ms=3000)[0][1]
+    assert "APS_EMISMATCH" in out and "sum = lowp" in out, out
+
+
+def test_lowp_without_global_scaling_is_a_config_error():
+    p = subprocess.run([str(APSD), "--sum", "lowp"], capture_output=True, text=True, timeout=10)
+    assert p.returncode == 2 and "sum = lowp needs scaling = global" in p.stderr, p.stderr
