@@ -210,8 +210,9 @@ static void fan_out(struct aps_server *srv, struct aps_job *job, struct aps_tens
 	}
 }
 
+/* arrived_ns: when the push that completed the chunk arrived (uv_hrtime). */
 static void finish_chunk(struct aps_server *srv, struct aps_job *job, struct aps_tensor *t,
-                         uint32_t chunk)
+                         uint32_t chunk, uint64_t arrived_ns)
 {
 	struct aps_round_result res;
 	uint64_t step = t->round.step;
@@ -230,8 +231,10 @@ static void finish_chunk(struct aps_server *srv, struct aps_job *job, struct aps
 		return;
 	job->rounds_completed++;
 	srv->counters.rounds++;
-	aps_log_debug("server", "round job=%s tensor=%.80s step=%llu chunks=%u", job->name, t->name,
-	              (unsigned long long)step, t->round.n_chunks);
+	/* tail_us: from the arrival of the last push to the last RESULT handed to ZeroMQ */
+	aps_log_debug("server", "round job=%s tensor=%.80s step=%llu chunks=%u tail_us=%.1f",
+	              job->name, t->name, (unsigned long long)step, t->round.n_chunks,
+	              (double)(uv_hrtime() - arrived_ns) / 1e3);
 }
 
 /* The tensor and chunk a PUSH or BROADCAST is about, or NULL after an ERROR. */
@@ -279,6 +282,7 @@ void aps_handle_push(struct aps_server *srv, struct aps_session *s, const struct
 {
 	enum aps_round_kind kind =
 	        m->type == APS_MSG_BROADCAST ? APS_ROUND_BROADCAST : APS_ROUND_ALLREDUCE;
+	uint64_t arrived_ns = uv_hrtime();
 	struct aps_contribution c;
 	uint32_t chunk;
 	struct aps_tensor *t = pushed_chunk(srv, s, m, &chunk);
@@ -301,7 +305,7 @@ void aps_handle_push(struct aps_server *srv, struct aps_session *s, const struct
 		return;
 	}
 	if (aps_round_chunk_complete(&t->round, chunk))
-		finish_chunk(srv, s->job, t, chunk);
+		finish_chunk(srv, s->job, t, chunk, arrived_ns);
 }
 
 /* Global mode: a rank's exponents for a batch of tensors; the max of every tensor
