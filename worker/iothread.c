@@ -176,6 +176,13 @@ static bool start_new(struct aps_client *c)
 	r = c->queue;
 	c->queue = NULL;
 	stopping = c->stopping;
+	/* A job-wide error that came while these were queued is theirs. */
+	for (; r != NULL && c->pending < 0; r = next) {
+		next = r->next;
+		aps_request_finish_locked(c, r, c->pending, c->pending_text);
+		if (next == NULL)
+			c->pending = 0;
+	}
 	pthread_mutex_unlock(&c->lock);
 	for (; r != NULL; r = next) {
 		next = r->next;
