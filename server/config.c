@@ -35,6 +35,7 @@
 
 enum key_type {
 	KEY_ENDPOINT,
+	KEY_STRING, /* up to APS_CONFIG_ENDPOINT_MAX bytes; empty means automatic or off */
 	KEY_CHOICE, /* stored as an enum whose values index choices[] */
 	KEY_INT,
 	KEY_SIZE, /* uint64_t bytes; accepts k, M and G suffixes */
@@ -85,6 +86,9 @@ static const struct key keys[] = {
 	{ KEY(sum), .type = KEY_CHOICE, .choices = sums, .def = "fp32",
 	  .help = "fp32: exact sum; lowp: rounded to the format after each addition (needs "
 	          "scaling = global)" },
+	{ KEY(stats), .type = KEY_STRING, .def = "",
+	  .help = "stats socket path (default: $RUNTIME_DIRECTORY/stats.sock, else "
+	          "$XDG_RUNTIME_DIR/apsd-PORT.sock, else /tmp/apsd-UID-PORT.sock)" },
 	{ KEY(chunk_bytes), .type = KEY_SIZE, .min = KIB, .max = GIB, .def = "4M",
 	  .help = "large tensors travel in chunks of this many fp32 bytes (suffixes k, M, G)" },
 };
@@ -235,6 +239,7 @@ static void format_value(const struct key *k, const struct aps_config *cfg, char
 
 	switch (k->type) {
 	case KEY_ENDPOINT:
+	case KEY_STRING:
 		snprintf(buf, len, "%s", (const char *)field);
 		break;
 	case KEY_CHOICE:
@@ -269,6 +274,16 @@ static int range_error(const struct key *k, char *reason)
 	}
 	snprintf(reason, REASON_MAX, "must be between %s and %s", lo, hi);
 	return APS_ERANGE;
+}
+
+static int parse_string(const char *text, char *field, char *reason)
+{
+	if (strlen(text) > APS_CONFIG_ENDPOINT_MAX) {
+		snprintf(reason, REASON_MAX, "longer than %d bytes", APS_CONFIG_ENDPOINT_MAX);
+		return APS_ECONFIG;
+	}
+	strcpy(field, text);
+	return 0;
 }
 
 static int parse_endpoint(const char *text, char *field, char *reason)
@@ -378,6 +393,8 @@ static int parse_value(const struct key *k, const char *text, struct aps_config 
 	switch (k->type) {
 	case KEY_ENDPOINT:
 		return parse_endpoint(text, field, reason);
+	case KEY_STRING:
+		return parse_string(text, field, reason);
 	case KEY_CHOICE:
 		return parse_choice(k, text, field, reason);
 	case KEY_INT:
@@ -807,14 +824,18 @@ int aps_config_parse_args(struct aps_config *cfg, int argc, char **argv,
 
 static void print_key_usage(FILE *out, const struct key *k)
 {
-	static const char *const metavars[] = { "ENDPOINT", "", "N", "SIZE" };
+	static const char *const metavars[] = {
+		[KEY_ENDPOINT] = "ENDPOINT", [KEY_STRING] = "PATH",
+		[KEY_CHOICE] = "",           [KEY_INT] = "N",
+		[KEY_SIZE] = "SIZE",
+	};
 	char left[96], lo[32], hi[32];
 	int used = snprintf(left, sizeof(left), "--%s %s", k->name, metavars[k->type]);
 
 	for (int i = 0; k->type == KEY_CHOICE && k->choices[i] != NULL; i++)
 		used += snprintf(left + used, sizeof(left) - (size_t)used, "%s%s", i ? "|" : "",
 		                 k->choices[i]);
-	fprintf(out, "  %-36s default %s", left, k->def);
+	fprintf(out, "  %-36s default %s", left, k->def[0] ? k->def : "(automatic)");
 	if (k->type == KEY_INT || k->type == KEY_SIZE) {
 		format_size((uint64_t)k->min, lo, sizeof(lo));
 		format_size((uint64_t)k->max, hi, sizeof(hi));

@@ -40,16 +40,17 @@ struct aps_config {
 	char listen[APS_CONFIG_ENDPOINT_MAX + 1]; /* tcp://, ipc:// or inproc:// */
 	enum aps_log_level log_level;
 	enum aps_downlink downlink;
-	int heartbeat_ms;           /* interval between HEARTBEATs */
-	int heartbeat_timeout_ms;   /* silence after which a session is dead */
-	int max_jobs;               /* jobs alive at once */
-	int max_ranks;              /* world size limit of one job */
-	int max_tensors;            /* tensors registered by one job */
-	uint64_t max_message_bytes; /* largest payload frame accepted */
-	int drain_batch;            /* messages read per ZMQ_FD wake-up */
-	enum aps_scaling scaling;   /* of jobs whose HELLO states none */
-	enum aps_sum sum;           /* how pushes are summed */
-	uint64_t chunk_bytes;       /* chunk size of large tensors, in fp32 bytes */
+	int heartbeat_ms;                        /* interval between HEARTBEATs */
+	int heartbeat_timeout_ms;                /* silence after which a session is dead */
+	int max_jobs;                            /* jobs alive at once */
+	int max_ranks;                           /* world size limit of one job */
+	int max_tensors;                         /* tensors registered by one job */
+	uint64_t max_message_bytes;              /* largest payload frame accepted */
+	int drain_batch;                         /* messages read per ZMQ_FD wake-up */
+	enum aps_scaling scaling;                /* of jobs whose HELLO states none */
+	enum aps_sum sum;                        /* how pushes are summed */
+	uint64_t chunk_bytes;                    /* chunk size of large tensors, in fp32 bytes */
+	char stats[APS_CONFIG_ENDPOINT_MAX + 1]; /* stats socket path; "" chooses one */
 };
 
 struct aps_config_error {

@@ -205,9 +205,28 @@ static void fan_out(struct aps_server *srv, struct aps_job *job, struct aps_tens
 	r.flushed = res->stats.flushed;
 	r.flags = res->lowp_sum ? APS_MSG_FLAG_LOWP_SUM : 0;
 	for (uint32_t rank = 0; rank < job->world_size; rank++) {
-		if (job->ranks[rank] != NULL)
-			aps_server_send(srv, &job->ranks[rank]->peer, &r, res->payload);
+		struct aps_session *s = job->ranks[rank];
+		if (s == NULL)
+			continue;
+		aps_server_send(srv, &s->peer, &r, res->payload);
+		s->bytes_out += res->payload->len;
+		t->stats.bytes_out += res->payload->len;
 	}
+}
+
+/* What the stats socket shows of a finished chunk, and of a finished step. */
+static void note_result(struct aps_server *srv, struct aps_job *job, struct aps_tensor *t,
+                        const struct aps_round_result *res, uint64_t flushed)
+{
+	struct aps_tensor_stats *st = &t->stats;
+
+	st->down_scale_exp = res->scale_exp;
+	st->overflow += res->stats.overflow;
+	if (!res->step_done)
+		return;
+	st->steps++;
+	st->flushed_fraction = (double)flushed / ((double)t->count * job->world_size);
+	aps_latency_add(&srv->latency, uv_hrtime() - st->step_started_ns);
 }
 
 /* arrived_ns: when the push that completed the chunk arrived (uv_hrtime). */
@@ -215,7 +234,7 @@ static void finish_chunk(struct aps_server *srv, struct aps_job *job, struct aps
                          uint32_t chunk, uint64_t arrived_ns)
 {
 	struct aps_round_result res;
-	uint64_t step = t->round.step;
+	uint64_t step = t->round.step, flushed = t->round.flushed;
 	bool broadcast = t->round.kind == APS_ROUND_BROADCAST;
 	int ret = aps_round_finish_chunk(
 	        &t->round, chunk, job->downlink_auto ? NULL : &job->downlink, job->scaling, &res);
@@ -226,6 +245,7 @@ static void finish_chunk(struct aps_server *srv, struct aps_job *job, struct aps
 		return;
 	}
 	fan_out(srv, job, t, step, &res, broadcast ? APS_MSG_BROADCAST : APS_MSG_RESULT);
+	note_result(srv, job, t, &res, flushed);
 	aps_sbuf_unref(res.payload);
 	if (!res.step_done)
 		return;
@@ -277,6 +297,21 @@ static int contribution_of(struct aps_inmsg *in, const struct aps_msg *m,
 	return aps_zbridge_take_payload(in, &c->payload);
 }
 
+static void note_push(struct aps_tensor *t, uint32_t rank, uint32_t chunk, const struct aps_msg *m,
+                      uint64_t arrived_ns)
+{
+	struct aps_tensor_stats *st = &t->stats;
+
+	if (!aps_round_busy(&t->round))
+		st->step_started_ns = arrived_ns;
+	st->bytes_in += m->payload_len;
+	st->elements_in += m->payload != NULL ? m->chunk_count : 0;
+	if (rank == 0 && chunk == 0 && m->payload != NULL) {
+		snprintf(st->format, sizeof(st->format), "%s", m->format);
+		st->scale_exp = m->scale_exp;
+	}
+}
+
 void aps_handle_push(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m,
                      struct aps_inmsg *in)
 {
@@ -296,6 +331,7 @@ void aps_handle_push(struct aps_server *srv, struct aps_session *s, const struct
 		aps_server_send_error(srv, &s->peer, APS_ENOMEM, m, "out of memory");
 		return;
 	}
+	note_push(t, s->rank, chunk, m, arrived_ns);
 	if (aps_round_add(&t->round, s->rank, m->step, chunk, kind, &c, why, sizeof(why)) < 0) {
 		if (c.payload.release != NULL)
 			c.payload.release(c.payload.ctx);

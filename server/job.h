@@ -25,8 +25,23 @@ struct aps_session {
 	int fd;              /* connection of its last message */
 	struct aps_job *job; /* NULL until its HELLO was accepted */
 	uint32_t rank;
-	uint64_t last_seen_ms;
-	uint64_t msgs_in, bytes_in;
+	uint64_t joined_ms, last_seen_ms;
+	uint64_t msgs_in, bytes_in, bytes_out;
+	char address[64]; /* the peer's address as ZeroMQ reports it */
+};
+
+/* What the stats socket reports about a tensor. */
+struct aps_tensor_stats {
+	char format[16];          /* rank 0's uplink format at its last push */
+	int scale_exp;            /* rank 0's uplink exponent at its last push */
+	int down_scale_exp;       /* the downlink exponent of the last result chunk */
+	double flushed_fraction;  /* of the last step: flushed / (count * world_size) */
+	uint64_t overflow;        /* downlink values that saturated, over all steps */
+	uint64_t bytes_in;        /* payload bytes received */
+	uint64_t elements_in;     /* elements those bytes carried */
+	uint64_t bytes_out;       /* payload bytes sent */
+	uint64_t steps;           /* steps completed */
+	uint64_t step_started_ns; /* uv_hrtime of the step's first contribution */
 };
 
 struct aps_tensor {
@@ -35,6 +50,7 @@ struct aps_tensor {
 	uint64_t count;
 	bool *registered; /* world_size: the rank registered this tensor */
 	struct aps_round round;
+	struct aps_tensor_stats stats;
 	/* Global mode: the exponent exchange before the next push. */
 	bool *exp_has; /* world_size: the rank sent its exponent */
 	uint32_t exp_arrived;

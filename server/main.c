@@ -1,17 +1,25 @@
 /*
- * apsd: parses the configuration, starts the server on the libuv loop, and
- * stops it on SIGINT or SIGTERM (BYE to every worker, then exit 0).
+ * apsd: parses the configuration, starts the server and its stats socket on
+ * the libuv loop, and stops them on SIGINT or SIGTERM (BYE to every worker,
+ * then exit 0).
  */
 #include "common/err.h"
 #include "common/log.h"
+#include "common/statspath.h"
 #include "server/config.h"
 #include "server/server.h"
+#include "server/stats.h"
 
 #include <signal.h>
 #include <stdio.h>
 
 struct daemon {
+	struct aps_config cfg;
+	struct aps_format downlink;
+	char summary[512];
+	char stats_path[256];
 	struct aps_server *srv;
+	struct aps_stats *stats;
 	uv_signal_t sigint, sigterm;
 };
 
@@ -20,6 +28,8 @@ static void on_signal(uv_signal_t *h, int signum)
 	struct daemon *d = h->data;
 
 	aps_log_info("apsd", "stopping signal=%s", signum == SIGINT ? "SIGINT" : "SIGTERM");
+	aps_stats_close(d->stats);
+	d->stats = NULL;
 	aps_server_stop(d->srv);
 	uv_close((uv_handle_t *)&d->sigint, NULL);
 	uv_close((uv_handle_t *)&d->sigterm, NULL);
@@ -34,13 +44,14 @@ static void watch_signals(struct daemon *d, uv_loop_t *loop)
 	uv_signal_start(&d->sigterm, on_signal, SIGTERM);
 }
 
-static struct aps_server_opts server_opts(const struct aps_config *cfg, struct aps_format *downlink)
+static struct aps_server_opts server_opts(struct daemon *d)
 {
-	bool fixed = aps_config_get_downlink(cfg, downlink);
+	const struct aps_config *cfg = &d->cfg;
+	bool fixed = aps_config_get_downlink(cfg, &d->downlink);
 
 	return (struct aps_server_opts){
 		.endpoint = cfg->listen,
-		.downlink = fixed ? downlink->name : "auto",
+		.downlink = fixed ? d->downlink.name : "auto",
 		.heartbeat_ms = cfg->heartbeat_ms,
 		.heartbeat_timeout_ms = cfg->heartbeat_timeout_ms,
 		.max_message_bytes = (int64_t)cfg->max_message_bytes,
@@ -52,42 +63,59 @@ static struct aps_server_opts server_opts(const struct aps_config *cfg, struct a
 		.lowp = cfg->sum == APS_SUM_LOWP,
 		/* a multiple of 8 elements starts every chunk on a byte for every code width */
 		.chunk_elems = (size_t)(cfg->chunk_bytes / sizeof(float)) & ~(size_t)7,
+		.summary = d->summary,
 	};
+}
+
+static int start(struct daemon *d, uv_loop_t *loop)
+{
+	struct aps_server_opts opts = server_opts(d);
+	const char *path = d->stats_path;
+	int ret = aps_server_new(&d->srv, loop, &opts);
+
+	if (ret < 0) {
+		aps_log_error("apsd", "cannot start endpoint=%s reason=\"%s\"", d->cfg.listen,
+		              aps_strerror(ret));
+		return ret;
+	}
+	if (d->cfg.stats[0] != '\0')
+		snprintf(d->stats_path, sizeof(d->stats_path), "%s", d->cfg.stats);
+	else if (aps_stats_default_path(d->cfg.listen, d->stats_path, sizeof(d->stats_path)) < 0)
+		path = "";
+	ret = path[0] ? aps_stats_open(&d->stats, loop, path, d->srv) : APS_ERANGE;
+	if (ret < 0) {
+		aps_log_error("apsd", "cannot open the stats socket path=%s reason=\"%s\"", path,
+		              aps_strerror(ret));
+		aps_server_free(d->srv);
+		uv_run(loop, UV_RUN_DEFAULT);
+		return ret;
+	}
+	return 0;
 }
 
 int main(int argc, char **argv)
 {
-	struct aps_config cfg;
+	static struct daemon d;
 	struct aps_config_error err;
-	struct aps_server_opts opts;
-	struct aps_format downlink;
-	struct daemon d = { 0 };
 	bool exit_now = false;
-	char summary[512];
 	uv_loop_t *loop;
-	int ret;
 
-	aps_config_defaults(&cfg);
-	if (aps_config_parse_args(&cfg, argc, argv, &err, &exit_now) < 0) {
+	aps_config_defaults(&d.cfg);
+	if (aps_config_parse_args(&d.cfg, argc, argv, &err, &exit_now) < 0) {
 		fprintf(stderr, "apsd: %s\n", err.message);
 		return 2;
 	}
 	if (exit_now)
 		return 0;
-	aps_log_set_level((enum aps_log_level)cfg.log_level);
+	aps_log_set_level(d.cfg.log_level);
+	aps_config_describe(&d.cfg, d.summary, sizeof(d.summary));
 	signal(SIGPIPE, SIG_IGN);
 	loop = uv_default_loop();
-	opts = server_opts(&cfg, &downlink);
-	ret = aps_server_new(&d.srv, loop, &opts);
-	if (ret < 0) {
-		aps_log_error("apsd", "cannot start endpoint=%s reason=\"%s\"", cfg.listen,
-		              aps_strerror(ret));
+	if (start(&d, loop) < 0)
 		return 1;
-	}
 	watch_signals(&d, loop);
-	aps_config_describe(&cfg, summary, sizeof(summary));
-	aps_log_info("apsd", "listening endpoint=%s version=%s %s", cfg.listen, APS_VERSION,
-	             summary);
+	aps_log_info("apsd", "listening endpoint=%s stats=%s version=%s %s", d.cfg.listen,
+	             d.stats_path, APS_VERSION, d.summary);
 	uv_run(loop, UV_RUN_DEFAULT);
 	aps_server_log_counters(d.srv);
 	aps_server_free(d.srv);

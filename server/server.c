@@ -187,6 +187,10 @@ static void on_message(void *ctx, struct aps_inmsg *in)
 		return;
 	}
 	s->fd = in->fd;
+	if (s->msgs_in == 0) {
+		s->joined_ms = now_ms(srv);
+		snprintf(s->address, sizeof(s->address), "%s", in->address);
+	}
 	s->last_seen_ms = now_ms(srv);
 	s->msgs_in++;
 	s->bytes_in += in->hdr_len + in->payload_len;
@@ -230,6 +234,7 @@ int aps_server_new(struct aps_server **out, uv_loop_t *loop, const struct aps_se
 		return APS_ENOMEM;
 	srv->loop = loop;
 	srv->opts = *o;
+	srv->started_ms = uv_now(loop);
 	aps_msg_limits_init(&srv->limits);
 	srv->limits.max_ranks = o->max_ranks;
 	srv->limits.max_tensors = o->max_tensors;

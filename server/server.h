@@ -44,6 +44,7 @@ struct aps_server_opts {
 	enum aps_scaling scaling; /* of jobs whose HELLO states none */
 	bool lowp;                /* sum = lowp: the paper's rounded sum, global scaling only */
 	size_t chunk_elems;       /* elements per chunk, a multiple of 8 */
+	const char *summary;      /* the configuration in one line, for reports */
 };
 
 struct aps_server;

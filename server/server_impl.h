@@ -6,6 +6,7 @@
 #define APS_SERVER_SERVER_IMPL_H
 
 #include "server/job.h"
+#include "server/latency.h"
 #include "server/server.h"
 #include "server/zbridge.h"
 
@@ -19,6 +20,8 @@ struct aps_server {
 	struct aps_format default_downlink;
 	struct aps_server_counters counters;
 	struct aps_zbridge_counters bridge_counters; /* copied when the bridge closes */
+	struct aps_latency latency;                  /* of steps: first push to last result */
+	uint64_t started_ms;
 	bool stopping;
 };
 

@@ -127,6 +127,9 @@ static void deliver(struct aps_zbridge *b, struct frames *f)
 	m.peer.len = (uint8_t)id_len;
 	memcpy(m.peer.id, zmq_msg_data(&f->part[0]), id_len);
 	m.fd = zmq_msg_get(&f->part[1], ZMQ_SRCFD);
+	m.address = zmq_msg_gets(&f->part[1], "Peer-Address");
+	if (m.address == NULL)
+		m.address = "";
 	m.hdr = zmq_msg_data(&f->part[1]);
 	m.hdr_len = zmq_msg_size(&f->part[1]);
 	if (f->n == 3) {

@@ -32,7 +32,8 @@ struct aps_inmsg {
 	size_t hdr_len;
 	const uint8_t *payload; /* NULL when there is no payload frame */
 	size_t payload_len;
-	void *priv; /* the bridge's frames */
+	const char *address; /* the peer's address ("" when unknown) */
+	void *priv;          /* the bridge's frames */
 };
 
 struct aps_zbridge_ops {

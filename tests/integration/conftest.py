@@ -31,12 +31,16 @@ def free_port():
 class Daemon:
     """One apsd process; its log is a file read back by the tests."""
 
+    count = 0
+
     def __init__(self, tmp, transport="tcp", extra=()):
+        Daemon.count += 1
+        name = f"apsd{Daemon.count}"
         if transport == "tcp":
             self.endpoint = f"tcp://127.0.0.1:{free_port()}"
         else:
-            self.endpoint = f"ipc://{tmp}/apsd.sock"
-        self.log_path = pathlib.Path(tmp) / "apsd.log"
+            self.endpoint = f"ipc://{tmp}/{name}.sock"
+        self.log_path = pathlib.Path(tmp) / f"{name}.log"
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen([str(APSD), "--listen", self.endpoint, "--log_level",
                                       "debug", *extra], stdout=self.log, stderr=self.log)

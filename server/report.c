@@ -1,0 +1,185 @@
+/*
+ * JSON reports of the daemon's state for the stats socket (apsctl reads
+ * them): counters, latency percentiles, jobs with their stalls, workers and
+ * tensors. Read-only over the server; built with jansson.
+ */
+#include "server/report.h"
+
+#include "common/err.h"
+#include "server/server_impl.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <string.h>
+
+#define NS_PER_US 1000.0
+
+static json_t *counters(const struct aps_server *srv)
+{
+	const struct aps_server_counters *c = &srv->counters;
+	const struct aps_zbridge_counters *z =
+	        srv->bridge != NULL ? aps_zbridge_counters(srv->bridge) : &srv->bridge_counters;
+	json_t *o = json_object(), *bad = json_object();
+
+#define APS_REPORT_COUNTER(name, text) \
+	json_object_set_new(o, #name, json_integer((json_int_t)c->name));
+	APS_SERVER_COUNTER_MAP(APS_REPORT_COUNTER)
+#undef APS_REPORT_COUNTER
+#define APS_REPORT_FAULT(name, stat, text) \
+	json_object_set_new(bad, stat, json_integer((json_int_t)c->faults[APS_MSG_FAULT_##name]));
+	APS_MSG_FAULT_MAP(APS_REPORT_FAULT)
+#undef APS_REPORT_FAULT
+	json_object_set_new(o, "bad_messages", bad);
+	json_object_set_new(o, "msgs_in", json_integer((json_int_t)z->msgs_in));
+	json_object_set_new(o, "msgs_out", json_integer((json_int_t)z->msgs_out));
+	json_object_set_new(o, "bytes_in", json_integer((json_int_t)z->bytes_in));
+	json_object_set_new(o, "bytes_out", json_integer((json_int_t)z->bytes_out));
+	json_object_set_new(o, "queued", json_integer((json_int_t)z->queued));
+	json_object_set_new(o, "unroutable", json_integer((json_int_t)z->unroutable));
+	json_object_set_new(o, "dropped", json_integer((json_int_t)z->dropped));
+	return o;
+}
+
+static json_t *latency(const struct aps_server *srv)
+{
+	const struct aps_latency *l = &srv->latency;
+
+	return json_pack("{s:I, s:f, s:f, s:f}", "rounds", (json_int_t)l->count, "p50_us",
+	                 aps_latency_percentile(l, 50) / NS_PER_US, "p90_us",
+	                 aps_latency_percentile(l, 90) / NS_PER_US, "p99_us",
+	                 aps_latency_percentile(l, 99) / NS_PER_US);
+}
+
+static json_t *stats(const struct aps_server *srv)
+{
+	uint32_t sessions = 0;
+
+	for (const struct aps_session *s = srv->jobs.sessions; s != NULL; s = s->next)
+		sessions += s->job != NULL;
+	return json_pack("{s:s, s:f, s:s, s:s, s:i, s:i, s:o, s:o}", "version", APS_VERSION,
+	                 "uptime_s", (double)(uv_now(srv->loop) - srv->started_ms) / 1000.0,
+	                 "endpoint", srv->opts.endpoint, "config",
+	                 srv->opts.summary ? srv->opts.summary : "", "jobs", (int)srv->jobs.n_jobs,
+	                 "workers", (int)sessions, "round_latency", latency(srv), "counters",
+	                 counters(srv));
+}
+
+static json_t *ranks_array(const uint32_t *ranks, size_t n)
+{
+	json_t *a = json_array();
+
+	for (size_t i = 0; i < n; i++)
+		json_array_append_new(a, json_integer(ranks[i]));
+	return a;
+}
+
+/* Rounds in progress: which tensor, which step, who is missing, for how long. */
+static json_t *stalls(const struct aps_server *srv, const struct aps_job *job)
+{
+	json_t *a = json_array();
+	uint32_t missing[64];
+
+	for (uint32_t i = 0; i < job->n_tensors; i++) {
+		const struct aps_tensor *t = job->tensors[i];
+		size_t n;
+		if (!aps_round_busy(&t->round))
+			continue;
+		n = aps_round_missing(&t->round, missing, 64);
+		json_array_append_new(
+		        a, json_pack("{s:s, s:I, s:o, s:f}", "tensor", t->name, "step",
+		                     (json_int_t)t->round.step, "missing",
+		                     ranks_array(missing, n < 64 ? n : 64), "waiting_s",
+		                     (double)(uv_hrtime() - t->stats.step_started_ns) / 1e9));
+	}
+	(void)srv;
+	return a;
+}
+
+static json_t *jobs(const struct aps_server *srv)
+{
+	json_t *a = json_array();
+
+	for (const struct aps_job *j = srv->jobs.jobs; j != NULL; j = j->next) {
+		uint64_t step = 0;
+		for (uint32_t i = 0; i < j->n_tensors; i++)
+			step = j->tensors[i]->round.step > step ? j->tensors[i]->round.step : step;
+		json_array_append_new(
+		        a,
+		        json_pack("{s:s, s:i, s:i, s:s, s:s, s:b, s:i, s:I, s:I, s:o}", "name",
+		                  j->name, "world_size", (int)j->world_size, "connected",
+		                  (int)aps_job_connected(j), "scaling",
+		                  aps_scaling_name(j->scaling), "downlink",
+		                  j->downlink_auto ? "auto" : j->downlink.name, "lowp", j->lowp,
+		                  "tensors", (int)j->n_tensors, "step", (json_int_t)step, "rounds",
+		                  (json_int_t)j->rounds_completed, "stalls", stalls(srv, j)));
+	}
+	return a;
+}
+
+static json_t *workers(const struct aps_server *srv)
+{
+	uint64_t now = uv_now(srv->loop);
+	json_t *a = json_array();
+
+	for (const struct aps_session *s = srv->jobs.sessions; s != NULL; s = s->next) {
+		if (s->job == NULL)
+			continue;
+		json_array_append_new(
+		        a,
+		        json_pack("{s:s, s:i, s:s, s:f, s:f, s:I, s:I, s:I}", "job", s->job->name,
+		                  "rank", (int)s->rank, "address", s->address, "connected_s",
+		                  (double)(now - s->joined_ms) / 1000.0, "last_seen_s",
+		                  (double)(now - s->last_seen_ms) / 1000.0, "msgs_in",
+		                  (json_int_t)s->msgs_in, "bytes_in", (json_int_t)s->bytes_in,
+		                  "bytes_out", (json_int_t)s->bytes_out));
+	}
+	return a;
+}
+
+static json_t *tensor(const struct aps_job *j, const struct aps_tensor *t)
+{
+	const struct aps_tensor_stats *st = &t->stats;
+	double ratio = st->bytes_in ? (double)st->elements_in * 4.0 / (double)st->bytes_in : 0.0;
+
+	return json_pack("{s:s, s:s, s:i, s:I, s:s, s:s, s:i, s:i, s:f, s:I, s:I, s:I, s:f, s:I}",
+	                 "job", j->name, "name", t->name, "id", (int)t->id, "count",
+	                 (json_int_t)t->count, "format", st->format, "scaling",
+	                 aps_scaling_name(j->scaling), "scale_exp", st->scale_exp, "down_scale_exp",
+	                 st->down_scale_exp, "flushed_fraction", st->flushed_fraction, "overflow",
+	                 (json_int_t)st->overflow, "bytes_in", (json_int_t)st->bytes_in,
+	                 "bytes_out", (json_int_t)st->bytes_out, "compression", ratio, "steps",
+	                 (json_int_t)st->steps);
+}
+
+static json_t *tensors(const struct aps_server *srv)
+{
+	json_t *a = json_array();
+
+	for (const struct aps_job *j = srv->jobs.jobs; j != NULL; j = j->next) {
+		for (uint32_t i = 0; i < j->n_tensors; i++)
+			json_array_append_new(a, tensor(j, j->tensors[i]));
+	}
+	return a;
+}
+
+int aps_report_build(const struct aps_server *srv, const char *command, char **out)
+{
+	json_t *doc;
+
+	if (strcmp(command, "stats") == 0)
+		doc = stats(srv);
+	else if (strcmp(command, "jobs") == 0)
+		doc = json_pack("{s:o}", "jobs", jobs(srv));
+	else if (strcmp(command, "workers") == 0)
+		doc = json_pack("{s:o}", "workers", workers(srv));
+	else if (strcmp(command, "tensors") == 0)
+		doc = json_pack("{s:o}", "tensors", tensors(srv));
+	else
+		doc = json_pack("{s:s}", "error",
+		                "unknown command: send one of stats, jobs, workers, tensors");
+	if (doc == NULL)
+		return APS_ENOMEM;
+	*out = json_dumps(doc, JSON_COMPACT | JSON_REAL_PRECISION(6));
+	json_decref(doc);
+	return *out != NULL ? 0 : APS_ENOMEM;
+}

@@ -1,0 +1,19 @@
+/*
+ * The documents the stats socket serves: one JSON object per command
+ * ("stats", "jobs", "workers", "tensors"), built from the server's state.
+ */
+#ifndef APS_SERVER_REPORT_H
+#define APS_SERVER_REPORT_H
+
+#include <stddef.h>
+
+struct aps_server;
+
+/*
+ * Builds the document for command into a malloc'd NUL-terminated string
+ * (*out, freed by the caller). An unknown command gives {"error": ...}.
+ * Returns 0 or APS_ENOMEM.
+ */
+int aps_report_build(const struct aps_server *srv, const char *command, char **out);
+
+#endif

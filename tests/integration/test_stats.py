@@ -1,0 +1,146 @@
+"""The stats socket and apsctl against a real daemon with real workers."""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+
+import pytest
+
+from conftest import APSD, BUILD, start_worker
+
+APSCTL = BUILD / "worker" / "apsctl"
+
+
+def ask(path, command, timeout=5):
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(timeout)
+        s.connect(str(path))
+        s.sendall(command.encode() + b"\n")
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    return json.loads(data)
+
+
+def stats_path(daemon):
+    for line in daemon.log_path.read_text().splitlines():
+        if "listening" in line:
+            return line.split("stats=")[1].split()[0]
+    raise AssertionError("no stats path in the log")
+
+
+def test_reports_jobs_workers_tensors_and_stalls(daemon):
+    path = stats_path(daemon)
+    # rank 1 stalls before its last step: the job shows who is missing
+    procs = [start_worker(daemon.endpoint, r, 2, [7, 4097], steps=3, timeout_ms=20000,
+                          sleep_ms=(2500 if r == 1 else 0)) for r in range(2)]
+    time.sleep(1.2)
+    jobs = ask(path, "jobs")["jobs"]
+    assert len(jobs) == 1 and jobs[0]["world_size"] == 2 and jobs[0]["connected"] == 2
+    stall = jobs[0]["stalls"][0]
+    assert stall["missing"] == [1] and stall["waiting_s"] > 0.5, jobs
+    workers = ask(path, "workers")["workers"]
+    assert sorted(w["rank"] for w in workers) == [0, 1]
+    assert all(w["address"] == "127.0.0.1" and w["bytes_in"] > 0 for w in workers)
+    tensors = ask(path, "tensors")["tensors"]  # two steps are done, the third waits
+    big = [t for t in tensors if t["count"] == 4097][0]
+    assert big["format"] == "e4m3" and big["steps"] == 2 and big["scaling"] == "local"
+    assert 3.9 < big["compression"] <= 4.0 and big["flushed_fraction"] < 0.01
+    st = ask(path, "stats")
+    assert st["counters"]["rounds"] == 4 and st["counters"]["dropped"] == 0
+    assert st["round_latency"]["rounds"] == 4 and st["round_latency"]["p99_us"] > 0
+    for p in procs:
+        assert p.wait(timeout=30) == 0, p.stdout.read()
+    assert "bad_crc" in st["counters"]["bad_messages"]
+    assert "error" in ask(path, "bogus")
+
+
+def test_hostile_stats_clients_do_not_stall_rounds(daemon):
+    path = stats_path(daemon)
+    idle = []
+    for _ in range(40):  # more than the daemon serves at once, none says anything
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(path)
+        idle.append(s)
+    flood = socket.socket(socket.AF_UNIX)
+    flood.connect(path)
+    try:
+        flood.sendall(b"x" * 100_000)  # a line that never ends is cut off
+    except OSError:
+        pass
+    start = time.monotonic()
+    procs = [start_worker(daemon.endpoint, r, 2, [4097], steps=20) for r in range(2)]
+    for p in procs:
+        assert p.wait(timeout=30) == 0
+    assert time.monotonic() - start < 10
+    for s in idle + [flood]:
+        s.close()
+    assert ask(path, "stats")["counters"]["rounds"] == 20
+
+
+def test_two_daemons_get_two_sockets_and_a_stale_one_is_replaced(daemon_factory, tmp_path):
+    a, b = daemon_factory(), daemon_factory()
+    assert stats_path(a) != stats_path(b)
+    stale = tmp_path / "stale.sock"
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(stale))
+    s.close()  # the file stays, nobody listens: what a crashed daemon leaves
+    c = daemon_factory(extra=["--stats", str(stale)])
+    assert ask(stale, "stats")["endpoint"] == c.endpoint
+    # a socket a live daemon answers on is not taken over
+    p = subprocess.run([str(APSD), "--listen", "tcp://127.0.0.1:1", "--stats", str(stale)],
+                       capture_output=True, text=True, timeout=10)
+    assert p.returncode == 1 and "another apsd" in p.stderr, p.stderr
+
+
+def test_apsctl_prints_tables_and_json(daemon):
+    path = stats_path(daemon)
+    procs = [start_worker(daemon.endpoint, r, 2, [4097], steps=3, sleep_ms=1500)
+             for r in range(2)]
+    time.sleep(0.8)  # two steps done, both ranks sleep before the third
+    out = subprocess.run([str(APSCTL), "--stats", path, "tensors"], capture_output=True,
+                         text=True, timeout=10)
+    assert out.returncode == 0 and "layer0.weight" in out.stdout and "e4m3" in out.stdout
+    out = subprocess.run([str(APSCTL), "--stats", path, "stats", "--json"], capture_output=True,
+                         text=True, timeout=10)
+    assert json.loads(out.stdout)["counters"]["rounds"] == 2
+    for p in procs:
+        p.wait(timeout=30)
+    out = subprocess.run([str(APSCTL), "--stats", "/nonexistent.sock", "stats"],
+                         capture_output=True, text=True, timeout=10)
+    assert out.returncode == 1 and "is apsd running" in out.stderr
+    assert subprocess.run([str(APSCTL)], capture_output=True, timeout=10).returncode == 2
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+def test_apsctl_top_refreshes_and_quits_on_q(daemon):
+    path = stats_path(daemon)
+    session = f"apsctl-top-{os.getpid()}"
+    procs = [start_worker(daemon.endpoint, r, 2, [4097], steps=200) for r in range(2)]
+    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "120", "-y", "40",
+                    f"{APSCTL} --stats {path} top; echo EXITED; sleep 30"], check=True)
+    try:
+        screen = ""
+        for _ in range(50):
+            time.sleep(0.2)
+            screen = subprocess.run(["tmux", "capture-pane", "-p", "-t", session],
+                                    capture_output=True, text=True).stdout
+            if "rounds/s" in screen and "default" in screen:
+                break
+        assert "rounds/s" in screen and "slowest ranks" in screen, screen
+        subprocess.run(["tmux", "send-keys", "-t", session, "q"], check=True)
+        for _ in range(50):
+            time.sleep(0.1)
+            screen = subprocess.run(["tmux", "capture-pane", "-p", "-t", session],
+                                    capture_output=True, text=True).stdout
+            if "EXITED" in screen:
+                break
+        assert "EXITED" in screen, screen
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+        for p in procs:
+            p.kill()
+            p.wait()
