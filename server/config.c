@@ -89,6 +89,8 @@ static const struct key keys[] = {
 	{ KEY(stats), .type = KEY_STRING, .def = "",
 	  .help = "stats socket path (default: $RUNTIME_DIRECTORY/stats.sock, else "
 	          "$XDG_RUNTIME_DIR/apsd-PORT.sock, else /tmp/apsd-UID-PORT.sock)" },
+	{ KEY(metrics_listen), .type = KEY_STRING, .def = "",
+	  .help = "ADDR:PORT where GET /metrics serves Prometheus metrics (default: off)" },
 	{ KEY(chunk_bytes), .type = KEY_SIZE, .min = KIB, .max = GIB, .def = "4M",
 	  .help = "large tensors travel in chunks of this many fp32 bytes (suffixes k, M, G)" },
 };

@@ -51,6 +51,7 @@ struct aps_config {
 	enum aps_sum sum;                        /* how pushes are summed */
 	uint64_t chunk_bytes;                    /* chunk size of large tensors, in fp32 bytes */
 	char stats[APS_CONFIG_ENDPOINT_MAX + 1]; /* stats socket path; "" chooses one */
+	char metrics_listen[APS_CONFIG_ENDPOINT_MAX + 1]; /* "ADDR:PORT", "" for none */
 };
 
 struct aps_config_error {

@@ -7,6 +7,7 @@
 #include "common/log.h"
 #include "common/statspath.h"
 #include "server/config.h"
+#include "server/metrics.h"
 #include "server/server.h"
 #include "server/stats.h"
 
@@ -20,6 +21,7 @@ struct daemon {
 	char stats_path[256];
 	struct aps_server *srv;
 	struct aps_stats *stats;
+	struct aps_metrics *metrics;
 	uv_signal_t sigint, sigterm;
 };
 
@@ -30,6 +32,8 @@ static void on_signal(uv_signal_t *h, int signum)
 	aps_log_info("apsd", "stopping signal=%s", signum == SIGINT ? "SIGINT" : "SIGTERM");
 	aps_stats_close(d->stats);
 	d->stats = NULL;
+	aps_metrics_close(d->metrics);
+	d->metrics = NULL;
 	aps_server_stop(d->srv);
 	uv_close((uv_handle_t *)&d->sigint, NULL);
 	uv_close((uv_handle_t *)&d->sigterm, NULL);
@@ -83,9 +87,13 @@ static int start(struct daemon *d, uv_loop_t *loop)
 	else if (aps_stats_default_path(d->cfg.listen, d->stats_path, sizeof(d->stats_path)) < 0)
 		path = "";
 	ret = path[0] ? aps_stats_open(&d->stats, loop, path, d->srv) : APS_ERANGE;
-	if (ret < 0) {
+	if (ret < 0)
 		aps_log_error("apsd", "cannot open the stats socket path=%s reason=\"%s\"", path,
 		              aps_strerror(ret));
+	if (ret == 0 && d->cfg.metrics_listen[0] != '\0')
+		ret = aps_metrics_open(&d->metrics, loop, d->cfg.metrics_listen, d->srv);
+	if (ret < 0) {
+		aps_stats_close(d->stats);
 		aps_server_free(d->srv);
 		uv_run(loop, UV_RUN_DEFAULT);
 		return ret;

@@ -144,3 +144,32 @@ def test_apsctl_top_refreshes_and_quits_on_q(daemon):
         for p in procs:
             p.kill()
             p.wait()
+
+
+def test_prometheus_metrics_pass_promtool(daemon_factory):
+    import urllib.error
+    import urllib.request
+
+    from conftest import free_port
+    port = free_port()
+    d = daemon_factory(extra=["--metrics_listen", f"127.0.0.1:{port}"])
+    procs = [start_worker(d.endpoint, r, 2, [7, 4097], steps=3, sleep_ms=1500)
+             for r in range(2)]
+    time.sleep(0.8)
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        assert r.status == 200 and r.headers["Content-Type"].startswith("text/plain")
+        text = r.read().decode()
+    assert 'apsd_rounds_total 4' in text, text
+    assert 'apsd_bad_messages_total{kind="bad_crc"} 0' in text
+    assert 'apsd_tensor_bytes_in_total{job="default",tensor="layer1.weight"}' in text
+    assert 'apsd_round_latency_seconds{quantile="0.99"}' in text
+    promtool = shutil.which("promtool")
+    if promtool:
+        check = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
+                               text=True, timeout=20)
+        assert check.returncode == 0, check.stdout + check.stderr
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/nothing", timeout=5)
+    assert err.value.code == 404
+    for p in procs:
+        assert p.wait(timeout=30) == 0
