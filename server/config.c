@@ -91,6 +91,8 @@ static const struct key keys[] = {
 	          "$XDG_RUNTIME_DIR/apsd-PORT.sock, else /tmp/apsd-UID-PORT.sock)" },
 	{ KEY(metrics_listen), .type = KEY_STRING, .def = "",
 	  .help = "ADDR:PORT where GET /metrics serves Prometheus metrics (default: off)" },
+	{ KEY(trace), .type = KEY_STRING, .def = "",
+	  .help = "write a Chrome-trace timeline of every round stage to this file (default: off)" },
 	{ KEY(chunk_bytes), .type = KEY_SIZE, .min = KIB, .max = GIB, .def = "4M",
 	  .help = "large tensors travel in chunks of this many fp32 bytes (suffixes k, M, G)" },
 };

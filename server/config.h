@@ -52,6 +52,7 @@ struct aps_config {
 	uint64_t chunk_bytes;                    /* chunk size of large tensors, in fp32 bytes */
 	char stats[APS_CONFIG_ENDPOINT_MAX + 1]; /* stats socket path; "" chooses one */
 	char metrics_listen[APS_CONFIG_ENDPOINT_MAX + 1]; /* "ADDR:PORT", "" for none */
+	char trace[APS_CONFIG_ENDPOINT_MAX + 1];          /* timeline file, "" for none */
 };
 
 struct aps_config_error {

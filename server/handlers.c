@@ -169,6 +169,10 @@ void aps_handle_register(struct aps_server *srv, struct aps_session *s, const st
 	if (t == NULL) {
 		ret = aps_job_add_tensor(job, m->tensor_name, m->total_count, srv->opts.max_tensors,
 		                         &t);
+		if (ret == 0) {
+			t->round.trace = srv->opts.trace;
+			t->round.label = t->name;
+		}
 		if (ret < 0) {
 			aps_server_send_error(srv, &s->peer, ret, m,
 			                      "cannot register tensor '%.80s': %s", m->tensor_name,
@@ -204,6 +208,7 @@ static void fan_out(struct aps_server *srv, struct aps_job *job, struct aps_tens
 	r.scaling = (int)job->scaling;
 	r.flushed = res->stats.flushed;
 	r.flags = res->lowp_sum ? APS_MSG_FLAG_LOWP_SUM : 0;
+	uint64_t t0 = srv->opts.trace != NULL ? aps_trace_now() : 0;
 	for (uint32_t rank = 0; rank < job->world_size; rank++) {
 		struct aps_session *s = job->ranks[rank];
 		if (s == NULL)
@@ -212,6 +217,8 @@ static void fan_out(struct aps_server *srv, struct aps_job *job, struct aps_tens
 		s->bytes_out += res->payload->len;
 		t->stats.bytes_out += res->payload->len;
 	}
+	aps_trace_stage(srv->opts.trace, "send", t0, t->name, step,
+	                (uint32_t)(res->offset / t->round.chunk_elems));
 }
 
 /* What the stats socket shows of a finished chunk, and of a finished step. */

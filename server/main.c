@@ -6,6 +6,7 @@
 #include "common/err.h"
 #include "common/log.h"
 #include "common/statspath.h"
+#include "common/trace.h"
 #include "server/config.h"
 #include "server/metrics.h"
 #include "server/server.h"
@@ -22,6 +23,7 @@ struct daemon {
 	struct aps_server *srv;
 	struct aps_stats *stats;
 	struct aps_metrics *metrics;
+	struct aps_trace *trace;
 	uv_signal_t sigint, sigterm;
 };
 
@@ -68,15 +70,23 @@ static struct aps_server_opts server_opts(struct daemon *d)
 		/* a multiple of 8 elements starts every chunk on a byte for every code width */
 		.chunk_elems = (size_t)(cfg->chunk_bytes / sizeof(float)) & ~(size_t)7,
 		.summary = d->summary,
+		.trace = d->trace,
 	};
 }
 
 static int start(struct daemon *d, uv_loop_t *loop)
 {
-	struct aps_server_opts opts = server_opts(d);
+	struct aps_server_opts opts;
 	const char *path = d->stats_path;
-	int ret = aps_server_new(&d->srv, loop, &opts);
+	int ret = 0;
 
+	if (d->cfg.trace[0] != '\0' &&
+	    (ret = aps_trace_open(&d->trace, d->cfg.trace, "apsd")) < 0) {
+		aps_log_error("apsd", "cannot write the trace path=%s", d->cfg.trace);
+		return ret;
+	}
+	opts = server_opts(d);
+	ret = aps_server_new(&d->srv, loop, &opts);
 	if (ret < 0) {
 		aps_log_error("apsd", "cannot start endpoint=%s reason=\"%s\"", d->cfg.listen,
 		              aps_strerror(ret));
@@ -127,6 +137,7 @@ int main(int argc, char **argv)
 	uv_run(loop, UV_RUN_DEFAULT);
 	aps_server_log_counters(d.srv);
 	aps_server_free(d.srv);
+	aps_trace_close(d.trace);
 	uv_loop_close(loop);
 	aps_log_info("apsd", "stopped");
 	return 0;

@@ -124,14 +124,17 @@ static void sum_one(struct aps_round *r, uint32_t chunk, const struct aps_contri
 	size_t n = chunk_len(r, chunk);
 	/* lowp sums the codes as they are (times 2^k): every rank has the same k. */
 	int k = r->lowp ? 0 : c->scale_exp;
+	uint64_t t0 = r->trace != NULL ? aps_trace_now() : 0;
 
 	if (first) {
 		aps_codec_dequantize(&c->fmt, p->data, p->len, n, k, acc);
+		aps_trace_stage(r->trace, "dequantize", t0, r->label, r->step, chunk);
 		return;
 	}
 	aps_codec_accumulate(&c->fmt, p->data, p->len, n, k, acc);
 	if (r->lowp)
 		round_to_format(r, &c->fmt, acc, n);
+	aps_trace_stage(r->trace, "sum", t0, r->label, r->step, chunk);
 }
 
 /* Sums every held contribution of chunk whose turn has come, in rank order. */
@@ -281,6 +284,7 @@ int aps_round_finish_chunk(struct aps_round *r, uint32_t chunk, const struct aps
 {
 	size_t n = chunk_len(r, chunk);
 	float *acc = r->acc + (size_t)chunk * r->chunk_elems;
+	uint64_t t0 = r->trace != NULL ? aps_trace_now() : 0;
 	int ret;
 
 	memset(res, 0, sizeof(*res));
@@ -290,6 +294,7 @@ int aps_round_finish_chunk(struct aps_round *r, uint32_t chunk, const struct aps
 	if (r->kind == APS_ROUND_ALLREDUCE && !r->lowp)
 		aps_codec_divide(acc, n, (float)r->world_size);
 	ret = encode(acc, n, scaling, res);
+	aps_trace_stage(r->trace, "quantize", t0, r->label, r->step, chunk);
 	if (r->lowp)
 		res->scale_exp = r->held[(size_t)chunk * r->world_size].scale_exp;
 	if (ret < 0) {

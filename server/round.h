@@ -14,6 +14,7 @@
 #include "common/format.h"
 #include "common/sbuf.h"
 #include "common/scale.h"
+#include "common/trace.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -66,6 +67,8 @@ struct aps_round {
 	struct aps_format step_fmt;    /* uplink format, the "auto" downlink */
 	int step_scale;                /* lowp: every rank's k */
 	uint64_t flushed;              /* sum of the ranks' flushed counts this step */
+	struct aps_trace *trace;       /* borrowed; NULL: no timeline */
+	const char *label;             /* the tensor's name, for the timeline */
 };
 
 struct aps_round_result {

@@ -173,12 +173,16 @@ static void on_message(void *ctx, struct aps_inmsg *in)
 		                      in->nframes);
 		return;
 	}
+	uint64_t t0 = srv->opts.trace != NULL ? aps_trace_now() : 0;
+
 	if (aps_msg_parse(&srv->limits, in->hdr, in->hdr_len, in->payload, in->payload_len,
 	                  in->payload != NULL, &m, &fault) < 0) {
 		srv->counters.faults[fault.kind]++;
 		aps_server_send_error(srv, &in->peer, APS_EPROTO, NULL, "%s", fault.text);
 		return;
 	}
+	aps_trace_stage(srv->opts.trace, "receive", t0, aps_msg_type_name(m.type), m.step,
+	                (uint32_t)m.tensor_id);
 	s = aps_jobs_find_session(&srv->jobs, &in->peer);
 	if (!session_may_send(srv, s, &m, &in->peer))
 		return;

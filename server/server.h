@@ -45,6 +45,7 @@ struct aps_server_opts {
 	bool lowp;                /* sum = lowp: the paper's rounded sum, global scaling only */
 	size_t chunk_elems;       /* elements per chunk, a multiple of 8 */
 	const char *summary;      /* the configuration in one line, for reports */
+	struct aps_trace *trace;  /* borrowed; NULL: no timeline */
 };
 
 struct aps_server;

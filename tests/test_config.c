@@ -124,12 +124,12 @@ static void test_config_defaults(void **state)
 	assert_true(cfg.max_message_bytes == 1024ull * 1024 * 1024);
 	assert_int_equal(cfg.drain_batch, 256);
 	aps_config_describe(&cfg, line, sizeof(line));
-	assert_string_equal(
-	        line,
-	        "listen=tcp://127.0.0.1:5555 log_level=info downlink=auto "
-	        "heartbeat_ms=1000 heartbeat_timeout_ms=5000 max_jobs=64 "
-	        "max_ranks=1024 max_tensors=65536 max_message_bytes=1G "
-	        "drain_batch=256 scaling=local sum=fp32 stats= metrics_listen= chunk_bytes=4M");
+	assert_string_equal(line,
+	                    "listen=tcp://127.0.0.1:5555 log_level=info downlink=auto "
+	                    "heartbeat_ms=1000 heartbeat_timeout_ms=5000 max_jobs=64 "
+	                    "max_ranks=1024 max_tensors=65536 max_message_bytes=1G "
+	                    "drain_batch=256 scaling=local sum=fp32 stats= metrics_listen= trace= "
+	                    "chunk_bytes=4M");
 }
 
 static void test_config_valid_file(void **state)

@@ -130,6 +130,8 @@ struct aps_client_opts {
 	int32_t heartbeat_ms; /* liveness while waiting, default 1000 */
 	aps_log_fn log;       /* NULL: no diagnostics */
 	void *log_ctx;
+	const char *trace; /* Chrome-trace timeline file of every call's stages (scan,
+	                      quantize, push, wait, dequantize); NULL: $APS_TRACE, or off */
 };
 
 /** Fills o with the defaults (rank 0 of a world of 1). */

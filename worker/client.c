@@ -177,6 +177,18 @@ static int hello(struct aps_client *c, const struct aps_client_opts *o)
 	return await_welcome(c);
 }
 
+static void open_trace(struct aps_client *c, const struct aps_client_opts *o)
+{
+	const char *path = o->trace != NULL ? o->trace : getenv("APS_TRACE");
+	char name[96];
+
+	if (path == NULL || path[0] == '\0')
+		return;
+	snprintf(name, sizeof(name), "aps worker %s rank %u", c->job, c->rank);
+	if (aps_trace_open(&c->trace, path, name) < 0)
+		aps_client_log(c, 1, "cannot write the trace file %s", path);
+}
+
 static int start_io(struct aps_client *c)
 {
 	c->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -195,6 +207,7 @@ static void free_client(struct aps_client *c)
 	aps_transport_close(c->tr, 0);
 	if (c->wake_fd >= 0)
 		close(c->wake_fd);
+	aps_trace_close(c->trace);
 	free(c->tensors);
 	free(c);
 }
@@ -219,8 +232,10 @@ int aps_client_new(aps_client **out, const struct aps_client_opts *o)
 		                    aps_transport_strerror());
 	}
 	ret = hello(c, o);
-	if (ret == 0)
+	if (ret == 0) {
+		open_trace(c, o);
 		ret = start_io(c);
+	}
 	if (ret < 0) {
 		free_client(c);
 		return ret;

@@ -13,6 +13,7 @@
 #include "common/format.h"
 #include "common/sbuf.h"
 #include "common/scale.h"
+#include "common/trace.h"
 #include "proto/validate.h"
 #include "worker/aps.h"
 #include "worker/transport.h"
@@ -61,6 +62,7 @@ struct aps_request {
 	int32_t exponent; /* global mode: this rank's ceil(log2(N max)) */
 	uint64_t flushed;
 	uint32_t chunks, chunks_done;
+	uint64_t sent_ns; /* when its data left, for the timeline's "wait" */
 	int timeout_ms;
 	int64_t deadline_ms, next_heartbeat_ms;
 	uint32_t waiting[APS_CLIENT_WAITING_MAX]; /* from the daemon's heartbeat reply */
@@ -83,6 +85,7 @@ struct aps_client {
 	int timeout_ms, heartbeat_ms;
 	aps_log_fn log;
 	void *log_ctx;
+	struct aps_trace *trace; /* NULL: no timeline */
 	struct aps_msg_limits limits;
 	pthread_t io;
 	bool io_started;

@@ -86,6 +86,7 @@ static int send_chunks(struct aps_client *c, struct aps_request *r)
 {
 	enum aps_msg_type type = r->kind == REQ_BROADCAST ? APS_MSG_BROADCAST : APS_MSG_PUSH;
 	size_t per = r->chunk_elems ? r->chunk_elems : r->count;
+	uint64_t t0 = c->trace != NULL ? aps_trace_now() : 0;
 
 	r->chunks = (uint32_t)((r->count + per - 1) / per);
 	for (uint32_t i = 0; i < r->chunks; i++) {
@@ -110,6 +111,8 @@ static int send_chunks(struct aps_client *c, struct aps_request *r)
 		                    aps_format_packed_size(&r->fmt, n)) < 0)
 			return APS_ECONN;
 	}
+	aps_trace_stage(c->trace, "push", t0, r->name, r->step, r->chunks);
+	r->sent_ns = aps_trace_now();
 	return 0;
 }
 
@@ -265,15 +268,20 @@ static void on_result(struct aps_client *c, const struct aps_msg *m)
 	    aps_format_parse(m->format, &f) < 0 || m->payload == NULL)
 		return finish(c, r, APS_EPROTO, "a result does not match its tensor");
 	out = r->buf + m->chunk_offset;
+	uint64_t t0 = c->trace != NULL ? aps_trace_now() : 0;
 	if (aps_codec_dequantize(&f, m->payload, m->payload_len, m->chunk_count, m->scale_exp,
 	                         out) < 0)
 		return finish(c, r, APS_EPROTO, "a result chunk is too short");
 	/* The paper's lowp sum arrives as the sum: the mean is ours to take, in fp32. */
 	if (m->flags & APS_MSG_FLAG_LOWP_SUM)
 		aps_codec_divide(out, m->chunk_count, (float)c->world_size);
+	aps_trace_stage(c->trace, "dequantize", t0, r->name, r->step,
+	                (uint32_t)(m->chunk_offset / (r->chunk_elems ? r->chunk_elems : r->count)));
 	r->deadline_ms = aps_client_now_ms() + r->timeout_ms;
-	if (++r->chunks_done == r->chunks)
-		finish(c, r, 0, NULL);
+	if (++r->chunks_done < r->chunks)
+		return;
+	aps_trace_stage(c->trace, "wait", r->sent_ns, r->name, r->step, r->chunks);
+	finish(c, r, 0, NULL);
 }
 
 /* Global mode: the shared exponents; each waiting tensor encodes and sends. */

@@ -63,28 +63,34 @@ int aps_request_encode(struct aps_client *c, struct aps_request *r)
 	struct aps_quant_opts o = { .scale_exp = r->scale_exp };
 	struct aps_codec_stats st;
 	size_t len = aps_format_packed_size(&r->fmt, r->count);
+	uint64_t t0 = c->trace != NULL ? aps_trace_now() : 0;
 
 	r->codes = aps_sbuf_new(len);
 	if (r->codes == NULL)
 		return APS_ENOMEM;
 	aps_codec_quantize(&r->fmt, r->buf, r->count, &o, r->codes->data, len, &st);
 	r->flushed = st.flushed;
-	(void)c;
+	aps_trace_stage(c->trace, "quantize", t0, r->name, r->step, 0);
 	return 0;
 }
 
 /* The APS exponent, or in global mode this rank's half of the exchange. */
 static int scale(struct aps_client *c, struct aps_request *r)
 {
+	uint64_t t0 = c->trace != NULL ? aps_trace_now() : 0;
 	float maxabs;
+	int ret;
 
 	r->scale_exp = 0;
 	if (c->scaling == APS_SCALING_NONE || aps_format_is_fp32(&r->fmt))
 		return 0;
 	maxabs = aps_codec_maxabs(r->buf, r->count);
 	if (c->scaling == APS_SCALING_LOCAL)
-		return aps_scale_local(&r->fmt, maxabs, &r->scale_exp);
-	return aps_scale_global_exponent(maxabs, (int)c->world_size, &r->exponent);
+		ret = aps_scale_local(&r->fmt, maxabs, &r->scale_exp);
+	else
+		ret = aps_scale_global_exponent(maxabs, (int)c->world_size, &r->exponent);
+	aps_trace_stage(c->trace, "scan", t0, r->name, r->step, 0);
+	return ret;
 }
 
 /* Checks the tensor of a data call and fills r's tensor fields (lock held). */

@@ -84,12 +84,13 @@ def daemon(daemon_factory):
     return daemon_factory()
 
 
-def start_worker(endpoint, rank, world, sizes, **opts):
+def start_worker(endpoint, rank, world, sizes, env=None, **opts):
     args = [str(WORKER), "--endpoint", endpoint, "--rank", str(rank), "--world", str(world),
             "--sizes", ",".join(str(s) for s in sizes)]
     for key, value in opts.items():
         args += ["--" + key.strip("_").replace("_", "-"), str(value)]
-    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=None if env is None else {**os.environ, **env})
 
 
 def run_workers(endpoint, world, sizes, timeout=120, **opts):

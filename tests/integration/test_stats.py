@@ -173,3 +173,24 @@ def test_prometheus_metrics_pass_promtool(daemon_factory):
     assert err.value.code == 404
     for p in procs:
         assert p.wait(timeout=30) == 0
+
+
+def test_trace_timelines_of_daemon_and_workers(daemon_factory, tmp_path):
+    trace = tmp_path / "apsd.trace.json"
+    d = daemon_factory(extra=["--trace", str(trace), "--chunk_bytes", "16k"])
+    procs = [start_worker(d.endpoint, r, 2, [7, 10_000], steps=2,
+                          env={"APS_TRACE": str(tmp_path / f"rank{r}.trace.json")})
+             for r in range(2)]
+    for p in procs:
+        assert p.wait(timeout=30) == 0, p.stdout.read()
+    d.stop()
+    events = json.loads(trace.read_text())
+    names = {e["name"] for e in events if e["ph"] == "X"}
+    assert {"receive", "dequantize", "sum", "quantize", "send"} <= names, names
+    chunks = {e["args"]["chunk"] for e in events if e["name"] == "quantize"}
+    assert chunks == {0, 1, 2}  # 10000 elements in chunks of 4096
+    for r in range(2):
+        worker = json.loads((tmp_path / f"rank{r}.trace.json").read_text())
+        names = {e["name"] for e in worker if e["ph"] == "X"}
+        assert {"scan", "quantize", "push", "wait", "dequantize"} <= names, names
+        assert all(e["dur"] >= 0 for e in worker if e["ph"] == "X")
