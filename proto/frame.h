@@ -14,7 +14,7 @@
 #include <stdint.h>
 
 #define APS_PROTO_VERSION_MAJOR 1
-#define APS_PROTO_VERSION_MINOR 1
+#define APS_PROTO_VERSION_MINOR 2
 
 #define APS_MSG_JOB_MAX  64  /* bytes of a job name, NUL excluded */
 #define APS_MSG_NAME_MAX 255 /* bytes of a tensor name, NUL excluded */
@@ -22,9 +22,10 @@
 #define APS_MSG_LIST_MAX 256 /* entries of waiting_for and of exponents */
 
 /* Envelope.flags bits (aps.proto); every other bit is rejected. */
-#define APS_MSG_FLAG_SKIP     (1u << 0) /* PUSH/RESULT: no data, no payload frame */
-#define APS_MSG_FLAG_LOWP_SUM (1u << 1) /* sum in the low-precision format */
-#define APS_MSG_FLAGS_KNOWN   (APS_MSG_FLAG_SKIP | APS_MSG_FLAG_LOWP_SUM)
+#define APS_MSG_FLAG_SKIP        (1u << 0) /* PUSH/RESULT: no data, no payload frame */
+#define APS_MSG_FLAG_LOWP_SUM    (1u << 1) /* sum in the low-precision format */
+#define APS_MSG_FLAG_POLICY_AUTO (1u << 2) /* HELLO: the automatic precision policy */
+#define APS_MSG_FLAGS_KNOWN      (APS_MSG_FLAG_SKIP | APS_MSG_FLAG_LOWP_SUM | APS_MSG_FLAG_POLICY_AUTO)
 
 /* aps_msg.scaling when the sender states no mode (the job's default). */
 #define APS_MSG_SCALING_UNSET (-1)
@@ -71,6 +72,7 @@ struct aps_msg {
 	uint64_t chunk_count;
 	uint64_t total_count; /* elements of the whole tensor */
 	char format[APS_FORMAT_NAME_MAX];
+	char next_format[APS_FORMAT_NAME_MAX]; /* RESULT: the policy's next format, or "" */
 	int32_t scale_exp;
 	int scaling;    /* enum aps_scaling (common/scale.h) or APS_MSG_SCALING_UNSET */
 	uint32_t flags; /* APS_MSG_FLAG_* */

@@ -182,7 +182,8 @@ static int check_envelope(struct check *c, const Aps__Envelope *env)
 	if (strlen(env->tensor_name) > APS_MSG_NAME_MAX || !ascii_only(env->tensor_name, '!'))
 		return fail(c, APS_MSG_FAULT_BAD_TENSOR,
 		            "tensor name is not 1..%d visible ASCII bytes", APS_MSG_NAME_MAX);
-	if (strlen(env->format) >= APS_FORMAT_NAME_MAX || !ascii_only(env->format, '!'))
+	if (strlen(env->format) >= APS_FORMAT_NAME_MAX || !ascii_only(env->format, '!') ||
+	    strlen(env->next_format) >= APS_FORMAT_NAME_MAX || !ascii_only(env->next_format, '!'))
 		return fail(c, APS_MSG_FAULT_BAD_FORMAT, "format name is not a format");
 	if (strlen(env->error_text) > APS_MSG_TEXT_MAX || !ascii_only(env->error_text, ' '))
 		return fail(c, APS_MSG_FAULT_BAD_ERROR, "error text is not one line of <= %d bytes",
@@ -266,6 +267,7 @@ static int check_format(struct check *c)
 {
 	const struct aps_msg *m = &c->msg;
 	bool fp32_only = c->rule->payload == PAYLOAD_FP32;
+	struct aps_format next;
 
 	if (m->format[0] == '\0' && (c->rule->needs & NEED_FORMAT))
 		return fail(c, APS_MSG_FAULT_BAD_FORMAT, "format is missing");
@@ -275,6 +277,10 @@ static int check_format(struct check *c)
 		return fail(c, APS_MSG_FAULT_BAD_FORMAT, "format is %s, must be fp32", m->format);
 	if (fp32_only)
 		(void)aps_format_parse("fp32", &c->fmt);
+	if (m->next_format[0] != '\0' &&
+	    (m->type != APS_MSG_RESULT || aps_format_parse(m->next_format, &next) < 0))
+		return fail(c, APS_MSG_FAULT_BAD_FORMAT, "next format '%s' is not one for a RESULT",
+		            m->next_format);
 	return 0;
 }
 

@@ -9,6 +9,8 @@
  */
 #include "server/config.h"
 
+#include "server/policy.h"
+
 #include "common/err.h"
 
 #include <assert.h>
@@ -39,12 +41,14 @@ enum key_type {
 	KEY_CHOICE, /* stored as an enum whose values index choices[] */
 	KEY_INT,
 	KEY_SIZE, /* uint64_t bytes; accepts k, M and G suffixes */
+	KEY_REAL, /* double between rmin and rmax */
 };
 
 struct key {
 	const char *name;
 	enum key_type type;
 	long long min, max;         /* KEY_INT, KEY_SIZE */
+	double rmin, rmax;          /* KEY_REAL */
 	const char *const *choices; /* KEY_CHOICE, NULL-terminated */
 	const char *def;            /* default, as it would be written in the file */
 	const char *help;
@@ -56,6 +60,8 @@ static const char *const downlinks[] = { "auto", "fp32", "fp16", "bf16", NULL };
 /* The order of enum aps_scaling and of enum aps_sum. */
 static const char *const scalings[] = { "none", "local", "global", NULL };
 static const char *const sums[] = { "fp32", "lowp", NULL };
+static const char *const policies[] = { "off", "auto", NULL };
+static const char *const wide_formats[] = { "fp32", "fp16", "bf16", NULL };
 
 /* Name and place of a key, from the field itself so that they cannot disagree. */
 #define KEY(f) .name = #f, .offset = offsetof(struct aps_config, f)
@@ -93,6 +99,29 @@ static const struct key keys[] = {
 	  .help = "ADDR:PORT where GET /metrics serves Prometheus metrics (default: off)" },
 	{ KEY(trace), .type = KEY_STRING, .def = "",
 	  .help = "write a Chrome-trace timeline of every round stage to this file (default: off)" },
+	{ KEY(policy), .type = KEY_CHOICE, .choices = policies, .def = "off",
+	  .help = "auto: tensors move up e3m0 -> e4m3 -> fp16 -> fp32 when flushed or wrong, "
+	          "small tensors travel in fp32 (workers may also ask for it)" },
+	{ KEY(rules), .type = KEY_STRING, .def = "",
+	  .help = "per-tensor formats by name, first match wins: \"*.bias=fp32,fc.*=fp16\"" },
+	{ KEY(schedule_steps), .type = KEY_INT, .min = 0, .max = 1000000000, .def = "0",
+	  .help = "the first N steps of every tensor travel in schedule_format" },
+	{ KEY(schedule_format), .type = KEY_CHOICE, .choices = wide_formats, .def = "fp32",
+	  .help = "the format of the scheduled first steps" },
+	{ KEY(small_tensor_elems), .type = KEY_INT, .min = 0, .max = 1 << 30, .def = "1024",
+	  .help = "policy = auto: tensors with fewer elements travel in fp32" },
+	{ KEY(flush_up), .type = KEY_REAL, .rmin = 0, .rmax = 1, .def = "0.01",
+	  .help = "policy = auto: flushed fraction above which a tensor moves up" },
+	{ KEY(flush_down), .type = KEY_REAL, .rmin = 0, .rmax = 1, .def = "0.001",
+	  .help = "policy = auto: flushed fraction below which a tensor may move down" },
+	{ KEY(error_up), .type = KEY_REAL, .rmin = 0, .rmax = 10, .def = "0.1",
+	  .help = "policy = auto: relative error of the result above which a tensor moves up" },
+	{ KEY(error_down), .type = KEY_REAL, .rmin = 0, .rmax = 10, .def = "0.02",
+	  .help = "policy = auto: relative error below which a tensor may move down" },
+	{ KEY(window_up), .type = KEY_INT, .min = 1, .max = 1000000, .def = "3",
+	  .help = "policy = auto: consecutive bad steps before moving up" },
+	{ KEY(window_down), .type = KEY_INT, .min = 1, .max = 1000000, .def = "50",
+	  .help = "policy = auto: consecutive calm steps before moving down" },
 	{ KEY(chunk_bytes), .type = KEY_SIZE, .min = KIB, .max = GIB, .def = "4M",
 	  .help = "large tensors travel in chunks of this many fp32 bytes (suffixes k, M, G)" },
 };
@@ -257,6 +286,9 @@ static void format_value(const struct key *k, const struct aps_config *cfg, char
 	case KEY_SIZE:
 		format_size(*(const uint64_t *)field, buf, len);
 		break;
+	case KEY_REAL:
+		snprintf(buf, len, "%g", *(const double *)field);
+		break;
 	}
 }
 
@@ -362,6 +394,25 @@ static int parse_int(const struct key *k, const char *text, void *field, char *r
 	return 0;
 }
 
+static int parse_real(const struct key *k, const char *text, void *field, char *reason)
+{
+	char *end;
+	double v;
+
+	errno = 0;
+	v = strtod(text, &end);
+	if (end == text || *end != '\0' || errno == ERANGE || v != v) {
+		snprintf(reason, REASON_MAX, "not a number");
+		return APS_ECONFIG;
+	}
+	if (v < k->rmin || v > k->rmax) {
+		snprintf(reason, REASON_MAX, "must be between %g and %g", k->rmin, k->rmax);
+		return APS_ERANGE;
+	}
+	memcpy(field, &v, sizeof(v));
+	return 0;
+}
+
 static int parse_size(const struct key *k, const char *text, void *field, char *reason)
 {
 	const char *end;
@@ -405,6 +456,8 @@ static int parse_value(const struct key *k, const char *text, struct aps_config 
 		return parse_int(k, text, field, reason);
 	case KEY_SIZE:
 		return parse_size(k, text, field, reason);
+	case KEY_REAL:
+		return parse_real(k, text, field, reason);
 	}
 	return APS_EINVAL;
 }
@@ -448,6 +501,17 @@ static const struct origin *origin_of(const struct loader *ld, const char *name)
 	return &ld->origin[idx];
 }
 
+/* Rules are checked once, here, so that a typo stops the daemon at start. */
+static int check_rules(struct loader *ld)
+{
+	char why[160], where[APS_CONFIG_ERROR_MAX];
+
+	if (aps_policy_check_rules(ld->cfg.rules, why, sizeof(why)) == 0)
+		return 0;
+	origin_describe(origin_of(ld, "rules"), where, sizeof(where));
+	return fail(ld->err, "%s: %s", where, why);
+}
+
 /* sum = lowp is the paper's algorithm: it needs one exponent for all workers. */
 static int check_sum(struct loader *ld)
 {
@@ -470,7 +534,7 @@ static int check_cross(struct loader *ld)
 	char where[APS_CONFIG_ERROR_MAX];
 
 	if ((long long)timeout >= 2LL * hb)
-		return check_sum(ld);
+		return check_sum(ld) < 0 ? APS_ECONFIG : check_rules(ld);
 	origin_describe(a->seq > b->seq ? a : b, where, sizeof(where));
 	return fail(ld->err,
 	            "%s: heartbeat_timeout_ms (%d) must be at least twice heartbeat_ms (%d)", where,
@@ -831,7 +895,7 @@ static void print_key_usage(FILE *out, const struct key *k)
 	static const char *const metavars[] = {
 		[KEY_ENDPOINT] = "ENDPOINT", [KEY_STRING] = "PATH",
 		[KEY_CHOICE] = "",           [KEY_INT] = "N",
-		[KEY_SIZE] = "SIZE",
+		[KEY_SIZE] = "SIZE",         [KEY_REAL] = "X",
 	};
 	char left[96], lo[32], hi[32];
 	int used = snprintf(left, sizeof(left), "--%s %s", k->name, metavars[k->type]);
@@ -848,6 +912,8 @@ static void print_key_usage(FILE *out, const struct key *k)
 		else
 			fprintf(out, ", %s..%s", lo, hi);
 	}
+	if (k->type == KEY_REAL)
+		fprintf(out, ", %g..%g", k->rmin, k->rmax);
 	fprintf(out, "\n      %s\n", k->help);
 }
 
@@ -888,4 +954,20 @@ bool aps_config_get_downlink(const struct aps_config *cfg, struct aps_format *ou
 	if (cfg->downlink <= APS_DOWNLINK_AUTO || cfg->downlink > APS_DOWNLINK_BF16)
 		return false;
 	return aps_format_parse(downlinks[cfg->downlink], out) == 0;
+}
+
+void aps_config_get_policy(const struct aps_config *cfg, struct aps_policy_config *out)
+{
+	aps_policy_defaults(out);
+	out->automatic = cfg->policy == 1;
+	snprintf(out->rules, sizeof(out->rules), "%s", cfg->rules);
+	out->schedule_steps = (uint64_t)cfg->schedule_steps;
+	aps_format_parse(wide_formats[cfg->schedule_format], &out->schedule_format);
+	out->small_elems = (uint64_t)cfg->small_tensor_elems;
+	out->flush_up = cfg->flush_up;
+	out->flush_down = cfg->flush_down;
+	out->error_up = cfg->error_up;
+	out->error_down = cfg->error_down;
+	out->window_up = (uint32_t)cfg->window_up;
+	out->window_down = (uint32_t)cfg->window_down;
 }

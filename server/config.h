@@ -53,6 +53,13 @@ struct aps_config {
 	char stats[APS_CONFIG_ENDPOINT_MAX + 1]; /* stats socket path; "" chooses one */
 	char metrics_listen[APS_CONFIG_ENDPOINT_MAX + 1]; /* "ADDR:PORT", "" for none */
 	char trace[APS_CONFIG_ENDPOINT_MAX + 1];          /* timeline file, "" for none */
+	int policy;                                       /* 0 off, 1 auto */
+	char rules[APS_CONFIG_ENDPOINT_MAX + 1];          /* "glob=format,..." */
+	int schedule_steps;
+	int schedule_format; /* index of fp32, fp16, bf16 */
+	int small_tensor_elems;
+	double flush_up, flush_down, error_up, error_down;
+	int window_up, window_down;
 };
 
 struct aps_config_error {
@@ -84,6 +91,10 @@ void aps_config_print_usage(FILE *out);
 
 /* One line "key=value ..." of every key, for the startup log; always NUL-terminated. */
 void aps_config_describe(const struct aps_config *cfg, char *buf, size_t len);
+
+struct aps_policy_config;
+/* The precision policy the configuration describes (server/policy.h). */
+void aps_config_get_policy(const struct aps_config *cfg, struct aps_policy_config *out);
 
 /*
  * Fills *out with the configured downlink format and returns true, or

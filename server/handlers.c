@@ -29,8 +29,8 @@ static bool lowp_needs_global(bool lowp, const struct aps_msg *m)
 }
 
 /* The job's options as a HELLO states them; "" when they agree with the job. */
-static bool options_differ(const struct aps_job *job, const struct aps_msg *m, char *why,
-                           size_t len)
+static bool options_differ(const struct aps_job *job, bool job_policy_auto,
+			   const struct aps_msg *m, char *why, size_t len)
 {
 	const char *down = job->downlink_auto ? "" : job->downlink.name;
 
@@ -46,6 +46,9 @@ static bool options_differ(const struct aps_job *job, const struct aps_msg *m, c
 		snprintf(why, len, "job '%s' uses scaling '%s', rank %u asks for '%s'", job->name,
 		         aps_scaling_name(job->scaling), m->rank,
 		         aps_scaling_name((enum aps_scaling)m->scaling));
+	else if (job->policy.automatic != (job_policy_auto || (m->flags & APS_MSG_FLAG_POLICY_AUTO)))
+		snprintf(why, len, "job '%s' has policy '%s', rank %u asks for the other", job->name,
+			 job->policy.automatic ? "auto" : "off", m->rank);
 	else if (m->format[0] != '\0' && strcmp(down, m->format) != 0)
 		snprintf(why, len, "job '%s' uses downlink '%s', rank %u asks for '%s'", job->name,
 		         down[0] ? down : "auto", m->rank, m->format);
@@ -65,6 +68,8 @@ static int create_job(struct aps_server *srv, const struct aps_msg *m, struct ap
 	if (ret < 0)
 		return ret;
 	job->lowp = srv->opts.lowp;
+	job->policy = srv->opts.policy;
+	job->policy.automatic |= (m->flags & APS_MSG_FLAG_POLICY_AUTO) != 0;
 	job->chunk_elems = srv->opts.chunk_elems;
 	job->scaling = m->scaling != APS_MSG_SCALING_UNSET ? (enum aps_scaling)m->scaling
 	                                                   : srv->opts.scaling;
@@ -98,7 +103,7 @@ void aps_handle_hello(struct aps_server *srv, struct aps_session *s, const struc
 
 	if (s->job != NULL)
 		return refuse_hello(srv, s, m, APS_EPROTO, "this connection already joined a job");
-	if (job != NULL && options_differ(job, m, why, sizeof(why)))
+	if (job != NULL && options_differ(job, srv->opts.policy.automatic, m, why, sizeof(why)))
 		return refuse_hello(srv, s, m, APS_EMISMATCH, why);
 	if (job == NULL && lowp_needs_global(srv->opts.lowp, m)) {
 		snprintf(why, sizeof(why),
@@ -127,6 +132,20 @@ void aps_handle_hello(struct aps_server *srv, struct aps_session *s, const struc
 	if (!job->downlink_auto)
 		snprintf(w.format, sizeof(w.format), "%s", job->downlink.name);
 	aps_server_send(srv, &s->peer, &w, NULL);
+}
+
+/* A new tensor: its timeline label and its precision policy from the requested format. */
+static void init_tensor(struct aps_job *job, struct aps_tensor *t, struct aps_trace *trace,
+			const char *requested)
+{
+	struct aps_format f;
+
+	t->round.trace = trace;
+	t->round.label = t->name;
+	t->round.measure_error = job->policy.automatic;
+	if (aps_format_parse(requested[0] ? requested : "fp32", &f) < 0)
+		aps_format_parse("fp32", &f);
+	aps_policy_init(&job->policy, t->name, t->count, &f, &t->policy);
 }
 
 /* "0, 2, 3": the ranks that registered t so far. */
@@ -169,10 +188,8 @@ void aps_handle_register(struct aps_server *srv, struct aps_session *s, const st
 	if (t == NULL) {
 		ret = aps_job_add_tensor(job, m->tensor_name, m->total_count, srv->opts.max_tensors,
 		                         &t);
-		if (ret == 0) {
-			t->round.trace = srv->opts.trace;
-			t->round.label = t->name;
-		}
+		if (ret == 0)
+			init_tensor(job, t, srv->opts.trace, m->format);
 		if (ret < 0) {
 			aps_server_send_error(srv, &s->peer, ret, m,
 			                      "cannot register tensor '%.80s': %s", m->tensor_name,
@@ -187,13 +204,14 @@ void aps_handle_register(struct aps_server *srv, struct aps_session *s, const st
 	snprintf(r.tensor_name, sizeof(r.tensor_name), "%s", t->name);
 	r.total_count = t->count;
 	r.chunk_count = t->round.chunk_elems; /* the chunk size every rank must use */
-	snprintf(r.format, sizeof(r.format), "%s", m->format[0] ? m->format : "fp32");
+	snprintf(r.format, sizeof(r.format), "%s", t->policy.current.name);
 	aps_server_send(srv, &s->peer, &r, NULL);
 }
 
 /* Sends one chunk's result to every rank: one header, one shared payload. */
 static void fan_out(struct aps_server *srv, struct aps_job *job, struct aps_tensor *t,
-                    uint64_t step, struct aps_round_result *res, enum aps_msg_type type)
+		    uint64_t step, struct aps_round_result *res, enum aps_msg_type type,
+		    const char *next_format)
 {
 	struct aps_msg r;
 
@@ -208,6 +226,7 @@ static void fan_out(struct aps_server *srv, struct aps_job *job, struct aps_tens
 	r.scaling = (int)job->scaling;
 	r.flushed = res->stats.flushed;
 	r.flags = res->lowp_sum ? APS_MSG_FLAG_LOWP_SUM : 0;
+	snprintf(r.next_format, sizeof(r.next_format), "%s", next_format);
 	uint64_t t0 = srv->opts.trace != NULL ? aps_trace_now() : 0;
 	for (uint32_t rank = 0; rank < job->world_size; rank++) {
 		struct aps_session *s = job->ranks[rank];
@@ -233,10 +252,30 @@ static void note_result(struct aps_server *srv, struct aps_job *job, struct aps_
 		return;
 	st->steps++;
 	st->flushed_fraction = (double)flushed / ((double)t->count * job->world_size);
+	st->rel_error = res->rel_error;
 	aps_latency_add(&srv->latency, uv_hrtime() - st->step_started_ns);
 }
 
 /* arrived_ns: when the push that completed the chunk arrived (uv_hrtime). */
+/* After a step: the format of the next one, or "" when it stays. */
+static const char *decide_format(struct aps_server *srv, struct aps_job *job,
+				 struct aps_tensor *t, uint64_t step)
+{
+	const char *before = t->policy.current.name;
+	char from[APS_FORMAT_NAME_MAX];
+
+	snprintf(from, sizeof(from), "%s", before);
+	if (!aps_policy_observe(&job->policy, &t->policy, step, t->stats.flushed_fraction,
+				t->stats.rel_error))
+		return "";
+	srv->counters.policy_switches++;
+	aps_log_info("policy", "switch job=%s tensor=%.80s step=%llu from=%s to=%s reason=%s "
+			       "flushed=%.4f error=%.4f",
+		     job->name, t->name, (unsigned long long)step + 1, from, t->policy.current.name,
+		     t->policy.reason, t->stats.flushed_fraction, t->stats.rel_error);
+	return t->policy.current.name;
+}
+
 static void finish_chunk(struct aps_server *srv, struct aps_job *job, struct aps_tensor *t,
                          uint32_t chunk, uint64_t arrived_ns)
 {
@@ -251,8 +290,9 @@ static void finish_chunk(struct aps_server *srv, struct aps_job *job, struct aps
 		aps_server_error_job(srv, job, ret, "out of memory for a result");
 		return;
 	}
-	fan_out(srv, job, t, step, &res, broadcast ? APS_MSG_BROADCAST : APS_MSG_RESULT);
 	note_result(srv, job, t, &res, flushed);
+	fan_out(srv, job, t, step, &res, broadcast ? APS_MSG_BROADCAST : APS_MSG_RESULT,
+		res.step_done && !broadcast ? decide_format(srv, job, t, step) : "");
 	aps_sbuf_unref(res.payload);
 	if (!res.step_done)
 		return;

@@ -86,6 +86,7 @@ static int start(struct daemon *d, uv_loop_t *loop)
 		return ret;
 	}
 	opts = server_opts(d);
+	aps_config_get_policy(&d->cfg, &opts.policy);
 	ret = aps_server_new(&d->srv, loop, &opts);
 	if (ret < 0) {
 		aps_log_error("apsd", "cannot start endpoint=%s reason=\"%s\"", d->cfg.listen,

@@ -11,6 +11,7 @@
 
 #include "common/err.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -66,6 +67,7 @@ static void reset_step(struct aps_round *r)
 	r->chunks_finished = 0;
 	r->step_fmt_set = false;
 	r->flushed = 0;
+	r->err_num = r->err_den = 0;
 }
 
 void aps_round_fini(struct aps_round *r)
@@ -76,6 +78,7 @@ void aps_round_fini(struct aps_round *r)
 	free(r->held);
 	free(r->acc);
 	free(r->scratch);
+	free(r->err_scratch);
 	memset(r, 0, sizeof(*r));
 }
 
@@ -258,6 +261,22 @@ static int encode(const float *acc, size_t n, enum aps_scaling scaling,
 	return aps_codec_quantize(&res->fmt, acc, n, &o, res->payload->data, len, &res->stats);
 }
 
+/* Adds the chunk's squared error (result against the fp32 mean) to the step's. */
+static int measure_error(struct aps_round *r, const float *mean, size_t n,
+			 const struct aps_round_result *res)
+{
+	if (r->err_scratch == NULL && (r->err_scratch = malloc(r->chunk_elems * sizeof(float))) == NULL)
+		return APS_ENOMEM;
+	aps_codec_dequantize(&res->fmt, res->payload->data, res->payload->len, n, res->scale_exp,
+			     r->err_scratch);
+	for (size_t i = 0; i < n; i++) {
+		double d = (double)r->err_scratch[i] - mean[i];
+		r->err_num += d * d;
+		r->err_den += (double)mean[i] * mean[i];
+	}
+	return 0;
+}
+
 /* What the chunk's result is encoded as, and with which scaling. */
 static enum aps_scaling result_format(const struct aps_round *r, uint32_t chunk,
                                       const struct aps_format *down, enum aps_scaling scaling,
@@ -295,6 +314,8 @@ int aps_round_finish_chunk(struct aps_round *r, uint32_t chunk, const struct aps
 		aps_codec_divide(acc, n, (float)r->world_size);
 	ret = encode(acc, n, scaling, res);
 	aps_trace_stage(r->trace, "quantize", t0, r->label, r->step, chunk);
+	if (ret == 0 && r->measure_error && r->kind == APS_ROUND_ALLREDUCE)
+		ret = measure_error(r, acc, n, res);
 	if (r->lowp)
 		res->scale_exp = r->held[(size_t)chunk * r->world_size].scale_exp;
 	if (ret < 0) {
@@ -304,6 +325,7 @@ int aps_round_finish_chunk(struct aps_round *r, uint32_t chunk, const struct aps
 	}
 	r->chunks[chunk].finished = true;
 	if (++r->chunks_finished == r->n_chunks) {
+		res->rel_error = r->err_den > 0 ? sqrt(r->err_num / r->err_den) : 0.0;
 		reset_step(r);
 		r->step++;
 		res->step_done = true;

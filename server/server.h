@@ -7,6 +7,7 @@
 #define APS_SERVER_SERVER_H
 
 #include "common/scale.h"
+#include "server/policy.h"
 #include "proto/validate.h"
 
 #include <stdint.h>
@@ -22,7 +23,8 @@
 	X(bad_frames, "messages with a wrong number of frames")                              \
 	X(bad_session, "messages from a peer that has not joined a job, or as another rank") \
 	X(bad_state, "messages the job refused: unknown tensor, wrong step, duplicate")      \
-	X(refused_hello, "HELLOs refused: rank taken, world size or options differ, limits")
+	X(refused_hello, "HELLOs refused: rank taken, world size or options differ, limits")  \
+	X(policy_switches, "format changes decided by the precision policy")
 
 struct aps_server_counters {
 #define APS_SERVER_COUNTER_FIELD(name, text) uint64_t name;
@@ -46,6 +48,7 @@ struct aps_server_opts {
 	size_t chunk_elems;       /* elements per chunk, a multiple of 8 */
 	const char *summary;      /* the configuration in one line, for reports */
 	struct aps_trace *trace;  /* borrowed; NULL: no timeline */
+	struct aps_policy_config policy; /* hybrid precision of new jobs */
 };
 
 struct aps_server;

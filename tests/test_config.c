@@ -129,7 +129,9 @@ static void test_config_defaults(void **state)
 	                    "heartbeat_ms=1000 heartbeat_timeout_ms=5000 max_jobs=64 "
 	                    "max_ranks=1024 max_tensors=65536 max_message_bytes=1G "
 	                    "drain_batch=256 scaling=local sum=fp32 stats= metrics_listen= trace= "
-	                    "chunk_bytes=4M");
+	                    "policy=off rules= schedule_steps=0 schedule_format=fp32 "
+	                    "small_tensor_elems=1024 flush_up=0.01 flush_down=0.001 error_up=0.1 "
+	                    "error_down=0.02 window_up=3 window_down=50 chunk_bytes=4M");
 }
 
 static void test_config_valid_file(void **state)
@@ -540,6 +542,25 @@ static void test_config_lowp_sum_needs_global_scaling(void **state)
 	assert_int_equal(PARSE(&cfg, &err, "--sum", "lowp", "--scaling=global"), 0);
 }
 
+static void test_config_policy_keys(void **state)
+{
+	struct aps_config_error err;
+	struct aps_config cfg;
+	bool exit_now;
+
+	(void)state;
+	assert_int_equal(load("policy = auto\nrules = *.bias=fp32, fc.*=fp16\nflush_up = 0.05\n",
+	                      &cfg, &err),
+	                 0);
+	assert_int_equal(cfg.policy, 1);
+	assert_true(cfg.flush_up == 0.05);
+	expect_file_error("flush_up = lots\n", "1: flush_up = 'lots': not a number");
+	expect_file_error("flush_up = 2\n", "1: flush_up = 2: must be between 0 and 1");
+	expect_file_error("rules = *.bias=fp64\n", "1: rule '*.bias=fp64': 'fp64' is not a format");
+	assert_int_equal(PARSE(&cfg, &err, "--rules", "fc.*"), APS_ECONFIG);
+	assert_string_equal(err.message, "--rules: rule 'fc.*' is not GLOB=FORMAT");
+}
+
 static void test_config_did_you_mean(void **state)
 {
 	(void)state;
@@ -655,6 +676,7 @@ int main(void)
 		cmocka_unit_test(test_config_size_suffixes),
 		cmocka_unit_test(test_config_cross_key),
 		cmocka_unit_test(test_config_lowp_sum_needs_global_scaling),
+		cmocka_unit_test(test_config_policy_keys),
 		cmocka_unit_test(test_config_did_you_mean),
 		cmocka_unit_test(test_config_describe_truncates),
 		cmocka_unit_test(test_config_downlink_format),

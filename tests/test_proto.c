@@ -171,6 +171,7 @@ static void assert_msg_equal(const struct aps_msg *a, const struct aps_msg *b)
 	assert_int_equal(a->chunk_count, b->chunk_count);
 	assert_int_equal(a->total_count, b->total_count);
 	assert_string_equal(a->format, b->format);
+	assert_string_equal(a->next_format, b->next_format);
 	assert_int_equal(a->scale_exp, b->scale_exp);
 	assert_int_equal(a->scaling, b->scaling);
 	assert_int_equal(a->flags, b->flags);
@@ -258,7 +259,7 @@ static void test_proto_rejects_version_mismatch(void **state)
 	make_valid(&m, APS_MSG_HELLO);
 	m.version_major = APS_PROTO_VERSION_MAJOR + 1;
 	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_VERSION);
-	assert_non_null(strstr(fault.text, "HELLO: protocol version 2.1"));
+	assert_non_null(strstr(fault.text, "HELLO: protocol version 2.2"));
 	m.version_major = 0;
 	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_VERSION);
 	/* Another minor is compatible; an ERROR is read from any version. */
@@ -313,6 +314,25 @@ static void test_proto_rejects_bad_exponent_lists(void **state)
 	make_valid(&m, APS_MSG_PUSH); /* tensor ids belong to EXPONENTS and SCALES only */
 	m.n_tensor_ids = 1;
 	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_TENSOR);
+}
+
+static void test_proto_next_format_belongs_to_results(void **state)
+{
+	struct aps_msg m;
+
+	(void)state;
+	make_valid(&m, APS_MSG_RESULT);
+	strcpy(m.next_format, "fp16");
+	expect_ok(parse_msg(&m, true));
+	assert_string_equal(parsed.next_format, "fp16");
+	strcpy(m.next_format, "e9m9");
+	expect_fault(parse_msg(&m, true), APS_MSG_FAULT_BAD_FORMAT);
+	make_valid(&m, APS_MSG_PUSH);
+	strcpy(m.next_format, "fp16");
+	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_FORMAT);
+	make_valid(&m, APS_MSG_HELLO);
+	m.flags = APS_MSG_FLAG_POLICY_AUTO;
+	expect_ok(parse_msg(&m, false));
 }
 
 static void test_proto_rejects_bad_job(void **state)
@@ -778,6 +798,7 @@ int main(void)
 		cmocka_unit_test(test_proto_rejects_version_mismatch),
 		cmocka_unit_test(test_proto_rejects_bad_type),
 		cmocka_unit_test(test_proto_rejects_bad_exponent_lists),
+		cmocka_unit_test(test_proto_next_format_belongs_to_results),
 		cmocka_unit_test(test_proto_rejects_bad_job),
 		cmocka_unit_test(test_proto_rejects_bad_rank),
 		cmocka_unit_test(test_proto_rejects_bad_tensor),

@@ -130,8 +130,14 @@ struct aps_client_opts {
 	int32_t heartbeat_ms; /* liveness while waiting, default 1000 */
 	aps_log_fn log;       /* NULL: no diagnostics */
 	void *log_ctx;
-	const char *trace; /* Chrome-trace timeline file of every call's stages (scan,
-	                      quantize, push, wait, dequantize); NULL: $APS_TRACE, or off */
+	const char *trace;   /* Chrome-trace timeline file of every call's stages (scan,
+	                        quantize, push, wait, dequantize); NULL: $APS_TRACE, or off */
+	int32_t policy_auto; /* 1: ask for the daemon's automatic precision policy */
+	const char *rules;   /* formats by tensor name, first match wins: "*.bias=fp32,fc.*=fp16";
+	                        NULL: every tensor in format */
+	int32_t error_feedback; /* 1: keep each tensor's quantization residual and add it to
+	                           the next step's gradient (what is flushed is delayed, not lost)
+	                         */
 };
 
 /** Fills o with the defaults (rank 0 of a world of 1). */

@@ -7,6 +7,7 @@
 #include "worker/client_impl.h"
 
 #include "common/err.h"
+#include "common/rules.h"
 #include "worker/api_error.h"
 
 #include <stdarg.h>
@@ -93,6 +94,7 @@ int aps_client_send(struct aps_client *c, struct aps_msg *m, struct aps_sbuf *bu
 static int check_opts(const struct aps_client_opts *o, struct aps_format *fmt,
                       struct aps_format *down)
 {
+	char why[160];
 	if (o == NULL || o->endpoint == NULL || o->job == NULL || o->format == NULL)
 		return aps_api_fail(APS_EINVAL, "options, endpoint, job and format are required");
 	if (o->world_size < 1 || o->rank >= o->world_size)
@@ -114,6 +116,8 @@ static int check_opts(const struct aps_client_opts *o, struct aps_format *fmt,
 		                    o->scaling);
 	if (o->timeout_ms <= 0 || o->heartbeat_ms <= 0)
 		return aps_api_fail(APS_EINVAL, "timeout_ms and heartbeat_ms must be positive");
+	if (aps_rules_check(o->rules, why, sizeof(why)) < 0)
+		return aps_api_fail(APS_EINVAL, "rules: %s", why);
 	return 0;
 }
 
@@ -132,6 +136,9 @@ static void copy_opts(struct aps_client *c, const struct aps_client_opts *o,
 	c->log = o->log;
 	c->log_ctx = o->log_ctx;
 	c->wake_fd = -1;
+	c->policy_auto = o->policy_auto != 0;
+	c->error_feedback = o->error_feedback != 0;
+	snprintf(c->rules, sizeof(c->rules), "%s", o->rules != NULL ? o->rules : "");
 	aps_msg_limits_init(&c->limits);
 	c->limits.from_server = true;
 }
@@ -170,6 +177,7 @@ static int hello(struct aps_client *c, const struct aps_client_opts *o)
 
 	aps_client_msg(c, &m, APS_MSG_HELLO);
 	m.scaling = (int)c->scaling;
+	m.flags = c->policy_auto ? APS_MSG_FLAG_POLICY_AUTO : 0;
 	if (o->downlink != NULL && strcmp(o->downlink, "auto") != 0)
 		snprintf(m.format, sizeof(m.format), "%s", o->downlink);
 	if (aps_client_send(c, &m, NULL, NULL, 0) < 0)
@@ -208,6 +216,8 @@ static void free_client(struct aps_client *c)
 	if (c->wake_fd >= 0)
 		close(c->wake_fd);
 	aps_trace_close(c->trace);
+	for (uint32_t i = 0; i < c->n_tensors; i++)
+		free(c->tensors[i].residual);
 	free(c->tensors);
 	free(c);
 }
@@ -276,6 +286,7 @@ void aps_request_finish_locked(struct aps_client *c, struct aps_request *r, int 
 static void free_request(struct aps_request *r)
 {
 	aps_sbuf_unref(r->codes);
+	free(r->corrected);
 	free(r);
 }
 

@@ -27,6 +27,8 @@
 struct client_tensor {
 	char name[APS_MSG_NAME_MAX + 1];
 	uint64_t count;
+	struct aps_format format; /* the daemon's choice; changes at step boundaries */
+	float *residual;          /* error feedback: what the last quantization lost */
 	size_t chunk_elems;       /* from REGISTERED: every rank uses the daemon's */
 	uint64_t step;            /* the next call's step */
 	struct aps_request *busy; /* the call in flight on this tensor, or NULL */
@@ -56,6 +58,9 @@ struct aps_request {
 	uint64_t count;
 	size_t chunk_elems;
 	float *buf;             /* the caller's: results are written here */
+	float *corrected;	/* error feedback: buf plus the tensor's residual (owned) */
+	float *residual;	/* error feedback: the tensor's residual (the tensor's) */
+	const float *src;       /* what is quantized: buf or corrected */
 	struct aps_sbuf *codes; /* what this rank sends */
 	struct aps_format fmt;
 	int scale_exp;
@@ -86,6 +91,8 @@ struct aps_client {
 	aps_log_fn log;
 	void *log_ctx;
 	struct aps_trace *trace; /* NULL: no timeline */
+	bool policy_auto, error_feedback;
+	char rules[512];
 	struct aps_msg_limits limits;
 	pthread_t io;
 	bool io_started;

@@ -10,6 +10,7 @@
 
 #include "common/codec.h"
 #include "common/err.h"
+#include "common/rules.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -125,9 +126,11 @@ static int send_simple(struct aps_client *c, struct aps_request *r)
 		r->step = c->barrier_step++;
 		m.step = r->step;
 	} else {
+		struct aps_format f = c->format;
 		snprintf(m.tensor_name, sizeof(m.tensor_name), "%s", r->name);
 		m.total_count = r->count;
-		snprintf(m.format, sizeof(m.format), "%s", c->format.name);
+		aps_rules_match(c->rules, r->name, &f); /* the client's rules ask per tensor */
+		snprintf(m.format, sizeof(m.format), "%s", f.name);
 	}
 	return aps_client_send(c, &m, NULL, NULL, 0);
 }
@@ -246,9 +249,25 @@ static void on_registered(struct aps_client *c, const struct aps_msg *m)
 	snprintf(t->name, sizeof(t->name), "%s", m->tensor_name);
 	t->count = m->total_count;
 	t->chunk_elems = m->chunk_count ? m->chunk_count : m->total_count;
+	if (aps_format_parse(m->format, &t->format) < 0)
+		t->format = c->format;
 	r->tensor_id = m->tensor_id;
 	pthread_mutex_unlock(&c->lock);
 	finish(c, r, 0, NULL);
+}
+
+/* The daemon's precision policy moved the tensor: every rank switches at the next step. */
+static void switch_format(struct aps_client *c, const struct aps_request *r, const char *name)
+{
+	struct aps_format f;
+
+	if (aps_format_parse(name, &f) < 0)
+		return;
+	pthread_mutex_lock(&c->lock);
+	c->tensors[r->tensor_id].format = f;
+	pthread_mutex_unlock(&c->lock);
+	aps_client_log(c, 2, "tensor '%s' travels in %s from step %llu", r->name, name,
+	               (unsigned long long)r->step + 1);
 }
 
 /* One chunk of a RESULT (or of a broadcast) into the caller's buffer. */
@@ -275,6 +294,8 @@ static void on_result(struct aps_client *c, const struct aps_msg *m)
 	/* The paper's lowp sum arrives as the sum: the mean is ours to take, in fp32. */
 	if (m->flags & APS_MSG_FLAG_LOWP_SUM)
 		aps_codec_divide(out, m->chunk_count, (float)c->world_size);
+	if (m->next_format[0] != '\0')
+		switch_format(c, r, m->next_format);
 	aps_trace_stage(c->trace, "dequantize", t0, r->name, r->step,
 	                (uint32_t)(m->chunk_offset / (r->chunk_elems ? r->chunk_elems : r->count)));
 	r->deadline_ms = aps_client_now_ms() + r->timeout_ms;

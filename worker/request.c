@@ -58,6 +58,37 @@ static int submit(struct aps_client *c, struct aps_request *r, aps_request **out
 	return aps_api_ok();
 }
 
+/* Error feedback: the residual is what this quantization lost, for the next step. */
+static void keep_residual(struct aps_request *r)
+{
+	float *residual = r->residual;
+
+	aps_codec_dequantize(&r->fmt, r->codes->data, r->codes->len, r->count, r->scale_exp,
+	                     residual);
+	for (uint64_t i = 0; i < r->count; i++)
+		residual[i] = r->corrected[i] - residual[i];
+}
+
+/* Error feedback: quantize buf plus what the last step lost (the tensor is ours: busy). */
+static int add_residual(struct aps_client *c, struct aps_request *r)
+{
+	struct client_tensor *t;
+
+	/* The table may grow under the I/O thread; the residual itself never moves. */
+	pthread_mutex_lock(&c->lock);
+	t = &c->tensors[r->tensor_id];
+	if (t->residual == NULL)
+		t->residual = calloc(r->count, sizeof(float));
+	r->residual = t->residual;
+	pthread_mutex_unlock(&c->lock);
+	if (r->residual == NULL || (r->corrected = malloc(r->count * sizeof(float))) == NULL)
+		return APS_ENOMEM;
+	for (uint64_t i = 0; i < r->count; i++)
+		r->corrected[i] = r->buf[i] + r->residual[i];
+	r->src = r->corrected;
+	return 0;
+}
+
 int aps_request_encode(struct aps_client *c, struct aps_request *r)
 {
 	struct aps_quant_opts o = { .scale_exp = r->scale_exp };
@@ -68,8 +99,10 @@ int aps_request_encode(struct aps_client *c, struct aps_request *r)
 	r->codes = aps_sbuf_new(len);
 	if (r->codes == NULL)
 		return APS_ENOMEM;
-	aps_codec_quantize(&r->fmt, r->buf, r->count, &o, r->codes->data, len, &st);
+	aps_codec_quantize(&r->fmt, r->src, r->count, &o, r->codes->data, len, &st);
 	r->flushed = st.flushed;
+	if (r->corrected != NULL)
+		keep_residual(r);
 	aps_trace_stage(c->trace, "quantize", t0, r->name, r->step, 0);
 	return 0;
 }
@@ -84,7 +117,7 @@ static int scale(struct aps_client *c, struct aps_request *r)
 	r->scale_exp = 0;
 	if (c->scaling == APS_SCALING_NONE || aps_format_is_fp32(&r->fmt))
 		return 0;
-	maxabs = aps_codec_maxabs(r->buf, r->count);
+	maxabs = aps_codec_maxabs(r->src, r->count);
 	if (c->scaling == APS_SCALING_LOCAL)
 		ret = aps_scale_local(&r->fmt, maxabs, &r->scale_exp);
 	else
@@ -112,6 +145,7 @@ static int tensor_of(struct aps_client *c, struct aps_request *r, const float *b
 	r->count = count;
 	r->chunk_elems = t->chunk_elems;
 	r->step = t->step;
+	r->fmt = t->format;
 	snprintf(r->name, sizeof(r->name), "%s", t->name);
 	return 0;
 }
@@ -129,6 +163,7 @@ static int data_request(struct aps_client *c, enum request_kind kind, uint32_t t
 		return aps_api_fail(APS_ENOMEM, "out of memory");
 	r->tensor_id = tensor_id;
 	r->buf = buf;
+	r->src = buf;
 	pthread_mutex_lock(&c->lock);
 	ret = tensor_of(c, r, buf, count);
 	pthread_mutex_unlock(&c->lock);
@@ -162,14 +197,19 @@ int aps_client_allreduce_start(aps_client *c, uint32_t tensor_id, float *buf, ui
 	ret = data_request(c, REQ_ALLREDUCE, tensor_id, buf, count, timeout_ms, &r);
 	if (ret < 0)
 		return ret;
-	r->fmt = c->format;
 	nonfinite = aps_codec_count_nonfinite_f32(buf, count);
 	if (nonfinite > 0)
 		return refuse_nonfinite(r, nonfinite);
+	if (c->error_feedback && !aps_format_is_fp32(&r->fmt) && add_residual(c, r) < 0) {
+		free(r->corrected);
+		free(r);
+		return aps_api_fail(APS_ENOMEM, "out of memory for error feedback");
+	}
 	scale(c, r);
 	/* Global mode encodes when the daemon has sent the shared exponent. */
 	if (c->scaling != APS_SCALING_GLOBAL || aps_format_is_fp32(&r->fmt)) {
 		if (aps_request_encode(c, r) < 0) {
+			free(r->corrected);
 			free(r);
 			return aps_api_fail(APS_ENOMEM, "out of memory for the codes");
 		}

@@ -93,9 +93,16 @@ def start_worker(endpoint, rank, world, sizes, env=None, **opts):
                             env=None if env is None else {**os.environ, **env})
 
 
-def run_workers(endpoint, world, sizes, timeout=120, **opts):
-    """Runs ranks 0..world-1 to the end; returns [(exit code, output)] by rank."""
+def run_workers(endpoint, world, sizes, timeout=120, _wait=True, **opts):
+    """Runs ranks 0..world-1 to the end; returns [(exit code, output)] by rank. With
+    _wait=False it returns at once a function that waits and returns them."""
     procs = [start_worker(endpoint, r, world, sizes, **opts) for r in range(world)]
+    if not _wait:
+        return lambda: collect(procs, timeout)
+    return collect(procs, timeout)
+
+
+def collect(procs, timeout):
     results = []
     for p in procs:
         try:

@@ -1,0 +1,133 @@
+/*
+ * The precision policy's decisions. Pure functions of the configuration and
+ * of what each step showed: no sockets, no rounds.
+ */
+#include "server/policy.h"
+
+#include "common/err.h"
+#include "common/rules.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static const char *const ladder[] = { "e3m0", "e4m3", "fp16", "fp32" };
+#define LADDER_LEN (sizeof(ladder) / sizeof(ladder[0]))
+
+void aps_policy_defaults(struct aps_policy_config *cfg)
+{
+	memset(cfg, 0, sizeof(*cfg));
+	aps_format_parse("fp32", &cfg->schedule_format);
+	cfg->small_elems = 1024;
+	cfg->flush_up = 0.01;
+	cfg->flush_down = 0.001;
+	cfg->error_up = 0.10;
+	cfg->error_down = 0.02;
+	cfg->window_up = 3;
+	cfg->window_down = 50;
+}
+
+int aps_policy_check_rules(const char *rules, char *why, size_t why_len)
+{
+	return aps_rules_check(rules, why, why_len);
+}
+
+static void set(struct aps_tensor_policy *p, const struct aps_format *f, const char *reason)
+{
+	p->current = *f;
+	snprintf(p->reason, sizeof(p->reason), "%s", reason);
+}
+
+void aps_policy_init(const struct aps_policy_config *cfg, const char *name, uint64_t count,
+                     const struct aps_format *requested, struct aps_tensor_policy *p)
+{
+	struct aps_format f;
+
+	memset(p, 0, sizeof(*p));
+	p->base = *requested;
+	set(p, requested, "requested");
+	if (aps_rules_match(cfg->rules, name, &f)) {
+		p->pinned = true;
+		set(p, &f, "rule");
+	} else if (cfg->automatic && count < cfg->small_elems && !aps_format_is_fp32(requested)) {
+		p->pinned = true;
+		aps_format_parse("fp32", &f);
+		set(p, &f, "small");
+	} else if (cfg->schedule_steps > 0) {
+		set(p, &cfg->schedule_format, "schedule");
+	}
+}
+
+static int ladder_pos(const struct aps_format *f)
+{
+	for (size_t i = 0; i < LADDER_LEN; i++) {
+		if (strcmp(f->name, ladder[i]) == 0)
+			return (int)i;
+	}
+	return -1;
+}
+
+/* One rung up (the ladder above the requested format), or false at the top. */
+static bool step_up(struct aps_tensor_policy *p, const char *reason)
+{
+	int pos = ladder_pos(&p->current);
+	struct aps_format f;
+
+	if (aps_format_is_fp32(&p->current))
+		return false;
+	/* A format off the ladder (e5m2, bf16, ...) goes to the next wider rung. */
+	if (pos < 0)
+		pos = p->current.bits <= 8 ? 1 : 2;
+	aps_format_parse(ladder[pos + 1], &f);
+	set(p, &f, reason);
+	return true;
+}
+
+static bool step_down(struct aps_tensor_policy *p)
+{
+	int pos = ladder_pos(&p->current), base = ladder_pos(&p->base);
+	struct aps_format f;
+
+	if (pos <= 0 || strcmp(p->current.name, p->base.name) == 0)
+		return false;
+	if (base >= 0 && pos - 1 < base)
+		return false;
+	if (base < 0 && pos - 1 <= 1) {
+		set(p, &p->base, "calm"); /* back to the requested off-ladder format */
+		return true;
+	}
+	aps_format_parse(ladder[pos - 1], &f);
+	set(p, &f, "calm");
+	return true;
+}
+
+bool aps_policy_observe(const struct aps_policy_config *cfg, struct aps_tensor_policy *p,
+                        uint64_t step, double flushed_fraction, double rel_error)
+{
+	bool flushed = flushed_fraction > cfg->flush_up, wrong = rel_error > cfg->error_up;
+	bool calm = flushed_fraction < cfg->flush_down && rel_error < cfg->error_down;
+
+	if (p->pinned)
+		return false;
+	if (step + 1 < cfg->schedule_steps)
+		return false;
+	if (step + 1 == cfg->schedule_steps) {
+		set(p, &p->base, "requested");
+		p->switches++;
+		return true;
+	}
+	if (!cfg->automatic)
+		return false;
+	p->above = flushed || wrong ? p->above + 1 : 0;
+	p->below = calm ? p->below + 1 : 0;
+	if (p->above >= cfg->window_up && step_up(p, flushed ? "flushed" : "error")) {
+		p->above = p->below = 0;
+		p->switches++;
+		return true;
+	}
+	if (p->below >= cfg->window_down && step_down(p)) {
+		p->above = p->below = 0;
+		p->switches++;
+		return true;
+	}
+	return false;
+}
