@@ -41,15 +41,15 @@ int aps_trace_open(struct aps_trace **out, const char *path, const char *process
 	pthread_mutex_init(&t->lock, NULL);
 	t->pid = (int)getpid();
 	fprintf(t->f,
-		"[{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,"
-		"\"args\":{\"name\":\"%s\"}}",
-		t->pid, process_name);
+	        "[{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,"
+	        "\"args\":{\"name\":\"%s\"}}",
+	        t->pid, process_name);
 	*out = t;
 	return 0;
 }
 
-void aps_trace_stage(struct aps_trace *t, const char *name, uint64_t start_ns,
-		     const char *tensor, uint64_t step, uint32_t chunk)
+void aps_trace_stage(struct aps_trace *t, const char *name, uint64_t start_ns, const char *tensor,
+                     uint64_t step, uint32_t chunk)
 {
 	uint64_t end = aps_trace_now();
 
@@ -57,10 +57,10 @@ void aps_trace_stage(struct aps_trace *t, const char *name, uint64_t start_ns,
 		return;
 	pthread_mutex_lock(&t->lock);
 	fprintf(t->f,
-		",\n{\"name\":\"%s\",\"cat\":\"apsd\",\"ph\":\"X\",\"ts\":%.3f,\"dur\":%.3f,"
-		"\"pid\":%d,\"tid\":%ld,\"args\":{\"tensor\":\"%s\",\"step\":%llu,\"chunk\":%u}}",
-		name, (double)start_ns / 1e3, (double)(end - start_ns) / 1e3, t->pid,
-		(long)syscall(SYS_gettid), tensor, (unsigned long long)step, chunk);
+	        ",\n{\"name\":\"%s\",\"cat\":\"apsd\",\"ph\":\"X\",\"ts\":%.3f,\"dur\":%.3f,"
+	        "\"pid\":%d,\"tid\":%ld,\"args\":{\"tensor\":\"%s\",\"step\":%llu,\"chunk\":%u}}",
+	        name, (double)start_ns / 1e3, (double)(end - start_ns) / 1e3, t->pid,
+	        (long)syscall(SYS_gettid), tensor, (unsigned long long)step, chunk);
 	pthread_mutex_unlock(&t->lock);
 }
 

@@ -24,7 +24,7 @@ uint64_t aps_trace_now(void);
  * One stage that ran from start_ns to now: name ("dequantize"), the tensor and
  * step it served and the chunk. Thread-safe; t NULL is a no-op.
  */
-void aps_trace_stage(struct aps_trace *t, const char *name, uint64_t start_ns,
-		     const char *tensor, uint64_t step, uint32_t chunk);
+void aps_trace_stage(struct aps_trace *t, const char *name, uint64_t start_ns, const char *tensor,
+                     uint64_t step, uint32_t chunk);
 
 #endif

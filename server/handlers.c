@@ -29,8 +29,8 @@ static bool lowp_needs_global(bool lowp, const struct aps_msg *m)
 }
 
 /* The job's options as a HELLO states them; "" when they agree with the job. */
-static bool options_differ(const struct aps_job *job, bool job_policy_auto,
-			   const struct aps_msg *m, char *why, size_t len)
+static bool options_differ(const struct aps_job *job, bool job_policy_auto, const struct aps_msg *m,
+                           char *why, size_t len)
 {
 	const char *down = job->downlink_auto ? "" : job->downlink.name;
 
@@ -46,9 +46,10 @@ static bool options_differ(const struct aps_job *job, bool job_policy_auto,
 		snprintf(why, len, "job '%s' uses scaling '%s', rank %u asks for '%s'", job->name,
 		         aps_scaling_name(job->scaling), m->rank,
 		         aps_scaling_name((enum aps_scaling)m->scaling));
-	else if (job->policy.automatic != (job_policy_auto || (m->flags & APS_MSG_FLAG_POLICY_AUTO)))
-		snprintf(why, len, "job '%s' has policy '%s', rank %u asks for the other", job->name,
-			 job->policy.automatic ? "auto" : "off", m->rank);
+	else if (job->policy.automatic !=
+	         (job_policy_auto || (m->flags & APS_MSG_FLAG_POLICY_AUTO)))
+		snprintf(why, len, "job '%s' has policy '%s', rank %u asks for the other",
+		         job->name, job->policy.automatic ? "auto" : "off", m->rank);
 	else if (m->format[0] != '\0' && strcmp(down, m->format) != 0)
 		snprintf(why, len, "job '%s' uses downlink '%s', rank %u asks for '%s'", job->name,
 		         down[0] ? down : "auto", m->rank, m->format);
@@ -136,7 +137,7 @@ void aps_handle_hello(struct aps_server *srv, struct aps_session *s, const struc
 
 /* A new tensor: its timeline label and its precision policy from the requested format. */
 static void init_tensor(struct aps_job *job, struct aps_tensor *t, struct aps_trace *trace,
-			const char *requested)
+                        const char *requested)
 {
 	struct aps_format f;
 
@@ -210,8 +211,8 @@ void aps_handle_register(struct aps_server *srv, struct aps_session *s, const st
 
 /* Sends one chunk's result to every rank: one header, one shared payload. */
 static void fan_out(struct aps_server *srv, struct aps_job *job, struct aps_tensor *t,
-		    uint64_t step, struct aps_round_result *res, enum aps_msg_type type,
-		    const char *next_format)
+                    uint64_t step, struct aps_round_result *res, enum aps_msg_type type,
+                    const char *next_format)
 {
 	struct aps_msg r;
 
@@ -258,21 +259,22 @@ static void note_result(struct aps_server *srv, struct aps_job *job, struct aps_
 
 /* arrived_ns: when the push that completed the chunk arrived (uv_hrtime). */
 /* After a step: the format of the next one, or "" when it stays. */
-static const char *decide_format(struct aps_server *srv, struct aps_job *job,
-				 struct aps_tensor *t, uint64_t step)
+static const char *decide_format(struct aps_server *srv, struct aps_job *job, struct aps_tensor *t,
+                                 uint64_t step)
 {
 	const char *before = t->policy.current.name;
 	char from[APS_FORMAT_NAME_MAX];
 
 	snprintf(from, sizeof(from), "%s", before);
 	if (!aps_policy_observe(&job->policy, &t->policy, step, t->stats.flushed_fraction,
-				t->stats.rel_error))
+	                        t->stats.rel_error))
 		return "";
 	srv->counters.policy_switches++;
-	aps_log_info("policy", "switch job=%s tensor=%.80s step=%llu from=%s to=%s reason=%s "
-			       "flushed=%.4f error=%.4f",
-		     job->name, t->name, (unsigned long long)step + 1, from, t->policy.current.name,
-		     t->policy.reason, t->stats.flushed_fraction, t->stats.rel_error);
+	aps_log_info("policy",
+	             "switch job=%s tensor=%.80s step=%llu from=%s to=%s reason=%s "
+	             "flushed=%.4f error=%.4f",
+	             job->name, t->name, (unsigned long long)step + 1, from, t->policy.current.name,
+	             t->policy.reason, t->stats.flushed_fraction, t->stats.rel_error);
 	return t->policy.current.name;
 }
 
@@ -292,7 +294,7 @@ static void finish_chunk(struct aps_server *srv, struct aps_job *job, struct aps
 	}
 	note_result(srv, job, t, &res, flushed);
 	fan_out(srv, job, t, step, &res, broadcast ? APS_MSG_BROADCAST : APS_MSG_RESULT,
-		res.step_done && !broadcast ? decide_format(srv, job, t, step) : "");
+	        res.step_done && !broadcast ? decide_format(srv, job, t, step) : "");
 	aps_sbuf_unref(res.payload);
 	if (!res.step_done)
 		return;

@@ -36,8 +36,8 @@ struct aps_tensor_stats {
 	char format[16];          /* rank 0's uplink format at its last push */
 	int scale_exp;            /* rank 0's uplink exponent at its last push */
 	int down_scale_exp;       /* the downlink exponent of the last result chunk */
-	double flushed_fraction;   /* of the last step: flushed / (count * world_size) */
-	double rel_error;	   /* of the last step's result against the fp32 mean */
+	double flushed_fraction;  /* of the last step: flushed / (count * world_size) */
+	double rel_error;         /* of the last step's result against the fp32 mean */
 	uint64_t overflow;        /* downlink values that saturated, over all steps */
 	uint64_t bytes_in;        /* payload bytes received */
 	uint64_t elements_in;     /* elements those bytes carried */
@@ -66,7 +66,7 @@ struct aps_job {
 	uint32_t world_size;
 	enum aps_scaling scaling;
 	bool downlink_auto; /* RESULT in each tensor's uplink format */
-	bool lowp;	    /* sum rounded to the format after each addition */
+	bool lowp;          /* sum rounded to the format after each addition */
 	struct aps_policy_config policy;
 	size_t chunk_elems; /* elements per chunk of its tensors */
 	struct aps_format downlink;

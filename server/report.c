@@ -142,18 +142,19 @@ static json_t *tensor(const struct aps_job *j, const struct aps_tensor *t)
 	double ratio = st->bytes_in ? (double)st->elements_in * 4.0 / (double)st->bytes_in : 0.0;
 
 	json_t *o = json_pack("{s:s, s:s, s:f, s:I}", "policy_format", t->policy.current.name,
-			      "reason", t->policy.reason, "rel_error", st->rel_error,
-			      "format_switches", (json_int_t)t->policy.switches);
+	                      "reason", t->policy.reason, "rel_error", st->rel_error,
+	                      "format_switches", (json_int_t)t->policy.switches);
 
-	json_object_update_new(o, json_pack("{s:s, s:s, s:i, s:I, s:s, s:s, s:i, s:i, s:f, s:I, s:I, "
-					"s:I, s:f, s:I}",
-			 "job", j->name, "name", t->name, "id", (int)t->id, "count",
-			 (json_int_t)t->count, "format", st->format, "scaling",
-	                 aps_scaling_name(j->scaling), "scale_exp", st->scale_exp, "down_scale_exp",
-	                 st->down_scale_exp, "flushed_fraction", st->flushed_fraction, "overflow",
-	                 (json_int_t)st->overflow, "bytes_in", (json_int_t)st->bytes_in,
-	                 "bytes_out", (json_int_t)st->bytes_out, "compression", ratio, "steps",
-			 (json_int_t)st->steps));
+	json_object_update_new(
+	        o, json_pack("{s:s, s:s, s:i, s:I, s:s, s:s, s:i, s:i, s:f, s:I, s:I, "
+	                     "s:I, s:f, s:I}",
+	                     "job", j->name, "name", t->name, "id", (int)t->id, "count",
+	                     (json_int_t)t->count, "format", st->format, "scaling",
+	                     aps_scaling_name(j->scaling), "scale_exp", st->scale_exp,
+	                     "down_scale_exp", st->down_scale_exp, "flushed_fraction",
+	                     st->flushed_fraction, "overflow", (json_int_t)st->overflow, "bytes_in",
+	                     (json_int_t)st->bytes_in, "bytes_out", (json_int_t)st->bytes_out,
+	                     "compression", ratio, "steps", (json_int_t)st->steps));
 	return o;
 }
 

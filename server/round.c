@@ -263,12 +263,13 @@ static int encode(const float *acc, size_t n, enum aps_scaling scaling,
 
 /* Adds the chunk's squared error (result against the fp32 mean) to the step's. */
 static int measure_error(struct aps_round *r, const float *mean, size_t n,
-			 const struct aps_round_result *res)
+                         const struct aps_round_result *res)
 {
-	if (r->err_scratch == NULL && (r->err_scratch = malloc(r->chunk_elems * sizeof(float))) == NULL)
+	if (r->err_scratch == NULL &&
+	    (r->err_scratch = malloc(r->chunk_elems * sizeof(float))) == NULL)
 		return APS_ENOMEM;
 	aps_codec_dequantize(&res->fmt, res->payload->data, res->payload->len, n, res->scale_exp,
-			     r->err_scratch);
+	                     r->err_scratch);
 	for (size_t i = 0; i < n; i++) {
 		double d = (double)r->err_scratch[i] - mean[i];
 		r->err_num += d * d;

@@ -67,10 +67,10 @@ struct aps_round {
 	struct aps_format step_fmt;    /* uplink format, the "auto" downlink */
 	int step_scale;                /* lowp: every rank's k */
 	uint64_t flushed;              /* sum of the ranks' flushed counts this step */
-	struct aps_trace *trace;	/* borrowed; NULL: no timeline */
-	bool measure_error;		/* the policy wants the result's relative error */
-	double err_num, err_den;	/* sums of (result - mean)^2 and mean^2 this step */
-	float *err_scratch;		/* one chunk of decoded result */
+	struct aps_trace *trace;       /* borrowed; NULL: no timeline */
+	bool measure_error;            /* the policy wants the result's relative error */
+	double err_num, err_den;       /* sums of (result - mean)^2 and mean^2 this step */
+	float *err_scratch;            /* one chunk of decoded result */
 	const char *label;             /* the tensor's name, for the timeline */
 };
 
@@ -82,7 +82,7 @@ struct aps_round_result {
 	struct aps_sbuf *payload; /* one reference for the caller */
 	float maxabs;             /* of the chunk's result */
 	struct aps_codec_stats stats;
-	bool step_done; /* this was the step's last chunk; the round moved on */
+	bool step_done;   /* this was the step's last chunk; the round moved on */
 	double rel_error; /* step_done with measure_error: ||result - mean|| / ||mean|| */
 };
 

@@ -7,8 +7,8 @@
 #define APS_SERVER_SERVER_H
 
 #include "common/scale.h"
-#include "server/policy.h"
 #include "proto/validate.h"
+#include "server/policy.h"
 
 #include <stdint.h>
 #include <uv.h>
@@ -23,7 +23,7 @@
 	X(bad_frames, "messages with a wrong number of frames")                              \
 	X(bad_session, "messages from a peer that has not joined a job, or as another rank") \
 	X(bad_state, "messages the job refused: unknown tensor, wrong step, duplicate")      \
-	X(refused_hello, "HELLOs refused: rank taken, world size or options differ, limits")  \
+	X(refused_hello, "HELLOs refused: rank taken, world size or options differ, limits") \
 	X(policy_switches, "format changes decided by the precision policy")
 
 struct aps_server_counters {

@@ -58,8 +58,8 @@ struct aps_request {
 	uint64_t count;
 	size_t chunk_elems;
 	float *buf;             /* the caller's: results are written here */
-	float *corrected;	/* error feedback: buf plus the tensor's residual (owned) */
-	float *residual;	/* error feedback: the tensor's residual (the tensor's) */
+	float *corrected;       /* error feedback: buf plus the tensor's residual (owned) */
+	float *residual;        /* error feedback: the tensor's residual (the tensor's) */
 	const float *src;       /* what is quantized: buf or corrected */
 	struct aps_sbuf *codes; /* what this rank sends */
 	struct aps_format fmt;
