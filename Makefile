@@ -6,7 +6,7 @@ BUILD   := build
 ASAN    := build-asan
 PREFIX  ?= /usr/local
 
-.PHONY: all deps build asan test test-unit test-python test-asan test-long demo bench install clean
+.PHONY: all deps build asan test test-unit test-python test-asan test-long demo demo-long bench install clean
 
 all: build
 
@@ -32,13 +32,33 @@ test: build asan
 test-long: build
 	meson test -C $(BUILD) --suite long --print-errorlogs --no-rebuild -v
 
+# libFuzzer on the message validator and the config parser (docs/FUZZING.md):
+# clang build in build-fuzz/, FUZZ_SECONDS per harness (make fuzz FUZZ_SECONDS=600).
+FUZZ_SECONDS ?= 20
+.PHONY: fuzz
+fuzz: deps
+	@tests/fuzz/run-fuzz.sh $(FUZZ_SECONDS)
+
+# Fashion-MNIST trained by apsd and 4 workers in fp32, e4m3 and e3m0, without
+# scaling and with APS: a table and build/demo/fashion_mnist.png (~2 min).
 demo: build
-	@$(PYTHON) worker/examples/codec_demo.py
+	@PYTHONPATH=worker/python $(PYTHON) worker/examples/fashion_mnist_demo.py
+
+# The longer, more faithful version (a CNN, ~10 min): build/demo/fashion_mnist_long.png.
+demo-long: build
+	@PYTHONPATH=worker/python $(PYTHON) worker/examples/fashion_mnist_demo.py --long
 
 bench: build
 	$(BUILD)/tests/bench/bench_codec
 	$(BUILD)/tests/bench/bench_blas
 	$(PYTHON) tests/bench/bench_codec.py
+	$(MAKE) --no-print-directory bench-allreduce
+
+# All-reduce through apsd (ResNet-50 shapes, 4 workers) against torch gloo and raw
+# ZeroMQ, a perf profile, 4 KiB latency, chunk pipelining (~4 min; docs/BENCHMARKS.md).
+.PHONY: bench-allreduce
+bench-allreduce: build
+	$(PYTHON) tests/bench/bench_allreduce.py --build $(BUILD)
 
 install: build
 	meson install -C $(BUILD)

@@ -9,7 +9,7 @@ libuv1-dev libzmq3-dev libprotobuf-c-dev protobuf-c-compiler libopenblas-dev
 libcmocka-dev libjansson-dev
 python3 python3-numpy python3-torch python3-pytest python3-matplotlib python3-zmq
 dataset-fashion-mnist
-valgrind hyperfine clang-format iproute2 tmux prometheus curl
+valgrind hyperfine clang-format iproute2 tmux prometheus curl systemd strace
 "
 
 missing=""

@@ -9,6 +9,7 @@
  */
 #include "server/config.h"
 
+#include "server/keys.h"
 #include "server/policy.h"
 
 #include "common/err.h"
@@ -49,6 +50,7 @@ struct key {
 	enum key_type type;
 	long long min, max;         /* KEY_INT, KEY_SIZE */
 	double rmin, rmax;          /* KEY_REAL */
+	const char *unset;          /* KEY_STRING: what the empty default means, and the metavar */
 	const char *const *choices; /* KEY_CHOICE, NULL-terminated */
 	const char *def;            /* default, as it would be written in the file */
 	const char *help;
@@ -61,6 +63,7 @@ static const char *const downlinks[] = { "auto", "fp32", "fp16", "bf16", NULL };
 static const char *const scalings[] = { "none", "local", "global", NULL };
 static const char *const sums[] = { "fp32", "lowp", NULL };
 static const char *const policies[] = { "off", "auto", NULL };
+static const char *const yes_no[] = { "no", "yes", NULL };
 static const char *const wide_formats[] = { "fp32", "fp16", "bf16", NULL };
 
 /* Name and place of a key, from the field itself so that they cannot disagree. */
@@ -92,17 +95,23 @@ static const struct key keys[] = {
 	{ KEY(sum), .type = KEY_CHOICE, .choices = sums, .def = "fp32",
 	  .help = "fp32: exact sum; lowp: rounded to the format after each addition (needs "
 	          "scaling = global)" },
-	{ KEY(stats), .type = KEY_STRING, .def = "",
+	{ KEY(stats), .type = KEY_STRING, .def = "", .unset = "automatic PATH",
 	  .help = "stats socket path (default: $RUNTIME_DIRECTORY/stats.sock, else "
 	          "$XDG_RUNTIME_DIR/apsd-PORT.sock, else /tmp/apsd-UID-PORT.sock)" },
-	{ KEY(metrics_listen), .type = KEY_STRING, .def = "",
+	{ KEY(metrics_listen), .type = KEY_STRING, .def = "", .unset = "off ADDR:PORT",
 	  .help = "ADDR:PORT where GET /metrics serves Prometheus metrics (default: off)" },
-	{ KEY(trace), .type = KEY_STRING, .def = "",
+	{ KEY(trace), .type = KEY_STRING, .def = "", .unset = "off FILE",
 	  .help = "write a Chrome-trace timeline of every round stage to this file (default: off)" },
+	{ KEY(curve_secret_key_file), .type = KEY_STRING, .def = "", .unset = "off FILE",
+	  .help = "the daemon's CURVE secret key (apsctl keygen): encrypts and authenticates" },
+	{ KEY(curve_allow_file), .type = KEY_STRING, .def = "", .unset = "off FILE",
+	  .help = "public keys of the workers let in, one per line (with curve_secret_key_file)" },
+	{ KEY(insecure), .type = KEY_CHOICE, .choices = yes_no, .def = "no",
+	  .help = "yes: allow listening beyond loopback without CURVE (gradients in clear)" },
 	{ KEY(policy), .type = KEY_CHOICE, .choices = policies, .def = "off",
 	  .help = "auto: tensors move up e3m0 -> e4m3 -> fp16 -> fp32 when flushed or wrong, "
 	          "small tensors travel in fp32 (workers may also ask for it)" },
-	{ KEY(rules), .type = KEY_STRING, .def = "",
+	{ KEY(rules), .type = KEY_STRING, .def = "", .unset = "none RULES",
 	  .help = "per-tensor formats by name, first match wins: \"*.bias=fp32,fc.*=fp16\"" },
 	{ KEY(schedule_steps), .type = KEY_INT, .min = 0, .max = 1000000000, .def = "0",
 	  .help = "the first N steps of every tensor travel in schedule_format" },
@@ -501,6 +510,31 @@ static const struct origin *origin_of(const struct loader *ld, const char *name)
 	return &ld->origin[idx];
 }
 
+/* Gradients leave the host only encrypted, unless the operator says otherwise. */
+static int check_security(struct loader *ld)
+{
+	const struct aps_config *c = &ld->cfg;
+	char where[APS_CONFIG_ERROR_MAX];
+
+	if ((c->curve_secret_key_file[0] == '\0') != (c->curve_allow_file[0] == '\0')) {
+		origin_describe(origin_of(ld, c->curve_allow_file[0] ? "curve_allow_file"
+		                                                     : "curve_secret_key_file"),
+		                where, sizeof(where));
+		return fail(ld->err,
+		            "%s: CURVE needs both curve_secret_key_file and "
+		            "curve_allow_file",
+		            where);
+	}
+	if (c->curve_secret_key_file[0] != '\0' || c->insecure ||
+	    aps_endpoint_is_loopback(c->listen))
+		return 0;
+	origin_describe(origin_of(ld, "listen"), where, sizeof(where));
+	return fail(ld->err,
+	            "%s: listening on %s without CURVE would send gradients in clear: set "
+	            "curve_secret_key_file and curve_allow_file, or insecure = yes",
+	            where, c->listen);
+}
+
 /* Rules are checked once, here, so that a typo stops the daemon at start. */
 static int check_rules(struct loader *ld)
 {
@@ -534,7 +568,7 @@ static int check_cross(struct loader *ld)
 	char where[APS_CONFIG_ERROR_MAX];
 
 	if ((long long)timeout >= 2LL * hb)
-		return check_sum(ld) < 0 ? APS_ECONFIG : check_rules(ld);
+		return check_sum(ld) < 0 || check_rules(ld) < 0 ? APS_ECONFIG : check_security(ld);
 	origin_describe(a->seq > b->seq ? a : b, where, sizeof(where));
 	return fail(ld->err,
 	            "%s: heartbeat_timeout_ms (%d) must be at least twice heartbeat_ms (%d)", where,
@@ -897,13 +931,18 @@ static void print_key_usage(FILE *out, const struct key *k)
 		[KEY_CHOICE] = "",           [KEY_INT] = "N",
 		[KEY_SIZE] = "SIZE",         [KEY_REAL] = "X",
 	};
-	char left[96], lo[32], hi[32];
-	int used = snprintf(left, sizeof(left), "--%s %s", k->name, metavars[k->type]);
+	/* "off FILE": the word says what empty means, the rest is the metavar */
+	const char *unset = k->unset != NULL ? k->unset : "none VALUE";
+	const char *metavar = k->type == KEY_STRING ? strchr(unset, ' ') + 1 : metavars[k->type];
+	char left[96], lo[32], hi[32], none[16];
+	int used = snprintf(left, sizeof(left), "--%s %s", k->name, metavar);
+
+	snprintf(none, sizeof(none), "(%.*s)", (int)strcspn(unset, " "), unset);
 
 	for (int i = 0; k->type == KEY_CHOICE && k->choices[i] != NULL; i++)
 		used += snprintf(left + used, sizeof(left) - (size_t)used, "%s%s", i ? "|" : "",
 		                 k->choices[i]);
-	fprintf(out, "  %-36s default %s", left, k->def[0] ? k->def : "(automatic)");
+	fprintf(out, "  %-36s default %s", left, k->def[0] ? k->def : none);
 	if (k->type == KEY_INT || k->type == KEY_SIZE) {
 		format_size((uint64_t)k->min, lo, sizeof(lo));
 		format_size((uint64_t)k->max, hi, sizeof(hi));

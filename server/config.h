@@ -51,10 +51,13 @@ struct aps_config {
 	enum aps_sum sum;                        /* how pushes are summed */
 	uint64_t chunk_bytes;                    /* chunk size of large tensors, in fp32 bytes */
 	char stats[APS_CONFIG_ENDPOINT_MAX + 1]; /* stats socket path; "" chooses one */
-	char metrics_listen[APS_CONFIG_ENDPOINT_MAX + 1]; /* "ADDR:PORT", "" for none */
-	char trace[APS_CONFIG_ENDPOINT_MAX + 1];          /* timeline file, "" for none */
-	int policy;                                       /* 0 off, 1 auto */
-	char rules[APS_CONFIG_ENDPOINT_MAX + 1];          /* "glob=format,..." */
+	char metrics_listen[APS_CONFIG_ENDPOINT_MAX + 1];        /* "ADDR:PORT", "" for none */
+	char trace[APS_CONFIG_ENDPOINT_MAX + 1];                 /* timeline file, "" for none */
+	char curve_secret_key_file[APS_CONFIG_ENDPOINT_MAX + 1]; /* "" no CURVE */
+	char curve_allow_file[APS_CONFIG_ENDPOINT_MAX + 1];
+	int insecure;                            /* 1: listen beyond loopback without CURVE */
+	int policy;                              /* 0 off, 1 auto */
+	char rules[APS_CONFIG_ENDPOINT_MAX + 1]; /* "glob=format,..." */
 	int schedule_steps;
 	int schedule_format; /* index of fp32, fp16, bf16 */
 	int small_tensor_elems;

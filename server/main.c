@@ -8,7 +8,9 @@
 #include "common/statspath.h"
 #include "common/trace.h"
 #include "server/config.h"
+#include "server/keys.h"
 #include "server/metrics.h"
+#include "server/notify.h"
 #include "server/server.h"
 #include "server/stats.h"
 
@@ -24,14 +26,73 @@ struct daemon {
 	struct aps_stats *stats;
 	struct aps_metrics *metrics;
 	struct aps_trace *trace;
-	uv_signal_t sigint, sigterm;
+	struct aps_keys secret, allow; /* CURVE; empty without it */
+	int argc;                      /* kept for SIGHUP, which parses them again */
+	char **argv;
+	struct aps_notify notify;
+	bool notify_failed; /* a failed notification was logged */
+	uv_signal_t sigint, sigterm, sighup;
+	uv_timer_t watchdog;
 };
+
+/* Logs the first failed notification only: the daemon goes on without them. */
+static void notify_check(struct daemon *d, int ret, const char *what)
+{
+	if (ret >= 0 || d->notify_failed)
+		return;
+	d->notify_failed = true;
+	aps_log_warn("apsd", "cannot notify the service manager message=%s reason=\"%s\" errno=%d",
+	             what, aps_strerror(ret), d->notify.sys_errno);
+}
+
+static void notify_status(struct daemon *d)
+{
+	const struct aps_server_counters *c = aps_server_counters(d->srv);
+	int ret = aps_notify_status(
+	        &d->notify, "serving %s: %llu rounds, %llu jobs started, %llu ranks lost",
+	        d->cfg.listen, (unsigned long long)c->rounds, (unsigned long long)c->jobs_started,
+	        (unsigned long long)c->peers_lost);
+
+	notify_check(d, ret, "STATUS");
+}
+
+static void on_watchdog(uv_timer_t *t)
+{
+	struct daemon *d = t->data;
+
+	notify_check(d, aps_notify_watchdog(&d->notify), "WATCHDOG");
+	notify_status(d);
+}
+
+/* SIGHUP: the file and flags again; log_level applies now, other keys at restart. */
+static void on_reload(uv_signal_t *h, int signum)
+{
+	struct daemon *d = h->data;
+	struct aps_config cfg;
+	struct aps_config_error err;
+	bool exit_now = false;
+
+	(void)signum;
+	notify_check(d, aps_notify_reloading(&d->notify), "RELOADING");
+	aps_config_defaults(&cfg);
+	if (aps_config_parse_args(&cfg, d->argc, d->argv, &err, &exit_now) < 0) {
+		aps_log_error("apsd", "reload failed, configuration unchanged: %s", err.message);
+	} else {
+		d->cfg.log_level = cfg.log_level;
+		aps_log_set_level(cfg.log_level);
+		aps_log_info("apsd", "reloaded log_level=%s", aps_log_level_name(cfg.log_level));
+	}
+	notify_check(d, aps_notify_ready(&d->notify), "READY");
+}
 
 static void on_signal(uv_signal_t *h, int signum)
 {
 	struct daemon *d = h->data;
 
 	aps_log_info("apsd", "stopping signal=%s", signum == SIGINT ? "SIGINT" : "SIGTERM");
+	notify_check(d, aps_notify_stopping(&d->notify), "STOPPING");
+	uv_close((uv_handle_t *)&d->watchdog, NULL);
+	uv_close((uv_handle_t *)&d->sighup, NULL);
 	aps_stats_close(d->stats);
 	d->stats = NULL;
 	aps_metrics_close(d->metrics);
@@ -45,9 +106,11 @@ static void watch_signals(struct daemon *d, uv_loop_t *loop)
 {
 	uv_signal_init(loop, &d->sigint);
 	uv_signal_init(loop, &d->sigterm);
-	d->sigint.data = d->sigterm.data = d;
+	uv_signal_init(loop, &d->sighup);
+	d->sigint.data = d->sigterm.data = d->sighup.data = d;
 	uv_signal_start(&d->sigint, on_signal, SIGINT);
 	uv_signal_start(&d->sigterm, on_signal, SIGTERM);
+	uv_signal_start(&d->sighup, on_reload, SIGHUP);
 }
 
 static struct aps_server_opts server_opts(struct daemon *d)
@@ -74,6 +137,28 @@ static struct aps_server_opts server_opts(struct daemon *d)
 	};
 }
 
+/* CURVE keys, or the warning that gradients travel in clear beyond this host. */
+static int load_keys(struct daemon *d)
+{
+	char why[512];
+
+	if (d->cfg.curve_secret_key_file[0] == '\0') {
+		if (!aps_endpoint_is_loopback(d->cfg.listen))
+			aps_log_warn("apsd",
+			             "insecure: listening on %s without CURVE, gradients "
+			             "travel in clear",
+			             d->cfg.listen);
+		return 0;
+	}
+	if (aps_keys_load(d->cfg.curve_secret_key_file, &d->secret, why, sizeof(why)) < 0 ||
+	    aps_keys_load(d->cfg.curve_allow_file, &d->allow, why, sizeof(why)) < 0) {
+		fprintf(stderr, "apsd: %s\n", why);
+		return APS_ECONFIG;
+	}
+	aps_log_info("apsd", "CURVE on allowed_keys=%zu", d->allow.n);
+	return 0;
+}
+
 static int start(struct daemon *d, uv_loop_t *loop)
 {
 	struct aps_server_opts opts;
@@ -87,6 +172,11 @@ static int start(struct daemon *d, uv_loop_t *loop)
 	}
 	opts = server_opts(d);
 	aps_config_get_policy(&d->cfg, &opts.policy);
+	if (d->secret.n > 0) {
+		opts.curve_secret = d->secret.keys[0];
+		opts.curve_allow = d->allow.list;
+		opts.n_curve_allow = d->allow.n;
+	}
 	ret = aps_server_new(&d->srv, loop, &opts);
 	if (ret < 0) {
 		aps_log_error("apsd", "cannot start endpoint=%s reason=\"%s\"", d->cfg.listen,
@@ -118,6 +208,7 @@ int main(int argc, char **argv)
 	struct aps_config_error err;
 	bool exit_now = false;
 	uv_loop_t *loop;
+	int watchdog_ms;
 
 	aps_config_defaults(&d.cfg);
 	if (aps_config_parse_args(&d.cfg, argc, argv, &err, &exit_now) < 0) {
@@ -127,19 +218,39 @@ int main(int argc, char **argv)
 	if (exit_now)
 		return 0;
 	aps_log_set_level(d.cfg.log_level);
+	if (load_keys(&d) < 0)
+		return 2;
 	aps_config_describe(&d.cfg, d.summary, sizeof(d.summary));
 	signal(SIGPIPE, SIG_IGN);
+	d.argc = argc;
+	d.argv = argv;
+	watchdog_ms = aps_notify_init(&d.notify);
+	if (watchdog_ms < 0)
+		aps_log_warn("apsd", "NOTIFY_SOCKET or WATCHDOG_USEC unusable reason=\"%s\"",
+		             aps_strerror(watchdog_ms));
 	loop = uv_default_loop();
-	if (start(&d, loop) < 0)
+	if (start(&d, loop) < 0) {
+		aps_notify_close(&d.notify);
 		return 1;
+	}
 	watch_signals(&d, loop);
+	uv_timer_init(loop, &d.watchdog);
+	d.watchdog.data = &d;
+	if (watchdog_ms > 0)
+		uv_timer_start(&d.watchdog, on_watchdog, (uint64_t)watchdog_ms,
+		               (uint64_t)watchdog_ms);
+	notify_check(&d, aps_notify_ready(&d.notify), "READY");
+	notify_status(&d);
 	aps_log_info("apsd", "listening endpoint=%s stats=%s version=%s %s", d.cfg.listen,
 	             d.stats_path, APS_VERSION, d.summary);
 	uv_run(loop, UV_RUN_DEFAULT);
 	aps_server_log_counters(d.srv);
 	aps_server_free(d.srv);
 	aps_trace_close(d.trace);
+	aps_keys_free(&d.secret);
+	aps_keys_free(&d.allow);
 	uv_loop_close(loop);
+	aps_notify_close(&d.notify);
 	aps_log_info("apsd", "stopped");
 	return 0;
 }

@@ -229,8 +229,10 @@ static int init_downlink(struct aps_server *srv)
 int aps_server_new(struct aps_server **out, uv_loop_t *loop, const struct aps_server_opts *o)
 {
 	static const struct aps_zbridge_ops ops = { on_message, on_disconnect };
-	struct aps_zbridge_opts zo = { o->endpoint, o->heartbeat_ms, o->heartbeat_timeout_ms,
-		                       o->max_message_bytes, o->drain_batch };
+	struct aps_zbridge_opts zo = {
+		o->endpoint,    o->heartbeat_ms, o->heartbeat_timeout_ms, o->max_message_bytes,
+		o->drain_batch, o->curve_secret, o->curve_allow,          o->n_curve_allow
+	};
 	struct aps_server *srv = calloc(1, sizeof(*srv));
 	int ret;
 

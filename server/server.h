@@ -49,6 +49,9 @@ struct aps_server_opts {
 	const char *summary;      /* the configuration in one line, for reports */
 	struct aps_trace *trace;  /* borrowed; NULL: no timeline */
 	struct aps_policy_config policy; /* hybrid precision of new jobs */
+	const char *curve_secret;        /* Z85; NULL: no CURVE */
+	const char *const *curve_allow;  /* Z85 public keys of the workers let in */
+	size_t n_curve_allow;
 };
 
 struct aps_server;

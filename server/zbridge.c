@@ -14,6 +14,7 @@
 
 #include "common/err.h"
 #include "common/log.h"
+#include "server/zbridge_zap.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -51,6 +52,7 @@ struct aps_zbridge {
 	struct aps_zbridge_ops ops;
 	void *ctx;
 	struct aps_zbridge_counters cnt;
+	struct aps_zap *zap; /* NULL without CURVE */
 };
 
 static void on_idle(uv_idle_t *h);
@@ -66,8 +68,9 @@ bool aps_peer_equal(const struct aps_peer *a, const struct aps_peer *b)
 	return a->len == b->len && memcmp(a->id, b->id, a->len) == 0;
 }
 
-const struct aps_zbridge_counters *aps_zbridge_counters(const struct aps_zbridge *b)
+const struct aps_zbridge_counters *aps_zbridge_counters(struct aps_zbridge *b)
 {
+	aps_zap_counts(b->zap, &b->cnt.auth_accepted, &b->cnt.auth_refused);
 	return &b->cnt;
 }
 
@@ -192,9 +195,10 @@ static void drain(struct aps_zbridge *b)
 {
 	struct frames f;
 
-	drain_monitor(b);
+	/* Messages first: a peer's last ones (a BYE) arrived before its disconnect. */
 	for (int i = 0; i < b->drain_batch; i++) {
 		if (b->router == NULL || !readable(b->router)) {
+			drain_monitor(b);
 			uv_idle_stop(&b->idle);
 			return;
 		}
@@ -329,6 +333,24 @@ static int set_int(void *sock, int opt, int value)
 	return zmq_setsockopt(sock, opt, &value, sizeof(value));
 }
 
+/* CURVE on the ROUTER, with the ZAP handler that checks every worker's key. */
+static int enable_curve(struct aps_zbridge *b, const struct aps_zbridge_opts *o)
+{
+	int ret = aps_zap_start(&b->zap, b->zctx, b->loop, o->curve_allow, o->n_curve_allow);
+
+	if (ret < 0) {
+		aps_log_error("zbridge", "cannot start the ZAP handler: %s", aps_strerror(ret));
+		return ret;
+	}
+	set_int(b->router, ZMQ_CURVE_SERVER, 1);
+	if (zmq_setsockopt(b->router, ZMQ_CURVE_SECRETKEY, o->curve_secret, 40) < 0 ||
+	    zmq_setsockopt(b->router, ZMQ_ZAP_DOMAIN, "apsd", 4) < 0) {
+		aps_log_error("zbridge", "the CURVE secret key is not a Z85 key");
+		return APS_EINVAL;
+	}
+	return 0;
+}
+
 static int open_router(struct aps_zbridge *b, const struct aps_zbridge_opts *o)
 {
 	int64_t max_msg = o->max_message_bytes;
@@ -345,6 +367,8 @@ static int open_router(struct aps_zbridge *b, const struct aps_zbridge_opts *o)
 	}
 	if (max_msg > 0)
 		zmq_setsockopt(b->router, ZMQ_MAXMSGSIZE, &max_msg, sizeof(max_msg));
+	if (o->curve_secret != NULL && enable_curve(b, o) < 0)
+		return APS_ECONN;
 	if (zmq_bind(b->router, o->endpoint) < 0) {
 		aps_log_error("zbridge", "cannot listen endpoint=%s reason=\"%s\"", o->endpoint,
 		              zmq_strerror(errno));
@@ -447,6 +471,8 @@ static void close_sockets(struct aps_zbridge *b, int linger_ms)
 		zmq_close(b->monitor);
 		b->monitor = NULL;
 	}
+	aps_zap_stop(b->zap);
+	b->zap = NULL;
 	if (b->zctx != NULL) {
 		zmq_ctx_term(b->zctx);
 		b->zctx = NULL;

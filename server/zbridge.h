@@ -45,10 +45,13 @@ struct aps_zbridge_ops {
 
 struct aps_zbridge_opts {
 	const char *endpoint;
-	int heartbeat_ms;          /* ZMTP heartbeats; 0 = off */
-	int heartbeat_timeout_ms;  /* a silent connection is closed after this */
-	int64_t max_message_bytes; /* ZMQ_MAXMSGSIZE */
-	int drain_batch;           /* messages per loop iteration */
+	int heartbeat_ms;               /* ZMTP heartbeats; 0 = off */
+	int heartbeat_timeout_ms;       /* a silent connection is closed after this */
+	int64_t max_message_bytes;      /* ZMQ_MAXMSGSIZE */
+	int drain_batch;                /* messages per loop iteration */
+	const char *curve_secret;       /* Z85 secret key of the daemon; NULL: no CURVE */
+	const char *const *curve_allow; /* Z85 public keys of the workers let in */
+	size_t n_curve_allow;
 };
 
 struct aps_zbridge_counters {
@@ -57,6 +60,7 @@ struct aps_zbridge_counters {
 	uint64_t unroutable; /* sends to a peer that had disconnected */
 	uint64_t dropped;    /* queued sends discarded when the socket closed */
 	uint64_t bad_frames; /* messages with a wrong number of frames */
+	uint64_t auth_accepted, auth_refused; /* CURVE handshakes */
 };
 
 struct aps_zbridge;
@@ -79,7 +83,7 @@ int aps_zbridge_take_payload(struct aps_inmsg *m, struct aps_payload *out);
 int aps_zbridge_send(struct aps_zbridge *b, const struct aps_peer *peer, const uint8_t *hdr,
                      size_t hdr_len, struct aps_sbuf *payload);
 
-const struct aps_zbridge_counters *aps_zbridge_counters(const struct aps_zbridge *b);
+const struct aps_zbridge_counters *aps_zbridge_counters(struct aps_zbridge *b);
 
 bool aps_peer_equal(const struct aps_peer *a, const struct aps_peer *b);
 

@@ -129,6 +129,7 @@ static void test_config_defaults(void **state)
 	                    "heartbeat_ms=1000 heartbeat_timeout_ms=5000 max_jobs=64 "
 	                    "max_ranks=1024 max_tensors=65536 max_message_bytes=1G "
 	                    "drain_batch=256 scaling=local sum=fp32 stats= metrics_listen= trace= "
+	                    "curve_secret_key_file= curve_allow_file= insecure=no "
 	                    "policy=off rules= schedule_steps=0 schedule_format=fp32 "
 	                    "small_tensor_elems=1024 flush_up=0.01 flush_down=0.001 error_up=0.1 "
 	                    "error_down=0.02 window_up=3 window_down=50 chunk_bytes=4M");

@@ -135,13 +135,25 @@ struct aps_client_opts {
 	int32_t policy_auto; /* 1: ask for the daemon's automatic precision policy */
 	const char *rules;   /* formats by tensor name, first match wins: "*.bias=fp32,fc.*=fp16";
 	                        NULL: every tensor in format */
-	int32_t error_feedback; /* 1: keep each tensor's quantization residual and add it to
-	                           the next step's gradient (what is flushed is delayed, not lost)
-	                         */
+	int32_t error_feedback;       /* 1: keep each tensor's quantization residual and add it to
+	                                 the next step's gradient (what is flushed is delayed, not lost)
+	                               */
+	const char *curve_server_key; /* the daemon's Z85 public key: encrypt and authenticate */
+	const char *curve_public_key; /* this worker's Z85 key pair (aps_curve_keypair), */
+	const char *curve_secret_key; /* whose public half is in the daemon's allowlist */
 };
+
+/**
+ * Generates a CURVE key pair as two Z85 strings of 40 characters (buffers of
+ * at least 41 bytes). Returns 0, or APS_ESYS when ZeroMQ has no CURVE.
+ */
+int aps_curve_keypair(char *public_key, char *secret_key);
 
 /** Fills o with the defaults (rank 0 of a world of 1). */
 void aps_client_opts_init(struct aps_client_opts *o);
+
+/** sizeof(struct aps_client_opts) of this library, for bindings to check theirs. */
+size_t aps_client_opts_size(void);
 
 /**
  * Joins the job: connects, says HELLO and waits for the daemon's WELCOME.

@@ -4,8 +4,10 @@
  * with --json); `apsctl top` refreshes a live view until q or Ctrl-C.
  */
 #include "common/statspath.h"
+#include "worker/aps.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <poll.h>
 #include <signal.h>
@@ -31,6 +33,7 @@ static int usage(void)
 {
 	fprintf(stderr, "usage: apsctl [--stats PATH | --endpoint ENDPOINT] "
 	                "stats|jobs|workers|tensors|top [--json]\n"
+	                "       apsctl keygen PREFIX   writes PREFIX.key (secret) and PREFIX.pub\n"
 	                "  the socket is --stats, else $APS_STATS, else the default path of the\n"
 	                "  daemon at --endpoint (default $APS_ENDPOINT or tcp://127.0.0.1:5555)\n");
 	return 2;
@@ -357,10 +360,45 @@ static int parse(struct opts *o, int argc, char **argv)
 	return 0;
 }
 
+/* Writes one key line to path with mode 0600, refusing to overwrite. */
+static int write_key(const char *path, const char *key, const char *what)
+{
+	int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+
+	if (fd < 0 || dprintf(fd, "# apsd CURVE %s key (Z85)\n%s\n", what, key) < 0) {
+		fprintf(stderr, "apsctl: cannot write %s: %s\n", path, strerror(errno));
+		if (fd >= 0)
+			close(fd);
+		return 1;
+	}
+	return close(fd) < 0;
+}
+
+/* A CURVE key pair: PREFIX.key for the owner, PREFIX.pub for the allowlist. */
+static int keygen(const char *prefix)
+{
+	char public_key[41], secret_key[41], path[4096];
+
+	if (aps_curve_keypair(public_key, secret_key) < 0) {
+		fprintf(stderr, "apsctl: ZeroMQ has no CURVE support here\n");
+		return 1;
+	}
+	snprintf(path, sizeof(path), "%s.key", prefix);
+	if (write_key(path, secret_key, "secret") != 0)
+		return 1;
+	snprintf(path, sizeof(path), "%s.pub", prefix);
+	if (write_key(path, public_key, "public") != 0)
+		return 1;
+	printf("%s.key (secret, 0600) and %s.pub (public): %s\n", prefix, prefix, public_key);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	struct opts o = { 0 };
 
+	if (argc == 3 && strcmp(argv[1], "keygen") == 0 && argv[2][0] != '-')
+		return keygen(argv[2]);
 	if (parse(&o, argc, argv) < 0)
 		return usage();
 	if (strcmp(o.command, "top") == 0)

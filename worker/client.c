@@ -32,6 +32,11 @@ void aps_client_opts_init(struct aps_client_opts *o)
 	o->heartbeat_ms = 1000;
 }
 
+size_t aps_client_opts_size(void)
+{
+	return sizeof(struct aps_client_opts);
+}
+
 int64_t aps_client_now_ms(void)
 {
 	struct timespec ts;
@@ -236,8 +241,14 @@ int aps_client_new(aps_client **out, const struct aps_client_opts *o)
 	if (c == NULL)
 		return aps_api_fail(APS_ENOMEM, "out of memory");
 	copy_opts(c, o, &fmt);
-	if (aps_transport_open(&c->tr, o->endpoint, c->heartbeat_ms) < 0) {
+	ret = aps_transport_open(&c->tr, o->endpoint, c->heartbeat_ms,
+	                         &(struct aps_transport_curve){ o->curve_server_key,
+	                                                        o->curve_public_key,
+	                                                        o->curve_secret_key });
+	if (ret < 0) {
 		free(c);
+		if (ret == APS_EINVAL)
+			return aps_api_fail(ret, "a CURVE key is not a Z85 key of 40 characters");
 		return aps_api_fail(APS_ECONN, "cannot connect to '%.200s': %s", o->endpoint,
 		                    aps_transport_strerror());
 	}

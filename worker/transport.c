@@ -6,6 +6,7 @@
 #include "worker/transport.h"
 
 #include "common/err.h"
+#include "worker/aps.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -24,8 +25,29 @@ static int set_int(void *sock, int opt, int value)
 	return zmq_setsockopt(sock, opt, &value, sizeof(value));
 }
 
-int aps_transport_open(struct aps_transport **out, const char *endpoint, int heartbeat_ms)
+static int set_curve(void *sock, const struct aps_transport_curve *curve)
 {
+	if (curve == NULL || curve->server_key == NULL)
+		return 0;
+	if (zmq_setsockopt(sock, ZMQ_CURVE_SERVERKEY, curve->server_key, 40) < 0 ||
+	    zmq_setsockopt(sock, ZMQ_CURVE_PUBLICKEY, curve->public_key, 40) < 0 ||
+	    zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, curve->secret_key, 40) < 0)
+		return APS_EINVAL;
+	return 0;
+}
+
+int aps_curve_keypair(char *public_key, char *secret_key)
+{
+	if (public_key == NULL || secret_key == NULL)
+		return APS_EINVAL;
+	return zmq_curve_keypair(public_key, secret_key) < 0 ? APS_ESYS : 0;
+}
+
+int aps_transport_open(struct aps_transport **out, const char *endpoint, int heartbeat_ms,
+                       const struct aps_transport_curve *curve)
+{
+	int ret = APS_ECONN;
+
 	struct aps_transport *t = calloc(1, sizeof(*t));
 
 	if (t == NULL)
@@ -41,6 +63,10 @@ int aps_transport_open(struct aps_transport **out, const char *endpoint, int hea
 		set_int(t->sock, ZMQ_HEARTBEAT_IVL, heartbeat_ms);
 		set_int(t->sock, ZMQ_HEARTBEAT_TIMEOUT, 5 * heartbeat_ms);
 	}
+	if (set_curve(t->sock, curve) < 0) {
+		ret = APS_EINVAL;
+		goto err_close;
+	}
 	if (zmq_connect(t->sock, endpoint) < 0)
 		goto err_close;
 	*out = t;
@@ -51,7 +77,7 @@ err_term:
 	zmq_ctx_term(t->zctx);
 err_free:
 	free(t);
-	return APS_ECONN;
+	return ret;
 }
 
 static void drop_frames(struct aps_transport *t)

@@ -23,8 +23,17 @@ struct aps_rxmsg {
 	size_t payload_len;
 };
 
-/* Connects (asynchronously: nothing waits here). Returns 0, APS_ECONN or APS_ENOMEM. */
-int aps_transport_open(struct aps_transport **out, const char *endpoint, int heartbeat_ms);
+/* CURVE keys of a connection (Z85); server_key NULL: in clear. */
+struct aps_transport_curve {
+	const char *server_key, *public_key, *secret_key;
+};
+
+/*
+ * Connects (asynchronously: nothing waits here). Returns 0, APS_EINVAL (a
+ * CURVE key is not Z85), APS_ECONN or APS_ENOMEM.
+ */
+int aps_transport_open(struct aps_transport **out, const char *endpoint, int heartbeat_ms,
+                       const struct aps_transport_curve *curve);
 
 /* Closes; queued messages get up to linger_ms to leave. NULL is a no-op. */
 void aps_transport_close(struct aps_transport *t, int linger_ms);

@@ -429,6 +429,10 @@ int main(int argc, char **argv)
 	o.scaling = (int32_t)a.scaling;
 	o.timeout_ms = a.timeout_ms;
 	o.policy_auto = a.policy;
+	/* CURVE keys (Z85) from the environment, as a deployment would pass them */
+	o.curve_server_key = getenv("APS_CURVE_SERVER_KEY");
+	o.curve_public_key = getenv("APS_CURVE_PUBLIC_KEY");
+	o.curve_secret_key = getenv("APS_CURVE_SECRET_KEY");
 	o.error_feedback = a.ef;
 	if ((ret = aps_client_new(&c, &o)) < 0)
 		return fail(ret);

@@ -78,7 +78,15 @@ def test_hostile_stats_clients_do_not_stall_rounds(daemon):
     assert time.monotonic() - start < 10
     for s in idle + [flood]:
         s.close()
-    assert ask(path, "stats")["counters"]["rounds"] == 20
+    # their slots free up as the daemon sees them go (or at the 5 s deadline)
+    deadline = time.monotonic() + 7
+    while True:
+        try:
+            assert ask(path, "stats")["counters"]["rounds"] == 20
+            break
+        except (ConnectionResetError, json.JSONDecodeError):
+            assert time.monotonic() < deadline, "the stats socket never freed up"
+            time.sleep(0.1)
 
 
 def test_two_daemons_get_two_sockets_and_a_stale_one_is_replaced(daemon_factory, tmp_path):

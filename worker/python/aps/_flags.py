@@ -57,21 +57,23 @@ class AnyRankFlag:
                 buf[0] = self.value
         for h in handles:
             h.add_done_callback(note)
-        return FlagHandle(self.client.allreduce_async(self.name, buf))
+        return FlagHandle(self.client.allreduce_many_async([(self.name, buf)]), buf)
 
 
 class FlagHandle:
     """The pending outcome of AnyRankFlag.reduce_after."""
 
-    def __init__(self, handle):
+    def __init__(self, handle, buf):
         self._handle = handle
+        self._buf = buf
 
     def done(self):
         return self._handle.done()
 
     def wait(self, timeout=None):
         """True if any rank raised the flag; raises the call's error."""
-        return bool(self._handle.wait(timeout)[0] > 0)
+        self._handle.wait(timeout)
+        return bool(self._buf[0] > 0)
 
     def add_done_callback(self, fn):
         self._handle.add_done_callback(lambda _h: fn(self))

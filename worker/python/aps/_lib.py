@@ -56,7 +56,9 @@ LogFn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p)
 
 
 class ClientOpts(ctypes.Structure):
-    """struct aps_client_opts; fill with aps_client_opts_init."""
+    """struct aps_client_opts, member for member; fill it with
+    aps_client_opts_init. Its size is checked against the library's
+    aps_client_opts_size() when the library is loaded."""
     _fields_ = [
         ("endpoint", ctypes.c_char_p),
         ("job", ctypes.c_char_p),
@@ -69,6 +71,13 @@ class ClientOpts(ctypes.Structure):
         ("heartbeat_ms", ctypes.c_int32),
         ("log", LogFn),
         ("log_ctx", ctypes.c_void_p),
+        ("trace", ctypes.c_char_p),
+        ("policy_auto", ctypes.c_int32),
+        ("rules", ctypes.c_char_p),
+        ("error_feedback", ctypes.c_int32),
+        ("curve_server_key", ctypes.c_char_p),
+        ("curve_public_key", ctypes.c_char_p),
+        ("curve_secret_key", ctypes.c_char_p),
     ]
 
 
@@ -124,10 +133,16 @@ _SIGNATURES = {
     "aps_client_register": (ctypes.c_int, [_P, ctypes.c_char_p, _U64,
                                            ctypes.POINTER(ctypes.c_uint32)]),
     "aps_client_allreduce": (ctypes.c_int, [_P, ctypes.c_uint32, _P, _U64, _I32]),
+    "aps_client_allreduce_start": (ctypes.c_int, [_P, ctypes.c_uint32, _P, _U64, _I32,
+                                                  ctypes.POINTER(_P)]),
+    "aps_request_wait": (ctypes.c_int, [_P]),
+    "aps_request_done": (ctypes.c_int, [_P]),
     "aps_client_broadcast": (ctypes.c_int, [_P, ctypes.c_uint32, _P, _U64, _I32]),
     "aps_client_barrier": (ctypes.c_int, [_P, _I32]),
     "aps_client_close": (ctypes.c_int, [_P]),
 }
+_SIGNATURES["aps_client_opts_size"] = (ctypes.c_size_t, [])
+_SIGNATURES["aps_curve_keypair"] = (ctypes.c_int, [ctypes.c_char_p, ctypes.c_char_p])
 for _name, (_restype, _argtypes) in _SIGNATURES.items():
     _fn = getattr(lib, _name)
     _fn.restype = _restype
@@ -143,10 +158,20 @@ def error_for(ret, detail):
     return err
 
 
+def last_error(ret):
+    """The exception for the call that just failed with ret on this thread
+    (aps_last_error is per thread: call it on the thread that failed)."""
+    detail = lib.aps_last_error().decode() or lib.aps_strerror(ret).decode()
+    return error_for(ret, detail)
+
+
 def check(ret):
-    """Raises Error for a negative return code, else returns ret. Reads
-    aps_last_error, which is per thread: call it on the thread that failed."""
+    """Raises Error for a negative return code, else returns ret."""
     if ret < 0:
-        detail = lib.aps_last_error().decode() or lib.aps_strerror(ret).decode()
-        raise error_for(ret, detail)
+        raise last_error(ret)
     return ret
+
+if lib.aps_client_opts_size() != ctypes.sizeof(ClientOpts):
+    raise ImportError(f"libaps has a struct aps_client_opts of {lib.aps_client_opts_size()} "
+                      f"bytes, this binding {ctypes.sizeof(ClientOpts)}: they are from "
+                      "different versions")

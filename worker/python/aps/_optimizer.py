@@ -8,12 +8,13 @@ How a step flows:
   post-accumulate hook on the tensor) marks the gradient ready. When every
   gradient of a bucket is ready, the bucket is queued on the client's I/O
   thread, while backward goes on. Buckets are queued strictly in bucket order,
-  so every rank makes the same calls in the same order (the blocking C client
-  serves one tensor at a time and must not wait for a tensor another rank
+  so every rank makes the same calls in the same order (the I/O thread runs
+  one bucket after the other and must not wait for a bucket another rank
   sends later).
 - Inside a bucket every tensor is its own all-reduce with its own APS
-  exponent (the paper's point is per layer); Client.allreduce_many_async is
-  the one place a batched C call will replace the loop.
+  exponent (the paper's point is per layer), all started before any is
+  waited for; Client.allreduce_many_async is the one place a batched C call
+  (one message for many tensors) would replace that loop.
 - step() (or synchronize()) queues the buckets not yet sent: a parameter with
   no gradient on this rank (unused branch) contributes zeros and receives the
   mean like the others, so no rank waits and every rank applies the same
@@ -240,8 +241,7 @@ class DistributedOptimizer:
                     p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
                 items.append((name, stage.load(p.grad)))
         bucket.handle = self.client.allreduce_many_async(
-            items, nonfinite="zero" if self.check_finite else "raise",
-            _what=f"gradient bucket {bucket.index}")
+            items, nonfinite="zero" if self.check_finite else "raise")
         self._next += 1
 
     def _reset(self):

@@ -7,11 +7,12 @@
         h.wait()
 
 Every foreign call runs on the client's one I/O thread, in the order the calls
-were made (the C client is not thread-safe and serves one tensor at a time).
-So every rank must make its calls in the same order; a call blocks only the
-I/O thread, and the GIL is released while it waits on the network. A tensor
-is passed by address and reduced in place: it must stay alive and untouched
-until its handle is done.
+were made (the C client is not thread-safe: one thread at a time). A call
+blocks only that thread, and the GIL is released while it waits on the
+network. The tensors of one allreduce_many_async are all in flight at once;
+the next call starts when they are all back, so every rank must make its
+calls in the same order. A tensor is passed by address and reduced in place:
+it must stay alive and untouched until its handle is done.
 """
 
 import ctypes
@@ -24,7 +25,7 @@ import numpy as np
 from aps import _env
 from aps._buffers import float32_buffer
 from aps._io import IOThread
-from aps._lib import ClientOpts, Error, LogFn, check, error_for, lib
+from aps._lib import ClientOpts, LogFn, check, error_for, last_error, lib
 
 _SCALING = {"none": 0, "local": 1, "global": 2}
 _LOG_LEVELS = {0: logging.ERROR, 1: logging.WARNING, 2: logging.INFO, 3: logging.DEBUG}
@@ -60,22 +61,43 @@ class Client:
     """A connection to apsd as rank `rank` of `world_size` in job `job`.
 
     format is the uplink format of every tensor ("fp32", "e4m3", "e3m0", ...),
-    scaling "local" (APS, the default) or "none", downlink the format of
-    results (None: the uplink format). timeout_ms bounds each call without
-    progress. Raises aps.Error (e.g. APS_ETIMEDOUT when no daemon answers,
-    APS_EBUSY when the rank is taken) or aps.ArgumentError for bad options.
+    scaling "local" (APS, the default), "global" (the paper) or "none",
+    downlink the format of results (None: the uplink format). timeout_ms
+    bounds each call without progress.
+
+    Hybrid precision (opt-in; a plain format= pins every tensor): policy="auto"
+    lets the daemon move tensors that lose too much to a wider format and send
+    small tensors in fp32; rules="fc.*=fp32,*.bias=fp16" asks formats by name;
+    error_feedback=True carries what quantization lost into the next step.
+    trace="file.json" writes a Chrome-trace timeline of every call. CURVE keys
+    (Z85 strings, see `apsctl keygen`) encrypt and authenticate the connection.
+
+    Raises aps.Error (e.g. APS_ETIMEDOUT when no daemon answers, APS_EBUSY when
+    the rank is taken) or aps.ArgumentError for bad options.
     """
 
     def __init__(self, endpoint, rank, world_size, format="e4m3", scaling="local",
-                 job="default", downlink=None, timeout_ms=60000):
+                 job="default", downlink=None, timeout_ms=60000, policy=None, rules=None,
+                 error_feedback=False, trace=None, curve_server_key=None,
+                 curve_public_key=None, curve_secret_key=None):
         if scaling not in _SCALING:
             raise ValueError(f"scaling must be one of {sorted(_SCALING)}, not {scaling!r}")
+        if policy not in (None, "auto"):
+            raise ValueError(f"policy must be None or 'auto', not {policy!r}")
         self._strings = [_check_str(endpoint, "endpoint"), _check_str(job, "job"),
                          _check_str(format, "format"),
-                         _check_str(downlink, "downlink", allow_none=True)]
+                         _check_str(downlink, "downlink", allow_none=True),
+                         _check_str(rules, "rules", allow_none=True),
+                         _check_str(trace, "trace", allow_none=True),
+                         _check_str(curve_server_key, "curve_server_key", allow_none=True),
+                         _check_str(curve_public_key, "curve_public_key", allow_none=True),
+                         _check_str(curve_secret_key, "curve_secret_key", allow_none=True)]
         opts = ClientOpts()
         lib.aps_client_opts_init(ctypes.byref(opts))
-        opts.endpoint, opts.job, opts.format, opts.downlink = self._strings
+        (opts.endpoint, opts.job, opts.format, opts.downlink, opts.rules, opts.trace,
+         opts.curve_server_key, opts.curve_public_key, opts.curve_secret_key) = self._strings
+        opts.policy_auto = 1 if policy == "auto" else 0
+        opts.error_feedback = 1 if error_feedback else 0
         opts.rank = _check_int(rank, "rank")
         opts.world_size = _check_int(world_size, "world_size")
         if opts.rank != rank or opts.world_size != world_size:
@@ -90,11 +112,13 @@ class Client:
         self._lock = threading.Lock()
         self._counts = {}  # name -> element count, as first used (calling side)
         self._ids = {}  # name -> (tensor id, packed bytes), once registered (I/O thread)
-        self._c = None
+        self._c = None  # the C client, used on the I/O thread only
+        self._closed = False
         self._io = IOThread(f"aps-io-rank{rank}")
         try:
             self._c = self._io.submit(lambda: self._connect(opts), "joining").wait()
         except BaseException:
+            self._closed = True
             self._io.stop()
             raise
 
@@ -118,7 +142,7 @@ class Client:
 
     @property
     def closed(self):
-        return self._c is None
+        return self._closed
 
     # -- collectives ------------------------------------------------------
 
@@ -132,26 +156,22 @@ class Client:
     def allreduce_async(self, name, x, timeout_ms=None):
         """As allreduce, queued on the I/O thread; returns a Handle whose wait()
         returns x once it holds the mean."""
-        return self.allreduce_many_async([(name, x)], timeout_ms=timeout_ms,
-                                         _result=x, _what=f"all-reduce of {name!r}")
+        call = self._prepare(name, x)
+        return self._queue_reduce([call], False, timeout_ms, f"all-reduce of {name!r}",
+                                  lambda _bad: x)
 
-    def allreduce_many_async(self, items, nonfinite="raise", timeout_ms=None, _result=None,
-                             _what=None):
-        """All-reduces each (name, x) of items in order, each tensor with its own
-        APS exponent, as one queued task. nonfinite="raise" fails on a tensor
-        holding NaN or inf (nothing of it is sent, aps.Error APS_ENONFINITE);
-        "zero" sends such a tensor as zeros instead so that no rank waits, and
-        the handle's wait() returns the names of those tensors."""
+    def allreduce_many_async(self, items, nonfinite="raise", timeout_ms=None):
+        """All-reduces each (name, x) of items, each tensor with its own APS
+        exponent, all in flight together, as one queued call. nonfinite="raise"
+        fails on a tensor holding NaN or inf (nothing of it is sent, aps.Error
+        APS_ENONFINITE); "zero" sends such a tensor as zeros instead, so that no
+        rank waits, and the handle's wait() returns the names of those tensors."""
         if nonfinite not in NONFINITE_POLICIES:
             raise ValueError(f"nonfinite must be one of {NONFINITE_POLICIES}, not {nonfinite!r}")
         calls = [self._prepare(name, x) for name, x in items]
-        timeout = self._call_timeout(timeout_ms)
-
-        def run():
-            bad = [name for name, addr, n in calls
-                   if self._reduce_one(name, addr, n, nonfinite == "zero", timeout)]
-            return _result if _result is not None else bad
-        return self._submit(run, _what or f"all-reduce of {len(calls)} tensors")
+        what = f"all-reduce of {', '.join(repr(c[0]) for c in calls[:3])}" + \
+            (f" and {len(calls) - 3} more" if len(calls) > 3 else "")
+        return self._queue_reduce(calls, nonfinite == "zero", timeout_ms, what, lambda bad: bad)
 
     def broadcast(self, name, x, root=0, timeout_ms=None):
         """Replaces x on every rank with rank root's x, in place; returns x.
@@ -181,13 +201,17 @@ class Client:
     def close(self):
         """Lets queued calls finish, says BYE and frees the C client. Idempotent."""
         with self._lock:
-            c, self._c = self._c, None
-        if c is None:
-            return
-        self._io.submit(lambda: lib.aps_client_close(c), "closing")
+            if self._closed:
+                return
+            self._closed = True
+        self._io.submit(self._free, "closing")
         self._io.stop()
 
     # -- internals --------------------------------------------------------
+
+    def _free(self):
+        lib.aps_client_close(self._c)
+        self._c = None
 
     def _connect(self, opts):
         ptr = ctypes.c_void_p()
@@ -196,9 +220,14 @@ class Client:
 
     def _submit(self, fn, what):
         with self._lock:
-            if self._c is None:
+            if self._closed:
                 raise error_for(_APS_ECLOSED, f"{what}: the client is closed")
             return self._io.submit(fn, what)
+
+    def _queue_reduce(self, calls, zero_nonfinite, timeout_ms, what, result):
+        timeout = self._call_timeout(timeout_ms)
+        return self._submit(lambda: result(self._reduce_batch(calls, zero_nonfinite, timeout)),
+                            what)
 
     def _call_timeout(self, timeout_ms):
         return 0 if timeout_ms is None else _check_int(timeout_ms, "timeout_ms")
@@ -228,13 +257,30 @@ class Client:
             entry = self._ids[name] = (tid.value, _packed_bytes(self.format, n))
         return entry[0]
 
-    def _reduce_one(self, name, addr, n, zero_nonfinite, timeout):
-        """All-reduces one tensor (I/O thread); True if it held NaN or inf and
-        was sent as zeros."""
-        tid = self._tensor_id(name, n)
-        bad = zero_nonfinite and _zero_if_nonfinite(addr, n)
-        check(lib.aps_client_allreduce(self._c, tid, addr, n, timeout))
-        self.bytes_pushed += self._ids[name][1]
+    def _reduce_batch(self, calls, zero_nonfinite, timeout):
+        """All-reduces each (name, address, count) of calls (I/O thread): all are
+        started, each with its own APS exponent, then all are waited for.
+        Returns the names of the tensors that held NaN or inf and were sent as
+        zeros; raises the first error once every started call has ended."""
+        ids = [self._tensor_id(name, n) for name, _, n in calls]
+        bad, requests, error = [], [], None
+        for (name, addr, n), tid in zip(calls, ids):
+            if zero_nonfinite and _zero_if_nonfinite(addr, n):
+                bad.append(name)
+            req = ctypes.c_void_p()
+            ret = lib.aps_client_allreduce_start(self._c, tid, addr, n, timeout,
+                                                 ctypes.byref(req))
+            if ret < 0:
+                error = last_error(ret)
+                break
+            requests.append(req)
+            self.bytes_pushed += self._ids[name][1]
+        for req in requests:  # every started request must be waited for
+            ret = lib.aps_request_wait(req)
+            if ret < 0 and error is None:
+                error = last_error(ret)
+        if error is not None:
+            raise error
         return bad
 
 

@@ -61,9 +61,6 @@ def _bucket_views(buffer, params):
     return list(torch.split(buffer, sizes))
 
 
-_ddp_flags = {}  # client -> AnyRankFlag
-
-
 def allreduce_hook(client, bucket):
     """DDP communication hook (model.register_comm_hook(client, allreduce_hook)):
     the bucket's gradients become their mean over client's job, each parameter
@@ -74,16 +71,12 @@ def allreduce_hook(client, bucket):
     tensor is sent as zeros and one flag per bucket tells the other ranks.
     Names are derived from the bucket's index and sizes, identical on every
     rank (DDP builds the same buckets everywhere)."""
-    flag = _ddp_flags.get(id(client))
-    if flag is None or flag.client is not client:
-        flag = _ddp_flags[id(client)] = AnyRankFlag(client, "ddp.@nonfinite")
     stage = HostStage()
     host = stage.load(bucket.buffer())
     views = _bucket_views(host, bucket.parameters())
     items = [(f"ddp.{bucket.index()}.{i}:{v.numel()}", v) for i, v in enumerate(views)]
-    handle = client.allreduce_many_async(items, nonfinite="zero",
-                                         _what=f"DDP bucket {bucket.index()}")
-    flagged = flag.reduce_after([handle])
+    handle = client.allreduce_many_async(items, nonfinite="zero")
+    flagged = AnyRankFlag(client, "ddp.@nonfinite").reduce_after([handle])
     future = torch.futures.Future()
 
     def finish(_flag_handle):

@@ -1,0 +1,171 @@
+/*
+ * The ZAP handler of the socket bridge: a REP socket in the bridge's context,
+ * drained from the libuv loop like the ROUTER (its ZMQ_FD is edge-triggered
+ * too), that checks each CURVE client key against the allowlist.
+ */
+#include "server/zbridge_zap.h"
+
+#include "common/err.h"
+#include "common/log.h"
+
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zmq.h>
+
+#define KEY_BYTES  32
+#define ZAP_FRAMES 7 /* version, id, domain, address, identity, mechanism, key */
+
+struct aps_zap {
+	void *sock;
+	uv_poll_t poll;
+	uint8_t (*keys)[KEY_BYTES];
+	size_t n_keys;
+	uint64_t accepted, refused;
+};
+
+static bool allowed(const struct aps_zap *z, const uint8_t *key)
+{
+	for (size_t i = 0; i < z->n_keys; i++) {
+		if (memcmp(z->keys[i], key, KEY_BYTES) == 0)
+			return true;
+	}
+	return false;
+}
+
+/* Reads one request (all its frames); false when none waits. */
+static bool read_request(void *sock, zmq_msg_t *frames, size_t *n)
+{
+	zmq_msg_t extra;
+	int more = 1;
+
+	for (*n = 0; more;) {
+		zmq_msg_t *m = *n < ZAP_FRAMES ? &frames[*n] : &extra;
+		zmq_msg_init(m);
+		if (zmq_msg_recv(m, sock, *n ? 0 : ZMQ_DONTWAIT) < 0) {
+			zmq_msg_close(m);
+			return *n > 0;
+		}
+		more = zmq_msg_more(m);
+		if (m == &extra)
+			zmq_msg_close(m);
+		else
+			(*n)++;
+	}
+	return true;
+}
+
+static void reply(void *sock, zmq_msg_t *request_id, bool ok)
+{
+	zmq_send(sock, "1.0", 3, ZMQ_SNDMORE);
+	zmq_send(sock, zmq_msg_data(request_id), zmq_msg_size(request_id), ZMQ_SNDMORE);
+	zmq_send(sock, ok ? "200" : "400", 3, ZMQ_SNDMORE);
+	zmq_send(sock, ok ? "OK" : "key not allowed", ok ? 2 : 15, ZMQ_SNDMORE);
+	zmq_send(sock, "", 0, ZMQ_SNDMORE); /* user id */
+	zmq_send(sock, "", 0, 0);           /* metadata */
+}
+
+static void answer(struct aps_zap *z, zmq_msg_t *f, size_t n)
+{
+	bool curve = n == ZAP_FRAMES && zmq_msg_size(&f[5]) == 5 &&
+	             memcmp(zmq_msg_data(&f[5]), "CURVE", 5) == 0 &&
+	             zmq_msg_size(&f[6]) == KEY_BYTES;
+	bool ok = curve && allowed(z, zmq_msg_data(&f[6]));
+
+	if (ok) {
+		z->accepted++;
+	} else {
+		z->refused++;
+		aps_log_warn("zap", "refused a worker address=%.*s reason=\"%s\"",
+		             n > 3 ? (int)zmq_msg_size(&f[3]) : 0,
+		             n > 3 ? (const char *)zmq_msg_data(&f[3]) : "",
+		             curve ? "its key is not allowed" : "not a CURVE handshake");
+	}
+	if (n >= 2)
+		reply(z->sock, &f[1], ok);
+}
+
+static void on_ready(uv_poll_t *h, int status, int events)
+{
+	struct aps_zap *z = h->data;
+	zmq_msg_t frames[ZAP_FRAMES];
+	size_t n;
+
+	(void)status;
+	(void)events;
+	for (;;) {
+		int ev = 0;
+		size_t len = sizeof(ev);
+		if (zmq_getsockopt(z->sock, ZMQ_EVENTS, &ev, &len) < 0 || !(ev & ZMQ_POLLIN))
+			return;
+		if (!read_request(z->sock, frames, &n))
+			return;
+		answer(z, frames, n);
+		for (size_t i = 0; i < n; i++)
+			zmq_msg_close(&frames[i]);
+	}
+}
+
+static int decode_keys(struct aps_zap *z, const char *const *allow, size_t n)
+{
+	z->keys = calloc(n ? n : 1, KEY_BYTES);
+	if (z->keys == NULL)
+		return APS_ENOMEM;
+	for (size_t i = 0; i < n; i++) {
+		if (strlen(allow[i]) != 40 || zmq_z85_decode(z->keys[i], allow[i]) == NULL)
+			return APS_EINVAL;
+	}
+	z->n_keys = n;
+	return 0;
+}
+
+int aps_zap_start(struct aps_zap **out, void *zctx, uv_loop_t *loop, const char *const *allow,
+                  size_t n)
+{
+	struct aps_zap *z = calloc(1, sizeof(*z));
+	int fd, ret, linger = 0;
+	size_t len = sizeof(fd);
+
+	if (z == NULL)
+		return APS_ENOMEM;
+	ret = decode_keys(z, allow, n);
+	z->sock = ret == 0 ? zmq_socket(zctx, ZMQ_REP) : NULL;
+	if (ret == 0 && (z->sock == NULL || zmq_bind(z->sock, "inproc://zeromq.zap.01") < 0 ||
+	                 zmq_getsockopt(z->sock, ZMQ_FD, &fd, &len) < 0))
+		ret = APS_ECONN;
+	if (ret < 0) {
+		if (z->sock != NULL)
+			zmq_close(z->sock);
+		free(z->keys);
+		free(z);
+		return ret;
+	}
+	zmq_setsockopt(z->sock, ZMQ_LINGER, &linger, sizeof(linger));
+	uv_poll_init(loop, &z->poll, fd);
+	z->poll.data = z;
+	uv_poll_start(&z->poll, UV_READABLE, on_ready);
+	*out = z;
+	return 0;
+}
+
+static void on_closed(uv_handle_t *h)
+{
+	struct aps_zap *z = h->data;
+
+	free(z->keys);
+	free(z);
+}
+
+void aps_zap_stop(struct aps_zap *z)
+{
+	if (z == NULL)
+		return;
+	zmq_close(z->sock);
+	uv_close((uv_handle_t *)&z->poll, on_closed);
+}
+
+void aps_zap_counts(const struct aps_zap *z, uint64_t *accepted, uint64_t *refused)
+{
+	*accepted = z != NULL ? z->accepted : 0;
+	*refused = z != NULL ? z->refused : 0;
+}

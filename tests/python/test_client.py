@@ -1,0 +1,242 @@
+"""aps.Client against a real apsd: argument checks before anything is sent,
+error mapping, exact fp32 all-reduce of numpy and torch data over real
+processes, asynchronous calls, and the environment a launcher sets."""
+
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import aps
+import aps._env
+import aps.daemon
+from conftest import run_ranks
+
+
+# -- environment ------------------------------------------------------------
+
+def test_env_defaults_and_precedence():
+    assert aps._env.client_config({}) == {"endpoint": "tcp://127.0.0.1:5555", "job": "default",
+                                          "rank": 0, "world_size": 1}
+    env = {"APS_ENDPOINT": "ipc:///tmp/a", "APS_JOB": "j", "SLURM_PROCID": "3",
+           "SLURM_NTASKS": "8"}
+    assert aps._env.client_config(env) == {"endpoint": "ipc:///tmp/a", "job": "j", "rank": 3,
+                                           "world_size": 8}
+    assert aps._env.rank_and_world({**env, "RANK": "1", "WORLD_SIZE": "2"}) == (1, 2)
+    assert aps._env.rank_and_world({**env, "RANK": "1", "WORLD_SIZE": "2", "APS_RANK": "0",
+                                    "APS_WORLD_SIZE": "4"}) == (0, 4)
+
+
+@pytest.mark.parametrize("env,match", [({"RANK": "1"}, "WORLD_SIZE is not"),
+                                       ({"APS_WORLD_SIZE": "2"}, "APS_RANK is not"),
+                                       ({"RANK": "x", "WORLD_SIZE": "2"}, "not an integer")])
+def test_env_errors(env, match):
+    with pytest.raises(ValueError, match=match):
+        aps._env.rank_and_world(env)
+
+
+# -- options and connection errors ----------------------------------------------
+
+def test_no_daemon_times_out_with_a_clear_message():
+    endpoint = aps.daemon.free_endpoint()
+    with pytest.raises(aps.Error, match="is the daemon running") as err:
+        aps.Client(endpoint, 0, 1, timeout_ms=200)
+    assert err.value.name == "APS_ETIMEDOUT" and err.value.code == -8
+
+
+@pytest.mark.parametrize("kwargs,exc,match", [
+    ({"format": "e9m2"}, ValueError, "'e9m2' is not a format"),
+    ({"downlink": "fp7"}, ValueError, "downlink 'fp7' is not a format"),
+    ({"scaling": "paper"}, ValueError, "scaling must be one of"),
+    ({"rank": 2, "world_size": 2}, ValueError, "rank 2 is not in a world of 2"),
+    ({"rank": -1}, ValueError, "rank -1 is not in a world of 1"),
+    ({"rank": "0"}, TypeError, "rank must be an int"),
+    ({"format": 8}, TypeError, "format must be a str"),
+    ({"job": ""}, ValueError, "job name must have 1 to 64 bytes"),
+])
+def test_bad_options_are_refused_before_connecting(kwargs, exc, match):
+    args = {"endpoint": "tcp://127.0.0.1:1", "rank": 0, "world_size": 1, **kwargs}
+    with pytest.raises(exc, match=match):
+        aps.Client(**args)
+
+
+def test_argument_checks_happen_before_sending(apsd):
+    with aps.Client(apsd, 0, 1, format="fp32") as c:
+        x = np.arange(12, dtype=np.float32).reshape(3, 4)
+        cases = [
+            (np.zeros(12), TypeError, "dtype float32"),
+            ([1.0, 2.0], TypeError, "numpy.ndarray or torch.Tensor"),
+            (np.zeros((4, 6), np.float32)[:, :3], ValueError, "C-contiguous"),
+            (torch.zeros(12, dtype=torch.float16), TypeError, "torch.float32"),
+            (torch.zeros(4, 3).t(), ValueError, "contiguous"),
+            (np.zeros(13, np.float32), ValueError, "has 13 elements but was registered with 12"),
+            (np.zeros(0, np.float32), ValueError, "empty"),
+        ]
+        assert c.allreduce("x", x) is x
+        for bad, exc, match in cases:
+            with pytest.raises(exc, match=match):
+                c.allreduce("x" if bad.__class__ is not list else "y", bad)
+        ro = np.zeros(12, np.float32)
+        ro.flags.writeable = False
+        with pytest.raises(ValueError, match="read-only"):
+            c.allreduce("x", ro)
+        for name, exc in [("", ValueError), ("n" * 256, ValueError), (3, TypeError)]:
+            with pytest.raises(exc):
+                c.allreduce(name, x)
+        with pytest.raises(ValueError, match="rank 0 only"):
+            c.broadcast("x", x, root=1)
+        # Nothing above reached the daemon: the tensor is still at its first step.
+        assert np.array_equal(c.allreduce("x", x), np.arange(12, dtype=np.float32).reshape(3, 4))
+
+
+def test_nonfinite_raises_or_is_sent_as_zeros(apsd):
+    with aps.Client(apsd, 0, 1, format="e4m3") as c:
+        x = np.array([1.0, np.inf, 2.0], np.float32)
+        with pytest.raises(aps.Error, match="1 NaN or inf values; nothing was sent") as err:
+            c.allreduce("g", x)
+        assert err.value.name == "APS_ENONFINITE"
+        y = np.array([0.5, 0.25], np.float32)
+        assert c.allreduce_many_async([("g", x), ("h", y)], nonfinite="zero").wait() == ["g"]
+        assert np.array_equal(x, np.zeros(3, np.float32)) and np.array_equal(y, [0.5, 0.25])
+        with pytest.raises(ValueError):
+            c.allreduce_many_async([("g", x)], nonfinite="ignore")
+
+
+def test_closed_client_raises(apsd):
+    with aps.Client(apsd, 0, 1) as c:
+        c.barrier()
+    assert c.closed and "closed" in repr(c)
+    c.close()
+    with pytest.raises(aps.Error, match="closed") as err:
+        c.allreduce("x", np.zeros(3, np.float32))
+    assert err.value.name == "APS_ECLOSED"
+
+
+def test_from_env(apsd):
+    env = {"APS_ENDPOINT": apsd, "APS_JOB": "envjob", "RANK": "0", "WORLD_SIZE": "1"}
+    with aps.Client.from_env(env, format="fp32") as c:
+        assert (c.endpoint, c.job, c.rank, c.world_size, c.format) == (apsd, "envjob", 0, 1,
+                                                                      "fp32")
+        assert c.allreduce("t", np.ones(3, np.float32)).tolist() == [1, 1, 1]
+
+
+# -- several ranks ----------------------------------------------------------
+
+def data(rank, kind, shape):
+    """Rank-dependent values with a varied exponent range."""
+    n = int(np.prod(shape))
+    x = (np.arange(n, dtype=np.float32) - n / 3) * np.float32(1.37 ** (rank + 1)) / 7
+    return x.reshape(shape) if kind == "numpy" else torch.from_numpy(x.reshape(shape))
+
+
+SHAPES = [("numpy", (7,)), ("numpy", (3, 4, 5)), ("torch", (2, 3)), ("torch", (33, 1, 2))]
+
+
+def rank_allreduce(rank, world, endpoint):
+    with aps.Client(endpoint, rank, world, format="fp32", job="exact") as c:
+        out = []
+        for step in range(2):
+            for i, (kind, shape) in enumerate(SHAPES):
+                x = data(rank + step, kind, shape)
+                assert c.allreduce(f"t{i}", x) is x
+                out.append(np.array(x))
+        return out
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_allreduce_numpy_and_torch_is_the_exact_mean(apsd, world):
+    results = run_ranks(rank_allreduce, world, apsd)
+    want = []
+    for step in range(2):
+        for kind, shape in SHAPES:
+            acc = np.zeros(shape, np.float32)
+            for r in range(world):  # the daemon sums in rank order, in fp32
+                acc += np.asarray(data(r + step, kind, shape))
+            want.append(acc / np.float32(world))
+    for rank, got in enumerate(results):
+        for g, w in zip(got, want):
+            assert g.shape == w.shape and np.array_equal(g, w), f"rank {rank}"
+
+
+def rank_async(rank, world, endpoint):
+    with aps.Client(endpoint, rank, world, format="e4m3", job="async") as c:
+        xs = [np.full(5, rank + i, np.float32) for i in range(3)]
+        if rank == 1:
+            time.sleep(0.5)
+        handles = [c.allreduce_async(f"a{i}", x) for i, x in enumerate(xs)]
+        pending = [not h.done() for h in handles]
+        spins = 0
+        while not handles[-1].done():  # Python runs while the I/O thread waits
+            spins += 1
+            time.sleep(0.001)
+        return pending, [h.wait().tolist() for h in handles], spins
+
+
+def test_async_calls_run_in_order_while_python_computes(apsd):
+    (pending, got, spins), (_, got1, _) = run_ranks(rank_async, 2, apsd)
+    assert pending == [True, True, True] and spins > 10
+    assert got == got1 == [[0.5] * 5, [1.5] * 5, [2.5] * 5]
+
+
+def rank_barrier_mismatch(rank, world, endpoint):
+    with aps.Client(endpoint, rank, world, job="mismatch", timeout_ms=5000) as c:
+        c.barrier()
+        try:
+            c.allreduce("w", np.zeros(4 + rank, np.float32))
+        except aps.Error as e:
+            return e.name, str(e)
+        return None, ""
+
+
+def test_size_mismatch_across_ranks_is_reported_to_every_rank(apsd):
+    for name, text in run_ranks(rank_barrier_mismatch, 2, apsd):
+        assert name == "APS_EMISMATCH" and "'w'" in text
+
+
+DYING_RANK = """
+import os, sys, time, aps
+c = aps.Client(sys.argv[1], 1, 2, job="lost")
+c.barrier()
+time.sleep(0.3)
+os._exit(0)  # dies mid-round, without BYE
+"""
+
+
+def test_lost_rank_is_named(apsd):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    dying = subprocess.Popen([sys.executable, "-c", DYING_RANK, apsd], env=env)
+    try:
+        with aps.Client(apsd, 0, 2, job="lost", timeout_ms=10000) as c:
+            c.barrier()
+            with pytest.raises(aps.Error, match="rank 1 of job 'lost' was lost") as err:
+                c.allreduce("w", np.ones(3, np.float32))
+            assert err.value.name == "APS_EPEERLOST"
+    finally:
+        assert dying.wait(timeout=10) == 0
+
+
+def rank_broadcast(rank, world, endpoint):
+    with aps.Client(endpoint, rank, world, format="e3m0", job="bcast", timeout_ms=5000) as c:
+        x = np.full(6, 0.1 + rank, np.float32)
+        return c.broadcast("b", x).tolist()
+
+
+def test_broadcast_of_one_rank(apsd):
+    assert run_ranks(rank_broadcast, 1, apsd) == [[np.float32(0.1).item()] * 6]
+
+
+def test_broadcast_copies_rank_0_exactly(apsd):
+    results = run_ranks(rank_broadcast, 2, apsd)
+    assert results == [[np.float32(0.1).item()] * 6] * 2
+
+
+def test_close_lets_queued_calls_finish(apsd):
+    c = aps.Client(apsd, 0, 1, format="fp32")
+    xs = [np.full(4, i, np.float32) for i in range(5)]
+    handles = [c.allreduce_async(f"q{i}", x) for i, x in enumerate(xs)]
+    c.close()
+    assert [h.wait()[0] for h in handles] == [0, 1, 2, 3, 4]

@@ -1,0 +1,78 @@
+"""python3 -m aps.launch: starts apsd when none listens, runs N workers with
+their rank variables and prefixed output, and stops everything when one fails
+or on Ctrl-C."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import aps.daemon
+from conftest import ROOT
+
+WORKER = """
+import os, sys, time, aps
+with aps.Client.from_env() as c:
+    print("hello", os.environ["RANK"], os.environ["WORLD_SIZE"], c.job, flush=True)
+    c.barrier()
+    mode = sys.argv[1]
+    if mode == "fail" and c.rank == 1:
+        sys.exit(3)
+    if mode in ("fail", "hang"):
+        print("waiting", flush=True)
+        time.sleep(60)
+"""
+
+
+def launch(tmp_path, mode, endpoint, *extra):
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "worker" / "python"),
+           "APSD": str(ROOT / "build" / "server" / "apsd")}
+    env.pop("APS_JOB", None)
+    return subprocess.Popen([sys.executable, "-m", "aps.launch", "-n", "2", "--endpoint",
+                             endpoint, *extra, str(script), mode], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_launch_starts_apsd_and_prefixes_output(tmp_path):
+    endpoint = aps.daemon.free_endpoint()
+    p = launch(tmp_path, "ok", endpoint)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    lines = sorted(out.splitlines())
+    assert lines[0].startswith("[rank 0] hello 0 2 launch-") and \
+        lines[1].startswith("[rank 1] hello 1 2 launch-"), out
+    assert f"started apsd at {endpoint}" in err
+    assert not aps.daemon.is_listening(endpoint), "the launcher left its apsd running"
+
+
+def test_a_failed_worker_stops_the_others_and_sets_the_exit_status(tmp_path, apsd):
+    start = time.monotonic()
+    p = launch(tmp_path, "fail", apsd)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 3, err
+    assert "rank 1 exited with status 3; stopping the others" in err
+    assert time.monotonic() - start < 30  # rank 0 slept 60 s: it was stopped
+
+
+def test_ctrl_c_stops_everything(tmp_path):
+    endpoint = aps.daemon.free_endpoint()
+    p = launch(tmp_path, "hang", endpoint)
+    seen = []
+    while len([s for s in seen if "waiting" in s]) < 2:
+        line = p.stdout.readline()
+        assert line, p.stderr.read()
+        seen.append(line)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 130 and "interrupted" in err
+    assert not aps.daemon.is_listening(endpoint)
+
+
+def test_no_daemon_flag_refuses_to_start_one(tmp_path):
+    endpoint = aps.daemon.free_endpoint()
+    p = launch(tmp_path, "ok", endpoint, "--no-daemon")
+    _, err = p.communicate(timeout=30)
+    assert p.returncode != 0 and f"nothing listens at {endpoint}" in err
