@@ -9,6 +9,7 @@
 #include "common/scale.h"
 #include "worker/api_error.h"
 
+#include <stdbool.h>
 #include <string.h>
 
 _Static_assert(APS_SCALING_MODE_LOCAL == (int)APS_SCALING_LOCAL, "scaling modes");
@@ -119,28 +120,32 @@ int aps_quantize(const char *fmt, const float *x, uint64_t n, const struct aps_q
 	return aps_api_ok();
 }
 
-int aps_dequantize(const char *fmt, const uint8_t *codes, uint64_t codes_len, uint64_t n,
-                   int32_t scale_exp, float *out)
+/* Dequantize into out, or add into it: the checks are the same. */
+static int decode(const char *fmt, const uint8_t *codes, uint64_t codes_len, uint64_t n,
+                  int32_t scale_exp, float *out, bool accumulate)
 {
 	struct aps_format f;
 	int ret = check_codec_args(fmt, &f, codes, out, n, codes_len, scale_exp);
 
 	if (ret < 0)
 		return ret;
-	aps_codec_dequantize(&f, codes, codes_len, n, scale_exp, out);
+	if (accumulate)
+		aps_codec_accumulate(&f, codes, codes_len, n, scale_exp, out);
+	else
+		aps_codec_dequantize(&f, codes, codes_len, n, scale_exp, out);
 	return aps_api_ok();
+}
+
+int aps_dequantize(const char *fmt, const uint8_t *codes, uint64_t codes_len, uint64_t n,
+                   int32_t scale_exp, float *out)
+{
+	return decode(fmt, codes, codes_len, n, scale_exp, out, false);
 }
 
 int aps_accumulate(const char *fmt, const uint8_t *codes, uint64_t codes_len, uint64_t n,
                    int32_t scale_exp, float *acc)
 {
-	struct aps_format f;
-	int ret = check_codec_args(fmt, &f, codes, acc, n, codes_len, scale_exp);
-
-	if (ret < 0)
-		return ret;
-	aps_codec_accumulate(&f, codes, codes_len, n, scale_exp, acc);
-	return aps_api_ok();
+	return decode(fmt, codes, codes_len, n, scale_exp, acc, true);
 }
 
 float aps_maxabs(const float *x, uint64_t n)
