@@ -37,7 +37,7 @@ static bool cpu_has(enum aps_codec_isa isa)
 		return true;
 #if defined(APS_HAVE_X86_KERNELS)
 	case APS_ISA_AVX2:
-		return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+		return __builtin_cpu_supports("avx2");
 	case APS_ISA_AVX512:
 		return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
 		       __builtin_cpu_supports("avx512vl");

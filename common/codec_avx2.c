@@ -1,6 +1,6 @@
 /*
  * AVX2 primitives for the vector codec in codec_simd.inc (8 lanes). Built
- * with -mavx2 -mf16c and called only after a run-time CPU check.
+ * with -mavx2 and called only after a run-time CPU check.
  */
 #include "common/codec_kernels.h"
 

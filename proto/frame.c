@@ -46,13 +46,15 @@ static bool terminated(const char *s, size_t cap)
 /* What protobuf-c needs to encode m without reading out of its arrays. */
 static bool encodable(const struct aps_msg *m)
 {
-	if (m->n_waiting_for > APS_MSG_LIST_MAX || m->n_exponents > APS_MSG_LIST_MAX)
+	if (m->n_waiting_for > APS_MSG_LIST_MAX || m->n_exponents > APS_MSG_LIST_MAX ||
+	    m->n_tensor_ids > APS_MSG_LIST_MAX)
 		return false;
 	if (m->payload == NULL && m->payload_len != 0)
 		return false;
 	return terminated(m->job, sizeof(m->job)) &&
 	       terminated(m->tensor_name, sizeof(m->tensor_name)) &&
 	       terminated(m->format, sizeof(m->format)) &&
+	       terminated(m->next_format, sizeof(m->next_format)) &&
 	       terminated(m->error_text, sizeof(m->error_text));
 }
 

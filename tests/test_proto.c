@@ -316,6 +316,21 @@ static void test_proto_rejects_bad_exponent_lists(void **state)
 	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_TENSOR);
 }
 
+/* A caller that overfills a list gets APS_EINVAL, not a read past the struct. */
+static void test_proto_pack_refuses_overlong_lists(void **state)
+{
+	static struct aps_msg m;
+	uint8_t buf[4096];
+	size_t len;
+
+	(void)state;
+	make_valid(&m, APS_MSG_EXPONENTS);
+	m.n_exponents = 1;
+	m.n_tensor_ids = APS_MSG_LIST_MAX + 44;
+	assert_int_equal(aps_msg_packed_size(&m), 0);
+	assert_int_equal(aps_msg_pack(&m, buf, sizeof(buf), &len), APS_EINVAL);
+}
+
 static void test_proto_next_format_belongs_to_results(void **state)
 {
 	struct aps_msg m;
@@ -798,6 +813,7 @@ int main(void)
 		cmocka_unit_test(test_proto_rejects_version_mismatch),
 		cmocka_unit_test(test_proto_rejects_bad_type),
 		cmocka_unit_test(test_proto_rejects_bad_exponent_lists),
+		cmocka_unit_test(test_proto_pack_refuses_overlong_lists),
 		cmocka_unit_test(test_proto_next_format_belongs_to_results),
 		cmocka_unit_test(test_proto_rejects_bad_job),
 		cmocka_unit_test(test_proto_rejects_bad_rank),
