@@ -75,27 +75,32 @@ static void render_latency(FILE *f, const struct aps_server *srv)
 	        (unsigned long long)srv->latency.count);
 }
 
-static void render_jobs(FILE *f, const struct aps_server *srv)
-{
-	fprintf(f, "# HELP apsd_job_ranks_connected Ranks of the job that are connected.\n"
-	           "# TYPE apsd_job_ranks_connected gauge\n");
-	for (const struct aps_job *j = srv->jobs.jobs; j != NULL; j = j->next)
-		fprintf(f, "apsd_job_ranks_connected{job=\"%s\"} %u\n", j->name,
-		        aps_job_connected(j));
-	fprintf(f, "# HELP apsd_job_rounds_total Rounds the job completed.\n"
-	           "# TYPE apsd_job_rounds_total counter\n");
-	for (const struct aps_job *j = srv->jobs.jobs; j != NULL; j = j->next)
-		fprintf(f, "apsd_job_rounds_total{job=\"%s\"} %llu\n", j->name,
-		        (unsigned long long)j->rounds_completed);
-}
-
-/* Tensor names are visible ASCII (the validator insists); quotes and backslashes escaped. */
+/* Job and tensor names are visible ASCII (the validator insists); quotes and backslashes escaped.
+ */
 static void label(FILE *f, const char *s)
 {
 	for (; *s; s++) {
 		if (*s == '"' || *s == '\\')
 			fputc('\\', f);
 		fputc(*s, f);
+	}
+}
+
+static void render_jobs(FILE *f, const struct aps_server *srv)
+{
+	fprintf(f, "# HELP apsd_job_ranks_connected Ranks of the job that are connected.\n"
+	           "# TYPE apsd_job_ranks_connected gauge\n");
+	for (const struct aps_job *j = srv->jobs.jobs; j != NULL; j = j->next) {
+		fputs("apsd_job_ranks_connected{job=\"", f);
+		label(f, j->name);
+		fprintf(f, "\"} %u\n", aps_job_connected(j));
+	}
+	fprintf(f, "# HELP apsd_job_rounds_total Rounds the job completed.\n"
+	           "# TYPE apsd_job_rounds_total counter\n");
+	for (const struct aps_job *j = srv->jobs.jobs; j != NULL; j = j->next) {
+		fputs("apsd_job_rounds_total{job=\"", f);
+		label(f, j->name);
+		fprintf(f, "\"} %llu\n", (unsigned long long)j->rounds_completed);
 	}
 }
 
@@ -117,7 +122,9 @@ static void render_tensors(FILE *f, const struct aps_server *srv)
 				double v = k == 0   ? (double)t->stats.bytes_in
 				           : k == 1 ? (double)t->stats.bytes_out
 				                    : t->stats.flushed_fraction;
-				fprintf(f, "apsd_%s{job=\"%s\",tensor=\"", names[k], j->name);
+				fprintf(f, "apsd_%s{job=\"", names[k]);
+				label(f, j->name);
+				fputs("\",tensor=\"", f);
 				label(f, t->name);
 				fprintf(f, "\"} %.9g\n", v);
 			}

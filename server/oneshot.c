@@ -174,11 +174,11 @@ int aps_oneshot_start(struct aps_oneshot **out, uv_stream_t *listener, const cha
 	o->terminator = terminator;
 	o->handler = handler;
 	o->ctx = ctx;
-	listener->data = o;
 	if (uv_listen(listener, 64, on_connection) < 0) {
-		free(o);
+		free(o); /* listener->data is still the caller's, for its close callback */
 		return APS_ESYS;
 	}
+	listener->data = o;
 	*out = o;
 	return 0;
 }

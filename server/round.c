@@ -199,8 +199,8 @@ static int check_add(const struct aps_round *r, uint32_t rank, uint64_t step, ui
 		              (unsigned long long)step);
 	if (kind == APS_ROUND_ALLREDUCE && !data)
 		return refuse(why, why_len, "rank %u pushed no data", rank);
-	if (kind == APS_ROUND_BROADCAST && data && r->chunks[chunk].root_seen)
-		return refuse(why, why_len, "a second rank (%u) sent broadcast data", rank);
+	if (kind == APS_ROUND_BROADCAST && data && rank != 0)
+		return refuse(why, why_len, "rank %u sent broadcast data: only rank 0 does", rank);
 	return check_lowp(r, c, why, why_len);
 }
 

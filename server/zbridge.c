@@ -22,7 +22,10 @@
 #include <string.h>
 #include <zmq.h>
 
-#define MAX_FRAMES        3 /* identity, header, payload */
+#define MAX_FRAMES 3 /* identity, header, payload */
+/* Sends waiting for full pipes, all peers together: a peer that never reads
+ * loses its replies past this, the daemon never grows without bound. */
+#define QUEUE_MAX         65536
 #define FLUSH_INTERVAL_MS 1
 
 struct frames {
@@ -48,6 +51,7 @@ struct aps_zbridge {
 	uv_timer_t flush_timer;
 	int open_handles;
 	struct outmsg *queue;
+	size_t queue_len;
 	int drain_batch;
 	struct aps_zbridge_ops ops;
 	void *ctx;
@@ -263,8 +267,17 @@ static bool peer_queued(const struct aps_zbridge *b, const struct aps_peer *peer
 static int enqueue(struct aps_zbridge *b, const struct aps_peer *peer, const uint8_t *hdr,
                    size_t hdr_len, struct aps_sbuf *payload)
 {
-	struct outmsg *m = malloc(sizeof(*m) + hdr_len), **tail = &b->queue;
+	struct outmsg *m, **tail = &b->queue;
 
+	if (b->queue_len >= QUEUE_MAX) {
+		if (b->cnt.dropped++ % 1000 == 0)
+			aps_log_warn("zbridge",
+			             "send queue full (%d messages): dropping replies to "
+			             "peers that do not read",
+			             QUEUE_MAX);
+		return APS_ENOMEM;
+	}
+	m = malloc(sizeof(*m) + hdr_len);
 	if (m == NULL)
 		return APS_ENOMEM;
 	m->next = NULL;
@@ -275,6 +288,7 @@ static int enqueue(struct aps_zbridge *b, const struct aps_peer *peer, const uin
 	while (*tail != NULL)
 		tail = &(*tail)->next;
 	*tail = m;
+	b->queue_len++;
 	b->cnt.queued++;
 	if (!uv_is_active((uv_handle_t *)&b->flush_timer))
 		uv_timer_start(&b->flush_timer, on_flush_timer, FLUSH_INTERVAL_MS,
@@ -301,6 +315,7 @@ static void flush_queue(struct aps_zbridge *b)
 		*link = m->next;
 		aps_sbuf_unref(m->payload);
 		free(m);
+		b->queue_len--;
 	}
 	if (b->queue == NULL)
 		uv_timer_stop(&b->flush_timer);
@@ -487,6 +502,11 @@ void aps_zbridge_free(struct aps_zbridge *b, int linger_ms)
 
 	if (b == NULL)
 		return;
+	/* Stop watching the sockets' fds before the sockets (and the fds) go away. */
+	if (b->router_poll.loop != NULL)
+		uv_poll_stop(&b->router_poll);
+	if (b->monitor_poll.loop != NULL)
+		uv_poll_stop(&b->monitor_poll);
 	flush_queue(b);
 	while (b->queue != NULL) {
 		struct outmsg *m = b->queue;

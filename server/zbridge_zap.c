@@ -160,6 +160,7 @@ void aps_zap_stop(struct aps_zap *z)
 {
 	if (z == NULL)
 		return;
+	uv_poll_stop(&z->poll); /* before its fd goes away with the socket */
 	zmq_close(z->sock);
 	uv_close((uv_handle_t *)&z->poll, on_closed);
 }

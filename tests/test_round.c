@@ -200,17 +200,21 @@ static void test_round_broadcast_delivers_the_root(void **state)
 	(void)state;
 	make_data("fp32", 11);
 	assert_int_equal(aps_round_init(&r, RANKS, N, 0, false), 0);
-	for (int rank = 0; rank < RANKS; rank++) {
-		c = contribution(rank, rank == 2);
+	/* only rank 0 is the root: data from another rank is refused */
+	c = contribution(2, true);
+	assert_int_equal(aps_round_add(&r, 2, 0, 0, APS_ROUND_BROADCAST, &c, why, sizeof(why)),
+	                 APS_EPROTO);
+	assert_non_null(strstr(why, "only rank 0"));
+	for (int rank = RANKS - 1; rank >= 0; rank--) {
+		c = contribution(rank, rank == 0);
 		assert_int_equal(aps_round_add(&r, (uint32_t)rank, 0, 0, APS_ROUND_BROADCAST, &c,
 		                               why, sizeof(why)),
 		                 0);
 	}
-	c = contribution(0, true);
 	assert_true(aps_round_chunk_complete(&r, 0));
 	assert_int_equal(aps_round_finish_chunk(&r, 0, NULL, APS_SCALING_LOCAL, &res), 0);
 	assert_int_equal(res.payload->len, 4 * N);
-	assert_memory_equal(res.payload->data, ranks[2].x, sizeof(ranks[2].x));
+	assert_memory_equal(res.payload->data, ranks[0].x, sizeof(ranks[0].x));
 	aps_sbuf_unref(res.payload);
 	aps_round_fini(&r);
 }

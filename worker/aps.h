@@ -16,11 +16,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "aps_errors.h"
-
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+#include "aps_errors.h"
 
 /** Version of the library, "MAJOR.MINOR.PATCH". Static string. */
 const char *aps_version(void);

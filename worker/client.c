@@ -309,6 +309,8 @@ int aps_request_wait_tensor(struct aps_request *r, uint32_t *tensor_id)
 	if (r == NULL)
 		return aps_api_fail(APS_EINVAL, "request is NULL");
 	c = r->owner;
+	if (c->pid != getpid())
+		return aps_api_fail(APS_ECLOSED, "the request belongs to process %d", (int)c->pid);
 	pthread_mutex_lock(&c->lock);
 	while (!r->done)
 		pthread_cond_wait(&c->done_cv, &c->lock);
@@ -335,6 +337,9 @@ int aps_request_done(const aps_request *r)
 
 	if (r == NULL)
 		return aps_api_fail(APS_EINVAL, "request is NULL");
+	if (r->owner->pid != getpid())
+		return aps_api_fail(APS_ECLOSED, "the request belongs to process %d",
+		                    (int)r->owner->pid);
 	pthread_mutex_lock(&r->owner->lock);
 	done = r->done;
 	pthread_mutex_unlock(&r->owner->lock);
@@ -348,8 +353,9 @@ static void stop_io(struct aps_client *c)
 	pthread_mutex_lock(&c->lock);
 	c->stopping = true;
 	pthread_mutex_unlock(&c->lock);
+	/* Even if the wake-up cannot be written, the thread sees stopping within a second. */
 	if (write(c->wake_fd, &one, sizeof(one)) < 0)
-		return;
+		aps_client_log(c, 1, "cannot wake the I/O thread; it stops at its next tick");
 	pthread_join(c->io, NULL);
 }
 
@@ -361,6 +367,8 @@ int aps_client_close(aps_client *c)
 		return 0;
 	if (c->pid != getpid()) {
 		/* A forked child: the parent's thread and socket are not ours to touch. */
+		for (uint32_t i = 0; i < c->n_tensors; i++)
+			free(c->tensors[i].residual);
 		free(c->tensors);
 		free(c);
 		return 0;

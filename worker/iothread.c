@@ -69,6 +69,12 @@ static void fail_all(struct aps_client *c, int code, const char *text, bool fata
 		c->active = r->next;
 		aps_request_finish_locked(c, r, code, text);
 	}
+	/* For good: what callers queued meanwhile will never be sent either. */
+	while (fatal && c->queue != NULL) {
+		struct aps_request *r = c->queue;
+		c->queue = r->next;
+		aps_request_finish_locked(c, r, code, text);
+	}
 	pthread_mutex_unlock(&c->lock);
 }
 
@@ -197,13 +203,14 @@ static bool start_new(struct aps_client *c)
 		if (!exchange)
 			continue;
 		if (n == cap) {
-			cap = cap ? 2 * cap : 64;
-			struct aps_request **grown = realloc(batch, cap * sizeof(*batch));
+			uint32_t bigger = cap ? 2 * cap : 64;
+			struct aps_request **grown = realloc(batch, bigger * sizeof(*batch));
 			if (grown == NULL) {
 				finish(c, r, APS_ENOMEM, "out of memory");
 				continue;
 			}
 			batch = grown;
+			cap = bigger;
 		}
 		batch[n++] = r;
 	}

@@ -51,6 +51,7 @@ static int submit(struct aps_client *c, struct aps_request *r, aps_request **out
 	pthread_mutex_unlock(&c->lock);
 	if (ret < 0) {
 		aps_sbuf_unref(r->codes);
+		free(r->corrected);
 		free(r);
 		return ret;
 	}

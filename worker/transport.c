@@ -59,6 +59,8 @@ int aps_transport_open(struct aps_transport **out, const char *endpoint, int hea
 	if (t->sock == NULL)
 		goto err_term;
 	set_int(t->sock, ZMQ_LINGER, 0);
+	/* A full pipe (the daemon gone) must fail a send, not block the I/O thread. */
+	set_int(t->sock, ZMQ_SNDTIMEO, heartbeat_ms > 0 ? heartbeat_ms : 1000);
 	if (heartbeat_ms > 0) {
 		set_int(t->sock, ZMQ_HEARTBEAT_IVL, heartbeat_ms);
 		set_int(t->sock, ZMQ_HEARTBEAT_TIMEOUT, 5 * heartbeat_ms);

@@ -202,3 +202,16 @@ def test_trace_timelines_of_daemon_and_workers(daemon_factory, tmp_path):
         names = {e["name"] for e in worker if e["ph"] == "X"}
         assert {"scan", "quantize", "push", "wait", "dequantize"} <= names, names
         assert all(e["dur"] >= 0 for e in worker if e["ph"] == "X")
+
+
+def test_metrics_port_in_use_is_a_clean_failure(tmp_path):
+    """Regression: a failed listen freed the listener's owner twice."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        from conftest import free_port
+        p = subprocess.run([str(APSD), "--listen", f"tcp://127.0.0.1:{free_port()}",
+                            "--stats", str(tmp_path / "s.sock"), "--metrics_listen",
+                            f"127.0.0.1:{port}"], capture_output=True, text=True, timeout=20)
+    assert p.returncode == 1 and "cannot listen" in p.stderr, (p.returncode, p.stderr)
