@@ -33,6 +33,7 @@ void aps_envelope_from_msg(const struct aps_msg *m, uint32_t payload_crc, Aps__E
 	env->total_count = m->total_count;
 	env->format = (char *)m->format;
 	env->next_format = (char *)m->next_format;
+	env->about_type = (Aps__MsgType)m->about_type;
 	env->scale_exp = m->scale_exp;
 	env->scaling = (Aps__ScalingMode)(m->scaling + 1);
 	env->flags = m->flags;
@@ -80,6 +81,7 @@ void aps_envelope_to_msg(const Aps__Envelope *env, struct aps_msg *m)
 	m->total_count = env->total_count;
 	copy_string(m->format, sizeof(m->format), env->format);
 	copy_string(m->next_format, sizeof(m->next_format), env->next_format);
+	m->about_type = (enum aps_msg_type)env->about_type;
 	m->scale_exp = env->scale_exp;
 	m->scaling = (int)env->scaling - 1;
 	m->flags = env->flags;

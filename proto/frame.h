@@ -14,7 +14,7 @@
 #include <stdint.h>
 
 #define APS_PROTO_VERSION_MAJOR 1
-#define APS_PROTO_VERSION_MINOR 2
+#define APS_PROTO_VERSION_MINOR 3
 
 #define APS_MSG_JOB_MAX  64  /* bytes of a job name, NUL excluded */
 #define APS_MSG_NAME_MAX 255 /* bytes of a tensor name, NUL excluded */
@@ -73,6 +73,7 @@ struct aps_msg {
 	uint64_t total_count; /* elements of the whole tensor */
 	char format[APS_FORMAT_NAME_MAX];
 	char next_format[APS_FORMAT_NAME_MAX]; /* RESULT: the policy's next format, or "" */
+	enum aps_msg_type about_type;          /* ERROR: the type it answers, or 0 */
 	int32_t scale_exp;
 	int scaling;    /* enum aps_scaling (common/scale.h) or APS_MSG_SCALING_UNSET */
 	uint32_t flags; /* APS_MSG_FLAG_* */

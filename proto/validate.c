@@ -166,6 +166,10 @@ static int check_version_and_type(struct check *c, const Aps__Envelope *env)
 	if (!(c->lim->from_server ? c->rule->from_server : c->rule->from_worker))
 		return fail(c, APS_MSG_FAULT_BAD_TYPE, "a %s may not send this type",
 		            c->lim->from_server ? "daemon" : "worker");
+	if ((int)env->about_type < 0 || (int)env->about_type >= APS_MSG_TYPE_COUNT ||
+	    (env->about_type != 0 && type != APS_MSG_ERROR))
+		return fail(c, APS_MSG_FAULT_BAD_TYPE, "about type %d is not one an ERROR answers",
+		            (int)env->about_type);
 	return 0;
 }
 

@@ -47,6 +47,7 @@ static void fill_error(struct aps_msg *e, int code, const struct aps_msg *reques
 	e->world_size = request->world_size;
 	e->tensor_id = request->tensor_id;
 	e->step = request->step;
+	e->about_type = request->type == APS_MSG_ERROR ? APS_MSG_UNSPECIFIED : request->type;
 }
 
 void aps_server_send_error(struct aps_server *srv, const struct aps_peer *peer, int code,

@@ -172,6 +172,7 @@ static void assert_msg_equal(const struct aps_msg *a, const struct aps_msg *b)
 	assert_int_equal(a->total_count, b->total_count);
 	assert_string_equal(a->format, b->format);
 	assert_string_equal(a->next_format, b->next_format);
+	assert_int_equal(a->about_type, b->about_type);
 	assert_int_equal(a->scale_exp, b->scale_exp);
 	assert_int_equal(a->scaling, b->scaling);
 	assert_int_equal(a->flags, b->flags);
@@ -259,7 +260,7 @@ static void test_proto_rejects_version_mismatch(void **state)
 	make_valid(&m, APS_MSG_HELLO);
 	m.version_major = APS_PROTO_VERSION_MAJOR + 1;
 	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_VERSION);
-	assert_non_null(strstr(fault.text, "HELLO: protocol version 2.2"));
+	assert_non_null(strstr(fault.text, "HELLO: protocol version 2.3"));
 	m.version_major = 0;
 	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_VERSION);
 	/* Another minor is compatible; an ERROR is read from any version. */
@@ -348,6 +349,14 @@ static void test_proto_next_format_belongs_to_results(void **state)
 	make_valid(&m, APS_MSG_HELLO);
 	m.flags = APS_MSG_FLAG_POLICY_AUTO;
 	expect_ok(parse_msg(&m, false));
+	/* an ERROR says what it answers; nothing else may */
+	make_valid(&m, APS_MSG_ERROR);
+	m.about_type = APS_MSG_PUSH;
+	expect_ok(parse_msg(&m, true));
+	assert_int_equal(parsed.about_type, APS_MSG_PUSH);
+	make_valid(&m, APS_MSG_RESULT);
+	m.about_type = APS_MSG_PUSH;
+	expect_fault(parse_msg(&m, true), APS_MSG_FAULT_BAD_TYPE);
 }
 
 static void test_proto_rejects_bad_job(void **state)

@@ -352,19 +352,35 @@ static void on_heartbeat(struct aps_client *c, const struct aps_msg *m)
 	r->heard = true;
 }
 
+/* The request an ERROR answers, by the type it names (protocol 1.3). */
+static struct aps_request *about(struct aps_client *c, const struct aps_msg *m)
+{
+	switch (m->about_type) {
+	case APS_MSG_PUSH:
+	case APS_MSG_EXPONENTS:
+		return find(c, REQ_ALLREDUCE, m->tensor_id, m->step);
+	case APS_MSG_BROADCAST:
+		return find(c, REQ_BROADCAST, m->tensor_id, m->step);
+	case APS_MSG_BARRIER:
+		return find(c, REQ_BARRIER, 0, m->step);
+	case APS_MSG_REGISTER:
+		for (struct aps_request *r = c->active; r != NULL; r = r->next) {
+			if (r->kind == REQ_REGISTER)
+				return r; /* registrations are answered in order */
+		}
+		return NULL;
+	default:
+		return NULL;
+	}
+}
+
 /* An ERROR about one call fails that call; one about the job fails them all. */
 static void on_error(struct aps_client *c, const struct aps_msg *m)
 {
 	struct aps_request *r = NULL;
 
-	if (m->error_code != APS_EPEERLOST && m->error_code != APS_EMISMATCH) {
-		r = find(c, REQ_ALLREDUCE, m->tensor_id, m->step);
-		if (r == NULL)
-			r = find(c, REQ_BROADCAST, m->tensor_id, m->step);
-		if (r == NULL)
-			for (r = c->active; r != NULL && r->next != NULL; r = r->next)
-				; /* the oldest request: the list is newest first */
-	}
+	if (m->error_code != APS_EPEERLOST && m->error_code != APS_EMISMATCH)
+		r = about(c, m);
 	if (r != NULL)
 		finish(c, r, m->error_code, m->error_text);
 	else
