@@ -18,10 +18,10 @@ void aps_policy_defaults(struct aps_policy_config *cfg)
 	memset(cfg, 0, sizeof(*cfg));
 	aps_format_parse("fp32", &cfg->schedule_format);
 	cfg->small_elems = 1024;
-	cfg->flush_up = 0.01;
-	cfg->flush_down = 0.001;
-	cfg->error_up = 0.10;
-	cfg->error_down = 0.02;
+	cfg->flush_up = 0.5;
+	cfg->flush_down = 0.05;
+	cfg->error_up = 0.35;
+	cfg->error_down = 0.10;
 	cfg->window_up = 3;
 	cfg->window_down = 50;
 }
@@ -44,6 +44,7 @@ void aps_policy_init(const struct aps_policy_config *cfg, const char *name, uint
 
 	memset(p, 0, sizeof(*p));
 	p->base = *requested;
+	p->down_window = cfg->window_down;
 	set(p, requested, "requested");
 	if (aps_rules_match(cfg->rules, name, &f)) {
 		p->pinned = true;
@@ -120,11 +121,17 @@ bool aps_policy_observe(const struct aps_policy_config *cfg, struct aps_tensor_p
 	p->above = flushed || wrong ? p->above + 1 : 0;
 	p->below = calm ? p->below + 1 : 0;
 	if (p->above >= cfg->window_up && step_up(p, flushed ? "flushed" : "error")) {
+		/* Back up soon after a move down: the narrower format was not enough after
+		 * all (a wider one always looks calm), so wait twice as long next time. */
+		if (p->last_down_step != 0 && step - p->last_down_step <= p->down_window &&
+		    p->down_window < UINT32_MAX / 2)
+			p->down_window *= 2;
 		p->above = p->below = 0;
 		p->switches++;
 		return true;
 	}
-	if (p->below >= cfg->window_down && step_down(p)) {
+	if (p->below >= p->down_window && step_down(p)) {
+		p->last_down_step = step;
 		p->above = p->below = 0;
 		p->switches++;
 		return true;

@@ -131,8 +131,8 @@ static void test_config_defaults(void **state)
 	                    "drain_batch=256 scaling=local sum=fp32 stats= metrics_listen= trace= "
 	                    "curve_secret_key_file= curve_allow_file= insecure=no "
 	                    "policy=off rules= schedule_steps=0 schedule_format=fp32 "
-	                    "small_tensor_elems=1024 flush_up=0.01 flush_down=0.001 error_up=0.1 "
-	                    "error_down=0.02 window_up=3 window_down=50 chunk_bytes=4M");
+	                    "small_tensor_elems=1024 flush_up=0.5 flush_down=0.05 error_up=0.35 "
+	                    "error_down=0.1 window_up=3 window_down=50 chunk_bytes=4M");
 }
 
 static void test_config_valid_file(void **state)

@@ -7,6 +7,7 @@
 
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -99,6 +100,10 @@ static void test_policy_ladder_has_hysteresis(void **state)
 	cfg.automatic = true;
 	cfg.window_up = 3;
 	cfg.window_down = 5;
+	cfg.flush_up = 0.01;
+	cfg.flush_down = 0.001;
+	cfg.error_up = 0.1;
+	cfg.error_down = 0.02;
 	aps_policy_init(&cfg, "w", 1 << 20, &e3m0, &p);
 	/* two bad steps, one good: the streak starts over */
 	assert_false(aps_policy_observe(&cfg, &p, s++, 0.5, 0));
@@ -133,6 +138,34 @@ static void test_policy_ladder_has_hysteresis(void **state)
 	assert_int_equal(p.switches, 4);
 }
 
+/* A tensor that needs the wider format flaps back up right after moving down:
+ * each flap doubles the calm it must show before the next try. */
+static void test_policy_flapping_backs_off(void **state)
+{
+	struct aps_policy_config cfg;
+	struct aps_tensor_policy p;
+	struct aps_format e4m3 = fmt("e4m3");
+	uint64_t s = 1, moves_down = 0;
+
+	(void)state;
+	aps_policy_defaults(&cfg);
+	cfg.automatic = true;
+	cfg.window_up = 1;
+	cfg.window_down = 10;
+	aps_policy_init(&cfg, "w", 1 << 20, &e4m3, &p);
+	for (; s < 1000; s++) {
+		bool narrow = strcmp(p.current.name, "e4m3") == 0;
+		/* bad in e4m3, perfect in fp16: what the daemon sees for a wide tensor */
+		const char *before = p.current.name;
+		if (aps_policy_observe(&cfg, &p, s, narrow ? 0.9 : 0.0, 0.0) &&
+		    strcmp(before, "fp16") == 0)
+			moves_down++;
+	}
+	/* without the back-off: one move down every 11 steps, about 90 */
+	assert_true(moves_down <= 7);
+	assert_true(p.down_window >= 640);
+}
+
 static void test_policy_tops_out_at_fp32(void **state)
 {
 	struct aps_policy_config cfg;
@@ -159,6 +192,7 @@ int main(void)
 		cmocka_unit_test(test_policy_small_tensors_travel_in_fp32),
 		cmocka_unit_test(test_policy_schedule_then_requested),
 		cmocka_unit_test(test_policy_ladder_has_hysteresis),
+		cmocka_unit_test(test_policy_flapping_backs_off),
 		cmocka_unit_test(test_policy_tops_out_at_fp32),
 	};
 	return cmocka_run_group_tests_name("policy", tests, NULL, NULL);

@@ -15,11 +15,20 @@ ranks and each rank trains on its share, so N workers follow the same path
 as one process on the whole batch (exactly so with --format fp32). Rank 0
 evaluates on the test set every --eval-every steps, prints progress and, with
 --out, writes the run's history as JSON.
+
+Hybrid precision (off by default): --policy auto lets the daemon move tensors
+to wider formats and send small ones in fp32, --rules pins formats by name,
+--error-feedback carries what quantization lost into the next step. The
+client counts bytes in the format it asked for; with --stats (the daemon's
+stats socket) rank 0 reports the bytes the daemon received instead, and each
+tensor's final format. The printed "gradients flushed" is always measured in
+--format.
 """
 
 import argparse
 import json
 import pathlib
+import socket
 import sys
 import time
 
@@ -48,6 +57,15 @@ def parse_args(argv=None):
     ap.add_argument("--eval-size", type=int, default=10000, help="test images evaluated")
     ap.add_argument("--train-size", type=int, default=60000, help="training images used")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--policy", default="off", choices=["off", "auto"],
+                    help="auto: the daemon moves tensors that lose too much to a wider format "
+                    "and sends small ones in fp32 (hybrid precision)")
+    ap.add_argument("--rules", help="formats by tensor name, first match wins, e.g. "
+                    "'grad.4.*=fp32' (a parameter P travels as grad.P)")
+    ap.add_argument("--error-feedback", action="store_true",
+                    help="carry each tensor's quantization residual into the next step")
+    ap.add_argument("--stats", help="the daemon's stats socket: rank 0 reads every tensor's "
+                    "format, bytes and flushed share there after the last step")
     ap.add_argument("--out", help="rank 0 writes the history here (JSON)")
     ap.add_argument("--label", help="name of the run in the output")
     return ap.parse_args(argv)
@@ -86,6 +104,21 @@ def flushed_fraction(model, fmt, scaling):
         flushed += stats["flushed"]
         nonzero += int(np.count_nonzero(g))
     return flushed / max(nonzero, 1)
+
+
+def daemon_tensors(path, job):
+    """The daemon's report of job's tensors (format, policy and reason, bytes
+    received from all ranks, flushed share, error), from its stats socket."""
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(10)
+        s.connect(path)
+        s.sendall(b"tensors\n")
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    keep = ("name", "count", "format", "policy_format", "reason", "format_switches",
+            "flushed_fraction", "rel_error", "bytes_in", "steps")
+    return [{k: t[k] for k in keep} for t in json.loads(data)["tensors"] if t["job"] == job]
 
 
 class Batches:
@@ -138,18 +171,30 @@ def train(args, client):
                   f"{history[-1][1]:5.1f}%  gradients flushed {flushed[-1] * 100:5.1f}%",
                   flush=True)
     wall = time.monotonic() - start
-    return {"label": label, "format": args.format, "scaling": args.scaling,
-            "world_size": client.world_size, "steps": args.steps, "wall_s": wall,
-            "history": history, "accuracy": history[-1][1] if history else None,
-            "bytes_per_step": client.bytes_pushed / max(args.steps, 1),
-            "flushed": float(np.mean(flushed)) if flushed else None,
-            "skipped_steps": opt.skipped_steps}
+    result = {"label": label, "format": args.format, "scaling": args.scaling,
+              "policy": args.policy, "rules": args.rules, "error_feedback": args.error_feedback,
+              "world_size": client.world_size, "steps": args.steps, "wall_s": wall,
+              "history": history, "accuracy": history[-1][1] if history else None,
+              "bytes_per_step": client.bytes_pushed / max(args.steps, 1),
+              "flushed": float(np.mean(flushed)) if flushed else None,
+              "skipped_steps": opt.skipped_steps}
+    if args.stats and client.rank == 0:
+        # every rank has pushed every step once rank 0 holds the last results
+        tensors = daemon_tensors(args.stats, client.job)
+        result["tensors"] = tensors
+        result["client_bytes_per_step"] = result["bytes_per_step"]
+        # what the daemon received, in each tensor's actual formats, per worker and step
+        result["bytes_per_step"] = sum(t["bytes_in"] for t in tensors) / (
+            client.world_size * max(args.steps, 1))
+    return result
 
 
 def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(1)
-    with aps.Client.from_env(format=args.format, scaling=args.scaling) as client:
+    with aps.Client.from_env(format=args.format, scaling=args.scaling,
+                             policy="auto" if args.policy == "auto" else None, rules=args.rules,
+                             error_feedback=args.error_feedback) as client:
         result = train(args, client)
     if client.rank == 0:
         print(f"{result['label']}: test accuracy {result['accuracy']:.1f}% after "
