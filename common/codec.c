@@ -186,11 +186,48 @@ float aps_codec_maxabs(const float *x, size_t n)
 	return aps_scalar_maxabs(x, n);
 }
 
+/* A code is inf or NaN when its magnitude reaches the inf code (IEEE-style) or is
+ * the one NaN code (fn): plain compares the compiler vectorises over bytes. */
+static size_t count_nonfinite8(const struct aps_format *f, const uint8_t *codes, size_t n)
+{
+	uint8_t lo = (uint8_t)(f->fn ? f->nan_code : f->inf_code);
+	size_t count = 0;
+
+	for (size_t i = 0; i < n; i++)
+		count += (uint8_t)(codes[i] & 0x7f) >= lo && (!f->fn || (codes[i] & 0x7f) == lo);
+	return count;
+}
+
+static size_t count_nonfinite16(const struct aps_format *f, const uint8_t *codes, size_t n)
+{
+	uint16_t lo = (uint16_t)(f->fn ? f->nan_code : f->inf_code);
+	size_t count = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		uint16_t c = (uint16_t)((codes[2 * i] | codes[2 * i + 1] << 8) & 0x7fff);
+		count += c >= lo && (!f->fn || c == lo);
+	}
+	return count;
+}
+
 size_t aps_codec_count_nonfinite(const struct aps_format *f, const uint8_t *codes, size_t n)
 {
 	struct aps_bitreader r = { .in = codes };
 	size_t count = 0;
 
+	if (f->bits == 8)
+		return count_nonfinite8(f, codes, n);
+	if (f->bits == 16)
+		return count_nonfinite16(f, codes, n);
+	if (aps_format_is_fp32(f)) {
+		/* payload frames need not be aligned: read the words with memcpy */
+		for (size_t i = 0; i < n; i++) {
+			uint32_t w;
+			memcpy(&w, codes + 4 * i, sizeof(w));
+			count += (w & 0x7f800000u) == 0x7f800000u;
+		}
+		return count;
+	}
 	for (size_t i = 0; i < n; i++)
 		count += aps_format_code_is_nonfinite(f, aps_bitreader_get(&r, f->bits));
 	return count;

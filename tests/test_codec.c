@@ -578,6 +578,27 @@ static void test_codec_maxabs_ignores_nonfinite(void **state)
 	aps_codec_set_isa(APS_ISA_AUTO);
 }
 
+/* The fast counts of inf and NaN codes agree with the code-by-code definition. */
+static void test_codec_count_nonfinite_codes(void **state)
+{
+	static const char *const names[] = { "e5m2", "e4m3", "e4m3fn", "fp16",
+		                             "bf16", "e3m0", "e2m5",   "e6m9" };
+	static uint8_t codes[2 * 4099];
+
+	(void)state;
+	for (size_t k = 0; k < sizeof(names) / sizeof(names[0]); k++) {
+		struct aps_format f = fmt(names[k]);
+		size_t n = 4099, want = 0;
+		struct aps_bitreader r = { .in = codes };
+		for (size_t i = 0; i < sizeof(codes); i++)
+			codes[i] = (uint8_t)next_rand();
+		for (size_t i = 0; i < n; i++)
+			want += aps_format_code_is_nonfinite(&f, aps_bitreader_get(&r, f.bits));
+		assert_true(want > 0);
+		assert_int_equal(aps_codec_count_nonfinite(&f, codes, n), want);
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -593,6 +614,7 @@ int main(void)
 		cmocka_unit_test(test_codec_stochastic_rounding),
 		cmocka_unit_test(test_codec_rejects_bad_arguments),
 		cmocka_unit_test(test_codec_maxabs_ignores_nonfinite),
+		cmocka_unit_test(test_codec_count_nonfinite_codes),
 	};
 	return cmocka_run_group_tests_name("codec", tests, setup_isas, NULL);
 }
