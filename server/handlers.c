@@ -229,11 +229,19 @@ static void fan_out(struct aps_server *srv, struct aps_job *job, struct aps_tens
 	r.flags = res->lowp_sum ? APS_MSG_FLAG_LOWP_SUM : 0;
 	snprintf(r.next_format, sizeof(r.next_format), "%s", next_format);
 	uint64_t t0 = srv->opts.trace != NULL ? aps_trace_now() : 0;
+	uint8_t hdr[APS_SERVER_HEADER_MAX];
+	size_t len;
+
+	/* One header for every rank: packing checksums the payload, once. */
+	r.payload = res->payload->data;
+	r.payload_len = res->payload->len;
+	if (aps_msg_pack(&r, hdr, sizeof(hdr), &len) < 0)
+		return;
 	for (uint32_t rank = 0; rank < job->world_size; rank++) {
 		struct aps_session *s = job->ranks[rank];
 		if (s == NULL)
 			continue;
-		aps_server_send(srv, &s->peer, &r, res->payload);
+		aps_zbridge_send(srv->bridge, &s->peer, hdr, len, res->payload);
 		s->bytes_out += res->payload->len;
 		t->stats.bytes_out += res->payload->len;
 	}

@@ -14,8 +14,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define HEADER_MAX 4096
-
 static uint64_t now_ms(const struct aps_server *srv)
 {
 	return uv_now(srv->loop);
@@ -24,7 +22,7 @@ static uint64_t now_ms(const struct aps_server *srv)
 void aps_server_send(struct aps_server *srv, const struct aps_peer *peer, struct aps_msg *m,
                      struct aps_sbuf *payload)
 {
-	uint8_t hdr[HEADER_MAX];
+	uint8_t hdr[APS_SERVER_HEADER_MAX];
 	size_t len;
 
 	m->payload = payload ? payload->data : NULL;

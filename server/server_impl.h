@@ -25,6 +25,8 @@ struct aps_server {
 	bool stopping;
 };
 
+#define APS_SERVER_HEADER_MAX 4096 /* bytes of a header frame the daemon packs */
+
 /* Sends m (with payload, or none) to one peer. */
 void aps_server_send(struct aps_server *srv, const struct aps_peer *peer, struct aps_msg *m,
                      struct aps_sbuf *payload);
