@@ -12,6 +12,7 @@
 #include "common/err.h"
 #include "common/format.h"
 #include "common/scale.h"
+#include "tests/bench/bench_util.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -61,14 +62,6 @@ struct row {
 	bool avx2; /* needs AVX2 */
 };
 
-static double now(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static void fail(const char *what, int ret)
 {
 	fprintf(stderr, "bench_blas: %s: %s\n", what, aps_strerror(ret));
@@ -79,29 +72,6 @@ static void note(struct job *j, int ret)
 {
 	if (ret < 0 && j->ret == 0)
 		j->ret = ret;
-}
-
-static uint64_t splitmix64(uint64_t *state)
-{
-	uint64_t z = (*state += UINT64_C(0x9e3779b97f4a7c15));
-
-	z = (z ^ (z >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
-	z = (z ^ (z >> 27)) * UINT64_C(0x94d049bb133111eb);
-	return z ^ (z >> 31);
-}
-
-/* Sum of four 16-bit uniforms (Irwin-Hall): bell-shaped, unit variance, times scale. */
-static void fill_gradient(float *x, size_t n, uint64_t seed, double scale)
-{
-	const double unit = sqrt(3.0) / 65536.0;
-
-	for (size_t i = 0; i < n; i++) {
-		uint64_t r = splitmix64(&seed);
-		double s = (double)(r & 0xffff) + (double)((r >> 16) & 0xffff) +
-		           (double)((r >> 32) & 0xffff) + (double)(r >> 48) - 2.0 * 65535.0;
-
-		x[i] = (float)(s * unit * scale);
-	}
 }
 
 /* What the tree compiles today: -O2 leaves this loop scalar (gcc 12, unknown trip count). */
@@ -286,11 +256,11 @@ static const struct row rows[] = {
 /* Seconds per call of op, over one sample of inner calls. */
 static double sample(void (*op)(struct job *), struct job *j, size_t inner)
 {
-	double t0 = now();
+	double t0 = bench_now();
 
 	for (size_t i = 0; i < inner; i++)
 		op(j);
-	return (now() - t0) / (double)inner;
+	return (bench_now() - t0) / (double)inner;
 }
 
 /* Best time of one call of op in seconds, after one warm-up sample. */
@@ -301,10 +271,10 @@ static double measure(void (*op)(struct job *), struct job *j)
 	double start;
 
 	sample(op, j, inner);
-	start = now();
+	start = bench_now();
 	for (int s = 0; s < MAX_SAMPLES; s++) {
 		best = fmin(best, sample(op, j, inner));
-		if (s + 1 >= MIN_SAMPLES && now() - start > BUDGET_S)
+		if (s + 1 >= MIN_SAMPLES && bench_now() - start > BUDGET_S)
 			break;
 	}
 	if (j->ret < 0)
@@ -330,8 +300,8 @@ static void bufs_init(struct bufs *b, size_t n)
 	b->tmp = alloc_touched(n * sizeof(float));
 	b->out = alloc_touched(n * sizeof(float));
 	b->codes = alloc_touched(n);
-	fill_gradient(b->x, n, UINT64_C(0x5eed) + n, 1e-3);
-	fill_gradient(b->acc, n, UINT64_C(0xacc) + n, 1e-3);
+	bench_fill(b->x, n, UINT64_C(0x5eed) + n, 1e-3);
+	bench_fill(b->acc, n, UINT64_C(0xacc) + n, 1e-3);
 }
 
 static void bufs_free(struct bufs *b)
@@ -502,13 +472,13 @@ static void check_identity(void)
 
 	bufs_init(&b, CHECK_FLOATS);
 	for (int s = 0; s < 2; s++) {
-		fill_gradient(b.x, b.n, 1, scales[s][0]);
-		fill_gradient(b.tmp, b.n, 2, scales[s][1]);
+		bench_fill(b.x, b.n, 1, scales[s][0]);
+		bench_fill(b.tmp, b.n, 2, scales[s][1]);
 		for (int k = 0; k <= 3; k += 3)
 			diff_fp32_accumulate(names[s], &b, k);
 	}
-	fill_gradient(b.x, b.n, 1, 1e-3);
-	fill_gradient(b.acc, b.n, 2, 1e-3);
+	bench_fill(b.x, b.n, 1, 1e-3);
+	bench_fill(b.acc, b.n, 2, 1e-3);
 	printf("- e4m3 accumulate, fused vs dequantize + saxpy: %zu of %zu elements differ\n",
 	       diff_e4m3_accumulate(&b), b.n);
 	printf("- x / %g vs sscal(1 / %g): %zu of %zu elements differ\n", (double)DIVISOR,

@@ -10,6 +10,7 @@
 #include "common/err.h"
 #include "common/format.h"
 #include "common/scale.h"
+#include "tests/bench/bench_util.h"
 
 #include <math.h>
 #include <stdbool.h>
@@ -59,14 +60,6 @@ enum op {
 	OP_COUNT,
 };
 
-static double now(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static void fail(const char *what, int ret)
 {
 	fprintf(stderr, "bench_codec: %s: %s\n", what, aps_strerror(ret));
@@ -77,29 +70,6 @@ static void note(struct job *j, int ret)
 {
 	if (ret < 0 && j->ret == 0)
 		j->ret = ret;
-}
-
-static uint64_t splitmix64(uint64_t *state)
-{
-	uint64_t z = (*state += UINT64_C(0x9e3779b97f4a7c15));
-
-	z = (z ^ (z >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
-	z = (z ^ (z >> 27)) * UINT64_C(0x94d049bb133111eb);
-	return z ^ (z >> 31);
-}
-
-/* Sum of four 16-bit uniforms (Irwin-Hall): bell-shaped, unit variance, times 1e-3. */
-static void fill_gradient(float *x, size_t n, uint64_t seed)
-{
-	const double unit = sqrt(3.0) / 65536.0;
-
-	for (size_t i = 0; i < n; i++) {
-		uint64_t r = splitmix64(&seed);
-		double s = (double)(r & 0xffff) + (double)((r >> 16) & 0xffff) +
-		           (double)((r >> 32) & 0xffff) + (double)(r >> 48) - 2.0 * 65535.0;
-
-		x[i] = (float)(s * unit * 1e-3);
-	}
 }
 
 static void op_memcpy(struct job *j)
@@ -147,11 +117,11 @@ static void (*const ops[OP_COUNT])(struct job *) = {
 /* Seconds per call of op, over one sample of inner calls. */
 static double sample(void (*op)(struct job *), struct job *j, size_t inner)
 {
-	double t0 = now();
+	double t0 = bench_now();
 
 	for (size_t i = 0; i < inner; i++)
 		op(j);
-	return (now() - t0) / (double)inner;
+	return (bench_now() - t0) / (double)inner;
 }
 
 /*
@@ -164,11 +134,11 @@ static double measure(void (*op)(struct job *), struct job *j)
 	size_t inner = j->b->n >= SAMPLE_FLOATS ? 1 : SAMPLE_FLOATS / j->b->n;
 	int min_samples = sample(op, j, inner) > BUDGET_S ? 1 : MIN_SAMPLES;
 	double best = INFINITY;
-	double start = now();
+	double start = bench_now();
 
 	for (int s = 0; s < MAX_SAMPLES; s++) {
 		best = fmin(best, sample(op, j, inner));
-		if (s + 1 >= min_samples && now() - start > BUDGET_S)
+		if (s + 1 >= min_samples && bench_now() - start > BUDGET_S)
 			break;
 	}
 	if (j->ret < 0)
@@ -259,7 +229,7 @@ static void run_size(const struct options *o, size_t n)
 	b.x = alloc_touched(n * sizeof(float));
 	b.out = alloc_touched(n * sizeof(float));
 	b.codes = alloc_touched(4 * n);
-	fill_gradient(b.x, n, UINT64_C(0x5eed) + n);
+	bench_fill(b.x, n, UINT64_C(0x5eed) + n, 1e-3);
 	bench_size(o, &b);
 	free(b.codes);
 	free(b.out);

@@ -75,8 +75,8 @@ static uint64_t splitmix64(uint64_t *state)
 	return z ^ (z >> 31);
 }
 
-/* Sum of four 16-bit uniforms (Irwin-Hall), as in bench_codec. */
-void bench_fill(float *x, size_t n, uint64_t seed, float scale)
+/* Sum of four 16-bit uniforms (Irwin-Hall): bell-shaped, unit variance, times scale. */
+void bench_fill(float *x, size_t n, uint64_t seed, double scale)
 {
 	const double unit = sqrt(3.0) / 65536.0;
 

@@ -31,7 +31,7 @@ double bench_now(void);
 double bench_cpu(void);
 
 /* Gradient-like values (bell-shaped, |x| ~ scale), deterministic in seed. */
-void bench_fill(float *x, size_t n, uint64_t seed, float scale);
+void bench_fill(float *x, size_t n, uint64_t seed, double scale);
 
 /* The scale of tensor i: layers sit binades apart (APS.md section 2). */
 float bench_layer_scale(size_t i);
