@@ -198,6 +198,19 @@ static size_t count_nonfinite8(const struct aps_format *f, const uint8_t *codes,
 	return count;
 }
 
+/* Two 4-bit codes a byte, low nibble first (DESIGN.md packing). */
+static size_t count_nonfinite4(const struct aps_format *f, const uint8_t *codes, size_t n)
+{
+	uint8_t lo = (uint8_t)(f->fn ? f->nan_code : f->inf_code);
+	size_t count = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		uint8_t c = (uint8_t)((codes[i / 2] >> (4 * (i & 1))) & 0x7);
+		count += c >= lo && (!f->fn || c == lo);
+	}
+	return count;
+}
+
 static size_t count_nonfinite16(const struct aps_format *f, const uint8_t *codes, size_t n)
 {
 	uint16_t lo = (uint16_t)(f->fn ? f->nan_code : f->inf_code);
@@ -215,6 +228,8 @@ size_t aps_codec_count_nonfinite(const struct aps_format *f, const uint8_t *code
 	struct aps_bitreader r = { .in = codes };
 	size_t count = 0;
 
+	if (f->bits == 4)
+		return count_nonfinite4(f, codes, n);
 	if (f->bits == 8)
 		return count_nonfinite8(f, codes, n);
 	if (f->bits == 16)
