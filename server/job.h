@@ -77,6 +77,12 @@ struct aps_job {
 	bool *barrier_has;
 	uint32_t barrier_arrived;
 	uint64_t rounds_completed;
+	/*
+	 * Why the first rank that was lost or left did so, "" while every rank is
+	 * there: no later round of the job can complete, so every later
+	 * collective call is answered APS_EPEERLOST with this text at once.
+	 */
+	char departed[APS_MSG_TEXT_MAX + 1];
 };
 
 struct aps_jobs {

@@ -24,6 +24,7 @@
 	X(bad_session, "messages from a peer that has not joined a job, or as another rank") \
 	X(bad_state, "messages the job refused: unknown tensor, wrong step, duplicate")      \
 	X(refused_hello, "HELLOs refused: rank taken, world size or options differ, limits") \
+	X(refused_incomplete, "collective calls refused: the job lost a rank")               \
 	X(policy_switches, "format changes decided by the precision policy")
 
 struct aps_server_counters {
