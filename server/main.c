@@ -130,6 +130,7 @@ static struct aps_server_opts server_opts(struct daemon *d)
 		.max_tensors = (uint32_t)cfg->max_tensors,
 		.scaling = cfg->scaling,
 		.lowp = cfg->sum == APS_SUM_LOWP,
+		.elastic = cfg->elastic != 0,
 		/* a multiple of 8 elements starts every chunk on a byte for every code width */
 		.chunk_elems = (size_t)(cfg->chunk_bytes / sizeof(float)) & ~(size_t)7,
 		.summary = d->summary,

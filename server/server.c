@@ -96,6 +96,14 @@ void aps_server_rank_gone(struct aps_server *srv, struct aps_session *s, bool lo
 	}
 	job->ranks[s->rank] = NULL;
 	s->job = NULL;
+	if (job->elastic && aps_job_connected(job) > 0) {
+		/* The job goes on without it; rounds that waited for it finish now. */
+		job->absent[s->rank] = true;
+		aps_log_info("server", "job shrinks job=%s members=%u", job->name,
+		             aps_job_members(job));
+		aps_job_recheck(srv, job);
+		return;
+	}
 	if (job->departed[0] == '\0')
 		snprintf(job->departed, sizeof(job->departed), "rank %u of job '%s' was lost (%s)",
 		         s->rank, job->name, why);
@@ -122,7 +130,17 @@ static bool job_incomplete(struct aps_server *srv, struct aps_session *s, const 
 	default:
 		return false;
 	}
-	if (s->job == NULL || s->job->departed[0] == '\0')
+	if (s->job == NULL)
+		return false;
+	if (s->job->absent[s->rank] && m->type != APS_MSG_BARRIER) {
+		srv->counters.bad_state++;
+		aps_server_send_error(srv, &s->peer, APS_EPROTO, m,
+		                      "rank %u is back in job '%s': it takes part from the job's "
+		                      "next barrier on (call barrier first)",
+		                      s->rank, s->job->name);
+		return true;
+	}
+	if (s->job->departed[0] == '\0')
 		return false;
 	srv->counters.refused_incomplete++;
 	aps_server_send_error(srv, &s->peer, APS_EPEERLOST, m, "%s", s->job->departed);

@@ -46,6 +46,7 @@ struct aps_server_opts {
 	uint32_t max_tensors;
 	enum aps_scaling scaling; /* of jobs whose HELLO states none */
 	bool lowp;                /* sum = lowp: the paper's rounded sum, global scaling only */
+	bool elastic;             /* jobs shrink when a rank is lost (docs/RELIABILITY.md) */
 	size_t chunk_elems;       /* elements per chunk, a multiple of 8 */
 	const char *summary;      /* the configuration in one line, for reports */
 	struct aps_trace *trace;  /* borrowed; NULL: no timeline */

@@ -171,8 +171,11 @@ static int await_welcome(struct aps_client *c)
 			return aps_api_fail(APS_EPROTO, "bad message from apsd: %s", fault.text);
 		if (m.type == APS_MSG_ERROR)
 			return aps_api_fail(m.error_code, "%s", m.error_text);
-		if (m.type == APS_MSG_WELCOME)
+		if (m.type == APS_MSG_WELCOME) {
+			c->barrier_step =
+			        m.step; /* a rank back in an elastic job joins the next one */
 			return 0;
+		}
 	}
 }
 

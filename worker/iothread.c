@@ -233,6 +233,19 @@ static struct aps_request *find(struct aps_client *c, enum request_kind kind, ui
 	return NULL;
 }
 
+/*
+ * An unasked REGISTERED: this rank is back in an elastic job, and apsd says
+ * at which step the tensor goes on.
+ */
+static void resync_step(struct aps_client *c, const struct aps_msg *m)
+{
+	pthread_mutex_lock(&c->lock);
+	if (m->tensor_id < c->n_tensors && c->tensors[m->tensor_id].busy == NULL &&
+	    strcmp(c->tensors[m->tensor_id].name, m->tensor_name) == 0)
+		c->tensors[m->tensor_id].step = m->step;
+	pthread_mutex_unlock(&c->lock);
+}
+
 static void on_registered(struct aps_client *c, const struct aps_msg *m)
 {
 	struct aps_request *r = c->active;
@@ -240,7 +253,7 @@ static void on_registered(struct aps_client *c, const struct aps_msg *m)
 	while (r != NULL && !(r->kind == REQ_REGISTER && strcmp(r->name, m->tensor_name) == 0))
 		r = r->next;
 	if (r == NULL)
-		return;
+		return resync_step(c, m);
 	pthread_mutex_lock(&c->lock);
 	if (m->tensor_id >= c->n_tensors) {
 		struct client_tensor *t = realloc(c->tensors, (m->tensor_id + 1) * sizeof(*t));
@@ -258,6 +271,7 @@ static void on_registered(struct aps_client *c, const struct aps_msg *m)
 	t->chunk_elems = m->chunk_count ? m->chunk_count : m->total_count;
 	if (aps_format_parse(m->format, &t->format) < 0)
 		t->format = c->format;
+	t->step = m->step; /* 0, unless the job went on while this rank was away */
 	r->tensor_id = m->tensor_id;
 	pthread_mutex_unlock(&c->lock);
 	finish(c, r, 0, NULL);
