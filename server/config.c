@@ -86,6 +86,8 @@ static const struct key keys[] = {
 	  .help = "ranks (world size) of one job" },
 	{ KEY(max_tensors), .type = KEY_INT, .min = 1, .max = 1048576, .def = "65536",
 	  .help = "tensors registered by one job" },
+	{ KEY(max_job_bytes), .type = KEY_SIZE, .min = KIB, .max = 1024 * GIB, .def = "8G",
+	  .help = "fp32 bytes of the tensors one job may register (suffixes k, M, G)" },
 	{ KEY(max_message_bytes), .type = KEY_SIZE, .min = KIB, .max = 4 * GIB, .def = "1G",
 	  .help = "largest message accepted (suffixes k, M, G)" },
 	{ KEY(drain_batch), .type = KEY_INT, .min = 1, .max = 65536, .def = "256",

@@ -45,6 +45,7 @@ struct aps_config {
 	int max_jobs;                            /* jobs alive at once */
 	int max_ranks;                           /* world size limit of one job */
 	int max_tensors;                         /* tensors registered by one job */
+	uint64_t max_job_bytes;                  /* fp32 bytes of one job's tensors */
 	uint64_t max_message_bytes;              /* largest payload frame accepted */
 	int drain_batch;                         /* messages read per ZMQ_FD wake-up */
 	enum aps_scaling scaling;                /* of jobs whose HELLO states none */

@@ -202,6 +202,16 @@ void aps_handle_register(struct aps_server *srv, struct aps_session *s, const st
 
 	if (t != NULL && t->count != m->total_count)
 		return registration_mismatch(srv, job, t, m);
+	if (t == NULL && m->total_count > (srv->opts.max_job_bytes - job->tensor_bytes) / 4) {
+		srv->counters.bad_state++;
+		aps_server_send_error(srv, &s->peer, APS_ERANGE, m,
+		                      "cannot register tensor '%.80s' (%llu elements): job '%s' "
+		                      "would hold %llu fp32 bytes, max_job_bytes is %llu",
+		                      m->tensor_name, (unsigned long long)m->total_count, job->name,
+		                      (unsigned long long)(job->tensor_bytes + m->total_count * 4),
+		                      (unsigned long long)srv->opts.max_job_bytes);
+		return;
+	}
 	if (t == NULL) {
 		ret = aps_job_add_tensor(job, m->tensor_name, m->total_count, srv->opts.max_tensors,
 		                         &t);

@@ -185,6 +185,7 @@ int aps_job_add_tensor(struct aps_job *job, const char *name, uint64_t count, ui
 		return APS_ENOMEM;
 	}
 	t->round.absent = job->absent;
+	job->tensor_bytes += count * sizeof(float);
 	snprintf(t->name, sizeof(t->name), "%s", name);
 	t->id = job->n_tensors;
 	t->count = count;

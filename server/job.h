@@ -80,6 +80,7 @@ struct aps_job {
 	bool *absent;
 	struct aps_tensor **tensors;
 	uint32_t n_tensors, cap_tensors;
+	uint64_t tensor_bytes; /* fp32 bytes of its tensors: what max_job_bytes bounds */
 	uint64_t barrier_step;
 	bool *barrier_has;
 	uint32_t barrier_arrived;

@@ -128,6 +128,7 @@ static struct aps_server_opts server_opts(struct daemon *d)
 		.max_jobs = (uint32_t)cfg->max_jobs,
 		.max_ranks = (uint32_t)cfg->max_ranks,
 		.max_tensors = (uint32_t)cfg->max_tensors,
+		.max_job_bytes = cfg->max_job_bytes,
 		.scaling = cfg->scaling,
 		.lowp = cfg->sum == APS_SUM_LOWP,
 		.elastic = cfg->elastic != 0,

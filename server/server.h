@@ -44,6 +44,7 @@ struct aps_server_opts {
 	uint32_t max_jobs;
 	uint32_t max_ranks;
 	uint32_t max_tensors;
+	uint64_t max_job_bytes;   /* fp32 bytes of the tensors of one job */
 	enum aps_scaling scaling; /* of jobs whose HELLO states none */
 	bool lowp;                /* sum = lowp: the paper's rounded sum, global scaling only */
 	bool elastic;             /* jobs shrink when a rank is lost (docs/RELIABILITY.md) */

@@ -119,6 +119,16 @@ def test_rank_killed_between_rounds_fails_the_next_round_at_once(daemon):
     assert daemon.counter("refused_incomplete") >= 2
 
 
+def test_job_byte_budget_refuses_the_tensor_past_it(daemon_factory):
+    # 64k of fp32 per job: a 4096-element tensor fits (16 KiB), 16384 more do not
+    d = daemon_factory(extra=("--max_job_bytes", "64k"))
+    out = run_workers(d.endpoint, 1, [4096, 16384], steps=1)[0][1]
+    assert "APS_ERANGE" in out and "max_job_bytes is 65536" in out, out
+    assert "would hold 81920 fp32 bytes" in out, out
+    assert d.counter("bad_state") >= 1
+    assert_all_ok(run_workers(d.endpoint, 1, [4096, 12288], steps=1, job="fits"), 1, 2)
+
+
 def test_timeout_names_the_missing_rank(daemon):
     procs = [start_worker(daemon.endpoint, r, 2, [7], steps=1, timeout_ms=1500,
                           sleep_ms=(6000 if r == 1 else 0)) for r in range(2)]

@@ -30,11 +30,20 @@
 #include <time.h>
 #include <zmq.h>
 
-enum kind { GARBAGE, TRUNCATED, BITFLIP, BAD_CRC, FRAMES, INTRUDER, MISMATCH, DEEP, N_KINDS };
+enum kind {
+	GARBAGE,
+	TRUNCATED,
+	BITFLIP,
+	BAD_CRC,
+	FRAMES,
+	INTRUDER,
+	MISMATCH,
+	DEEP,
+	N_KINDS
+};
 
-static const char *const kind_names[N_KINDS] = { "garbage",  "truncated", "bitflip",
-	                                         "bad_crc",  "frames",    "intruder",
-	                                         "mismatch", "deep" };
+static const char *const kind_names[N_KINDS] = { "garbage", "truncated", "bitflip",  "bad_crc",
+	                                         "frames",  "intruder",  "mismatch", "deep" };
 
 struct rogue {
 	void *sock;
