@@ -184,7 +184,7 @@ static int refuse_nonfinite(struct aps_request *r, size_t nonfinite)
 int aps_client_allreduce_start(aps_client *c, uint32_t tensor_id, float *buf, uint64_t count,
                                int32_t timeout_ms, aps_request **out)
 {
-	struct aps_request *r;
+	struct aps_request *r = NULL; /* set by data_request when it returns 0 */
 	bool nonfinite;
 	float maxabs;
 	uint64_t t0;
@@ -224,7 +224,7 @@ int aps_client_allreduce_start(aps_client *c, uint32_t tensor_id, float *buf, ui
 int aps_client_broadcast_start(aps_client *c, uint32_t tensor_id, float *buf, uint64_t count,
                                int32_t timeout_ms, aps_request **out)
 {
-	struct aps_request *r;
+	struct aps_request *r = NULL; /* set by data_request when it returns 0 */
 	int ret;
 
 	if (out == NULL)
