@@ -158,7 +158,7 @@ static bool session_may_send(struct aps_server *srv, struct aps_session *s, cons
 	srv->counters.bad_session++;
 	if (s == NULL || s->job == NULL)
 		aps_server_send_error(
-		        srv, peer, APS_EPROTO, m,
+		        srv, peer, APS_ENOSESSION, m,
 		        "%s from a connection that has not joined (apsd restarted, or "
 		        "no HELLO): rank %u of job '%s' must join again",
 		        aps_msg_type_name(m->type), m->rank, m->job);
