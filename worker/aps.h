@@ -141,11 +141,11 @@ struct aps_client_opts {
 	const char *curve_server_key; /* the daemon's Z85 public key: encrypt and authenticate */
 	const char *curve_public_key; /* this worker's Z85 key pair (aps_curve_keypair), */
 	const char *curve_secret_key; /* whose public half is in the daemon's allowlist */
-	int32_t rejoin; /* 1: when apsd restarts (or does not know this session), the calls in
-	                   flight fail with APS_ENOSESSION, the client joins the job again and
-	                   registers its tensors at the steps it is at, and later calls go on.
-	                   Ranks whose steps differ (one got a result the others lost) get
-	                   APS_EMISMATCH. 0: APS_ENOSESSION for every later call */
+	int32_t rejoin; /* 1: when apsd restarts (or does not know this session), the client
+	                   joins the job again, registers its tensors at the steps it is at,
+	                   and sends the calls in flight again: they complete. Ranks whose
+	                   steps differ (a result reached some of them only) get
+	                   APS_EMISMATCH. 0: APS_ENOSESSION (or APS_ECONN after a BYE) */
 };
 
 /**

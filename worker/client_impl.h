@@ -72,7 +72,9 @@ struct aps_request {
 	int64_t deadline_ms, next_heartbeat_ms;
 	uint32_t waiting[APS_CLIENT_WAITING_MAX]; /* from the daemon's heartbeat reply */
 	uint32_t n_waiting;
-	bool heard; /* the daemon answered a heartbeat of this request */
+	bool heard;      /* the daemon answered a heartbeat of this request */
+	bool reexchange; /* sent again after a rejoin: global mode exchanges its exponent
+	                    again but keeps its codes (the same max gives the same k) */
 	/* under c->lock: */
 	bool done;
 	int result;

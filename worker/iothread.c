@@ -168,7 +168,7 @@ static int start_one(struct aps_client *c, struct aps_request *r, bool *exchange
 		activate(c, r, REQ_SENT);
 		return send_simple(c, r);
 	}
-	if (r->kind == REQ_ALLREDUCE && r->codes == NULL) {
+	if (r->kind == REQ_ALLREDUCE && (r->codes == NULL || r->reexchange)) {
 		activate(c, r, REQ_EXCHANGE);
 		*exchange = true;
 		return 0;
@@ -242,8 +242,11 @@ static void resync_step(struct aps_client *c, const struct aps_msg *m)
 {
 	pthread_mutex_lock(&c->lock);
 	if (m->tensor_id < c->n_tensors && c->tensors[m->tensor_id].busy == NULL &&
-	    strcmp(c->tensors[m->tensor_id].name, m->tensor_name) == 0)
-		c->tensors[m->tensor_id].step = m->step;
+	    strcmp(c->tensors[m->tensor_id].name, m->tensor_name) == 0) {
+		struct client_tensor *t = &c->tensors[m->tensor_id];
+		t->step = m->step;
+		aps_format_parse(m->format, &t->format); /* the policy may have moved it */
+	}
 	pthread_mutex_unlock(&c->lock);
 }
 
@@ -343,7 +346,9 @@ static void on_scales(struct aps_client *c, const struct aps_msg *m)
 		                       : aps_scale_from_global_exponent(&r->fmt, m->exponents[i]);
 		r->state = REQ_SENT;
 		r->deadline_ms = aps_client_now_ms() + r->timeout_ms;
-		if (aps_request_encode(c, r) < 0)
+		if (r->reexchange)
+			r->reexchange = false; /* codes of the first exchange: the same k */
+		else if (aps_request_encode(c, r) < 0)
 			finish(c, r, APS_ENOMEM, "out of memory for the codes");
 		else if (send_chunks(c, r) < 0)
 			finish(c, r, APS_ECONN, "send to the daemon failed");

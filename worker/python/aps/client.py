@@ -73,9 +73,10 @@ class Client:
     error_feedback=True carries what quantization lost into the next step.
     trace="file.json" writes a Chrome-trace timeline of every call. CURVE keys
     (Z85 strings, see `apsctl keygen`) encrypt and authenticate the connection.
-    rejoin=True: when apsd restarts, the calls in flight raise aps.Error
-    APS_ENOSESSION (nothing of them was delivered), the client joins the job
-    again at the steps it is at, and later calls go on (docs/RELIABILITY.md).
+    rejoin=True: when apsd restarts, the client joins the job again at the
+    steps it is at and sends the calls in flight again, so they complete;
+    ranks at different steps (a result reached some only) get aps.Error
+    APS_EMISMATCH (docs/RELIABILITY.md).
 
     Raises aps.Error (e.g. APS_ETIMEDOUT when no daemon answers, APS_EBUSY when
     the rank is taken) or aps.ArgumentError for bad options.
