@@ -9,6 +9,7 @@
 #include "common/codec.h"
 #include "common/err.h"
 #include "worker/api_error.h"
+#include "worker/sharded.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -118,7 +119,7 @@ static int scale(struct aps_client *c, struct aps_request *r)
 	r->scale_exp = 0;
 	if (c->scaling == APS_SCALING_NONE || aps_format_is_fp32(&r->fmt))
 		return 0;
-	maxabs = aps_codec_maxabs(r->src, r->count);
+	maxabs = r->have_maxabs ? r->maxabs : aps_codec_maxabs(r->src, r->count);
 	if (c->scaling == APS_SCALING_LOCAL)
 		ret = aps_scale_local(&r->fmt, maxabs, &r->scale_exp);
 	else
@@ -186,8 +187,8 @@ static int refuse_nonfinite(struct aps_request *r, size_t nonfinite)
 	return ret;
 }
 
-int aps_client_allreduce_start(aps_client *c, uint32_t tensor_id, float *buf, uint64_t count,
-                               int32_t timeout_ms, aps_request **out)
+int aps_client_allreduce_part(aps_client *c, uint32_t tensor_id, float *buf, uint64_t count,
+                              int32_t timeout_ms, const float *maxabs, aps_request **out)
 {
 	struct aps_request *r;
 	size_t nonfinite;
@@ -198,9 +199,11 @@ int aps_client_allreduce_start(aps_client *c, uint32_t tensor_id, float *buf, ui
 	ret = data_request(c, REQ_ALLREDUCE, tensor_id, buf, count, timeout_ms, &r);
 	if (ret < 0)
 		return ret;
-	nonfinite = aps_codec_count_nonfinite_f32(buf, count);
+	nonfinite = maxabs != NULL ? 0 : aps_codec_count_nonfinite_f32(buf, count);
 	if (nonfinite > 0)
 		return refuse_nonfinite(r, nonfinite);
+	r->have_maxabs = maxabs != NULL;
+	r->maxabs = maxabs != NULL ? *maxabs : 0.0f;
 	if (c->error_feedback && !aps_format_is_fp32(&r->fmt) && add_residual(c, r) < 0) {
 		free(r->corrected);
 		free(r);
@@ -218,12 +221,22 @@ int aps_client_allreduce_start(aps_client *c, uint32_t tensor_id, float *buf, ui
 	return submit(c, r, out);
 }
 
+int aps_client_allreduce_start(aps_client *c, uint32_t tensor_id, float *buf, uint64_t count,
+                               int32_t timeout_ms, aps_request **out)
+{
+	if (c != NULL && c->sharded != NULL && aps_client_check(c) == 0)
+		return aps_sharded_allreduce_start(c, tensor_id, buf, count, timeout_ms, out);
+	return aps_client_allreduce_part(c, tensor_id, buf, count, timeout_ms, NULL, out);
+}
+
 int aps_client_broadcast_start(aps_client *c, uint32_t tensor_id, float *buf, uint64_t count,
                                int32_t timeout_ms, aps_request **out)
 {
 	struct aps_request *r;
 	int ret;
 
+	if (c != NULL && c->sharded != NULL && aps_client_check(c) == 0)
+		return aps_sharded_broadcast_start(c, tensor_id, buf, count, timeout_ms, out);
 	if (out == NULL)
 		return aps_api_fail(APS_EINVAL, "request pointer is NULL");
 	ret = data_request(c, REQ_BROADCAST, tensor_id, buf, count, timeout_ms, &r);
@@ -256,7 +269,7 @@ int aps_client_broadcast(aps_client *c, uint32_t tensor_id, float *buf, uint64_t
 	return ret < 0 ? ret : aps_request_wait(r);
 }
 
-int aps_client_barrier(aps_client *c, int32_t timeout_ms)
+int aps_client_barrier_start(aps_client *c, int32_t timeout_ms, aps_request **out)
 {
 	struct aps_request *r;
 	int ret = aps_client_check(c);
@@ -265,12 +278,32 @@ int aps_client_barrier(aps_client *c, int32_t timeout_ms)
 		return ret;
 	if ((r = new_request(c, REQ_BARRIER, timeout_ms)) == NULL)
 		return aps_api_fail(APS_ENOMEM, "out of memory");
-	ret = submit(c, r, &r);
+	return submit(c, r, out);
+}
+
+int aps_client_barrier(aps_client *c, int32_t timeout_ms)
+{
+	aps_request *r;
+	int ret = aps_client_check(c);
+
+	if (ret < 0)
+		return ret;
+	if (c->sharded != NULL)
+		return aps_sharded_barrier(c, timeout_ms);
+	ret = aps_client_barrier_start(c, timeout_ms, &r);
 	return ret < 0 ? ret : aps_request_wait(r);
 }
 
-/* The I/O thread fills the table when REGISTERED arrives. */
 int aps_client_register(aps_client *c, const char *name, uint64_t count, uint32_t *tensor_id)
+{
+	if (c != NULL && c->sharded != NULL && aps_client_check(c) == 0)
+		return aps_sharded_register(c, name, count, tensor_id);
+	return aps_client_register_as(c, name, count, NULL, tensor_id);
+}
+
+/* The I/O thread fills the table when REGISTERED arrives. */
+int aps_client_register_as(aps_client *c, const char *name, uint64_t count, const char *format,
+                           uint32_t *tensor_id)
 {
 	struct aps_request *r;
 	int ret = aps_client_check(c);
@@ -286,6 +319,7 @@ int aps_client_register(aps_client *c, const char *name, uint64_t count, uint32_
 	if ((r = new_request(c, REQ_REGISTER, 0)) == NULL)
 		return aps_api_fail(APS_ENOMEM, "out of memory");
 	snprintf(r->name, sizeof(r->name), "%s", name);
+	snprintf(r->reg_format, sizeof(r->reg_format), "%s", format != NULL ? format : "");
 	r->count = count;
 	ret = submit(c, r, &r);
 	if (ret < 0)
