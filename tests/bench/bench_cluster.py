@@ -202,6 +202,24 @@ def geometries(a):
     return out
 
 
+def busy_cores(seconds=1.0):
+    """Cores the whole machine kept busy over the next `seconds` (/proc/stat)."""
+    def sample():
+        f = [int(x) for x in pathlib.Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        return sum(f[:8]) - f[3] - f[4], sum(f[:8])
+    b0, t0 = sample()
+    time.sleep(seconds)
+    b1, t1 = sample()
+    return (b1 - b0) / max(1, t1 - t0) * os.cpu_count()
+
+
+def wait_quiet(limit_s, cores=0.5):
+    """Waits (at most limit_s) until other work keeps under `cores` cores busy."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline and busy_cores() > cores:
+        pass
+
+
 def run_geometry(geo, a, logdir, results):
     nodes = WORLD + (max(a.shards) if geo["placement"] == "dedicated" else 0)
     burst = a.burst or None
@@ -213,11 +231,13 @@ def run_geometry(geo, a, logdir, results):
         for shards in a.shards:
             for fmt in a.formats:
                 port += 10
+                wait_quiet(a.wait_quiet)
                 t = apsd_config(cluster, geo, fmt, shards, a, logdir, port)
                 results.append(row(geo, "apsd", fmt, shards, t, a))
                 say(results[-1])
         if a.gloo:
             port += 10
+            wait_quiet(a.wait_quiet)
             t = gloo_config(cluster, geo, a, logdir, port)
             results.append(row(geo, "gloo", "fp32", 0, t, a))
             say(results[-1])
@@ -234,13 +254,14 @@ def row(geo, system, fmt, shards, times, a):
     return {"geometry": geo["name"], "kind": geo["kind"], "placement": geo["placement"],
             "rate": geo["rate"], "system": system, "format": fmt, "shards": shards,
             "step_s": step, "steps_s": times, "busiest_bytes": busiest, "limit_s": limit,
-            "utilisation": limit / step, "model_s": pred}
+            "utilisation": limit / step, "model_s": pred, "load1_after": load()[0]}
 
 
 def say(r):
     print(f"# {r['geometry']} {r['system']} {r['format']} S={r['shards']}: "
           f"{r['step_s'] * 1e3:.0f} ms/step, limit {r['limit_s'] * 1e3:.0f} ms, "
-          f"util {r['utilisation'] * 100:.0f}%, model {r['model_s'] * 1e3:.0f} ms",
+          f"util {r['utilisation'] * 100:.0f}%, model {r['model_s'] * 1e3:.0f} ms, "
+          f"load {r['load1_after']}",
           flush=True)
 
 
@@ -291,6 +312,9 @@ def main():
     ap.add_argument("--no-gloo", dest="gloo", action="store_false")
     ap.add_argument("--timeout", type=float, default=240, help="s per configuration")
     ap.add_argument("--budget", type=float, default=1800, help="s for the whole run")
+    ap.add_argument("--wait-quiet", type=float, default=0, metavar="S",
+                    help="before each configuration wait up to S s for the machine to be "
+                    "idle (under 0.5 busy cores)")
     ap.add_argument("--quick", action="store_true",
                     help="1gbit only; shared 1 shard, switched co-located 4 shards; "
                          "fp32 and e4m3; 2 timed steps")

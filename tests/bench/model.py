@@ -112,9 +112,17 @@ def parse_rate(rate):
     return float(rate)
 
 
-def extrapolate(rate_bps, workers=(64, 512), shards=(1, 8, 32), partition_bytes=1 << 20):
+def partition_for(sizes, shards):
+    """A partition size that spreads the tensors evenly: about 16 pieces per
+    shard, a power of two between 4 KiB and 4 MiB of fp32."""
+    want = 4 * sum(sizes) / (16 * shards)
+    return int(min(4 << 20, max(4 << 10, 2 ** math.floor(math.log2(want)))))
+
+
+def extrapolate(rate_bps, workers=(64, 512), shards=(1, 8, 32)):
     """Rows (workers, system, seconds per ResNet-50 step) on a switched network
-    (full-duplex links of rate_bps, one per node)."""
+    (full-duplex links of rate_bps, one per node). Co-located shards also on
+    every worker node (S = N), the arrangement whose traffic equals the ring's."""
     sizes = resnet50_sizes()
     rows = []
     for N in workers:
@@ -122,9 +130,9 @@ def extrapolate(rate_bps, workers=(64, 512), shards=(1, 8, 32), partition_bytes=
         rows.append((N, "ring all-reduce fp32", predict(ring, "gloo", "fp32", sizes)))
         for fmt in ("fp32", "e4m3"):
             for placement in ("dedicated", "colocated"):
-                for S in shards:
+                for S in (*shards, N) if placement == "colocated" else shards:
                     g = Geometry("switched", placement, N, S, rate_bps)
-                    t = predict(g, "apsd", fmt, sizes, partition_bytes)
+                    t = predict(g, "apsd", fmt, sizes, partition_for(sizes, S))
                     rows.append((N, f"apsd {fmt}, {S} {placement} shard{'s' * (S > 1)}", t))
     return rows
 
