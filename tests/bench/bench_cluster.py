@@ -164,7 +164,7 @@ def apsd_config(cluster, geo, fmt, shards, a, logdir, port):
     argvs = [[str(a.build / "tests/bench/bench_allreduce"), "--endpoint", ",".join(endpoints),
               "--rank", str(r), "--world", str(WORLD), "--format", fmt, "--tensors",
               a.tensors, "--steps", str(a.steps), "--warmup", str(a.warmup),
-              "--partition-bytes", str(PARTITION), "--timeout_ms", "120000"]
+              "--partition-bytes", str(a.partition_bytes), "--timeout_ms", "120000"]
              for r in range(WORLD)]
     try:
         out = run_ranks(cluster, range(WORLD), argvs, a.timeout, logdir, name)
@@ -247,9 +247,9 @@ def row(geo, system, fmt, shards, times, a):
     sizes = tensor_sizes(a.tensors)
     g = model.Geometry(kind=geo["kind"], placement=geo["placement"], workers=WORLD,
                        shards=shards, rate_bps=netcluster.parse_rate(geo["rate"]), mtu=a.mtu)
-    busiest = model.busiest_link_bytes(g, system, fmt, sizes, PARTITION)
+    busiest = model.busiest_link_bytes(g, system, fmt, sizes, a.partition_bytes)
     limit = busiest * 8 / g.rate_bps
-    pred = model.predict(g, system, fmt, sizes, PARTITION)
+    pred = model.predict(g, system, fmt, sizes, a.partition_bytes)
     step = statistics.median(times) if system == "gloo" else times[0]
     return {"geometry": geo["name"], "kind": geo["kind"], "placement": geo["placement"],
             "rate": geo["rate"], "system": system, "format": fmt, "shards": shards,
@@ -307,6 +307,9 @@ def main():
                     f"elements (the small model: {SMALL})")
     ap.add_argument("--burst", default="", help="tbf bucket (default: 250 us of the rate)")
     ap.add_argument("--mtu", type=int, default=1500)
+    ap.add_argument("--partition-bytes", type=int, default=PARTITION,
+                    help="the client's partition size (keep it a multiple of 1 MiB, the "
+                    "shards' chunk_bytes)")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--no-gloo", dest="gloo", action="store_false")
