@@ -55,5 +55,7 @@ void aps_handle_barrier(struct aps_server *srv, struct aps_session *s, const str
 void aps_handle_exponents(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m);
 void aps_handle_heartbeat(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m);
 void aps_handle_bye(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m);
+/* Elastic jobs, after a rank left: finishes what no longer waits for it. */
+void aps_job_recheck(struct aps_server *srv, struct aps_job *job);
 
 #endif

@@ -143,13 +143,18 @@ struct aps_client_opts {
 	const char *curve_server_key; /* the daemon's Z85 public key: encrypt and authenticate */
 	const char *curve_public_key; /* this worker's Z85 key pair (aps_curve_keypair), */
 	const char *curve_secret_key; /* whose public half is in the daemon's allowlist */
-	uint64_t partition_bytes;     /* several shards: tensors above this many fp32 bytes are cut
-	                                 into partitions of this size, and partitions and smaller
-	                                 tensors go to the shard with the fewest bytes so far, in
-	                                 the order of registration (every rank must register in the
-	                                 same order). Keep it a multiple of the daemons'
-	                                 chunk_bytes for results bit-identical to one daemon.
-	                                 0: 4 MiB (apsd's default chunk_bytes) */
+	int32_t rejoin; /* 1: when apsd restarts (or does not know this session), the calls in
+	                   flight fail with APS_ENOSESSION, the client joins the job again and
+	                   registers its tensors at the steps it is at, and later calls go on.
+	                   Ranks whose steps differ (one got a result the others lost) get
+	                   APS_EMISMATCH. 0: APS_ENOSESSION for every later call */
+	uint64_t partition_bytes; /* several shards: tensors above this many fp32 bytes are cut
+	                             into partitions of this size, and partitions and smaller
+	                             tensors go to the shard with the fewest bytes so far, in
+	                             the order of registration (every rank must register in the
+	                             same order). Keep it a multiple of the daemons'
+	                             chunk_bytes for results bit-identical to one daemon.
+	                             0: 4 MiB (apsd's default chunk_bytes) */
 };
 
 /**

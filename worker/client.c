@@ -144,6 +144,7 @@ static void copy_opts(struct aps_client *c, const struct aps_client_opts *o,
 	c->wake_fd = -1;
 	c->policy_auto = o->policy_auto != 0;
 	c->error_feedback = o->error_feedback != 0;
+	c->rejoin = o->rejoin != 0;
 	snprintf(c->rules, sizeof(c->rules), "%s", o->rules != NULL ? o->rules : "");
 	aps_msg_limits_init(&c->limits);
 	c->limits.from_server = true;
@@ -172,8 +173,11 @@ static int await_welcome(struct aps_client *c)
 			return aps_api_fail(APS_EPROTO, "bad message from apsd: %s", fault.text);
 		if (m.type == APS_MSG_ERROR)
 			return aps_api_fail(m.error_code, "%s", m.error_text);
-		if (m.type == APS_MSG_WELCOME)
+		if (m.type == APS_MSG_WELCOME) {
+			c->barrier_step =
+			        m.step; /* a rank back in an elastic job joins the next one */
 			return 0;
+		}
 	}
 }
 
@@ -186,6 +190,7 @@ static int hello(struct aps_client *c, const struct aps_client_opts *o)
 	m.flags = c->policy_auto ? APS_MSG_FLAG_POLICY_AUTO : 0;
 	if (o->downlink != NULL && strcmp(o->downlink, "auto") != 0)
 		snprintf(m.format, sizeof(m.format), "%s", o->downlink);
+	c->hello = m; /* said again if apsd restarts (rejoin) */
 	if (aps_client_send(c, &m, NULL, NULL, 0) < 0)
 		return aps_api_fail(APS_ECONN, "cannot send to %s", c->endpoint);
 	return await_welcome(c);

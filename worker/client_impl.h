@@ -57,8 +57,6 @@ struct aps_request {
 	uint64_t step;
 	char name[APS_MSG_NAME_MAX + 1]; /* REGISTER: the tensor's name */
 	char reg_format[16];             /* REGISTER: the format to ask for ("": by the rules) */
-	float maxabs;                    /* the whole tensor's max |x| when have_maxabs */
-	bool have_maxabs;                /* a partition: scale by the whole tensor's max */
 	struct aps_request **parts;      /* REQ_SHARDED: the part requests (owned) */
 	uint32_t n_parts;
 	uint64_t count;
@@ -113,12 +111,30 @@ struct aps_client {
 	char pending_text[APS_CLIENT_ERROR_MAX];
 	struct client_tensor *tensors; /* by id (lock) */
 	uint32_t n_tensors;
-	uint64_t barrier_step;       /* (I/O thread) */
-	struct aps_request *active;  /* sent, waiting for replies (I/O thread) */
+	uint64_t barrier_step;      /* (I/O thread) */
+	struct aps_request *active; /* sent, waiting for replies (I/O thread) */
+	/* Joining again after apsd restarted (rejoin.c; I/O thread but rejoining: lock). */
+	bool rejoin;            /* the option */
+	bool rejoining;         /* HELLO sent again, queued calls wait */
+	uint32_t reregistering; /* REGISTERED still due */
+	int64_t rejoin_deadline_ms, next_hello_ms;
+	struct aps_msg hello;        /* as first sent */
 	struct aps_sharded *sharded; /* several endpoints: the shards' clients (sharded.c) */
 };
 
 int64_t aps_client_now_ms(void);
+
+/* Fails every request in flight (I/O thread); with fatal, every later one too. */
+void aps_client_fail_all(struct aps_client *c, int code, const char *text, bool fatal);
+
+/* rejoin.c: apsd lost this session (why); starts joining again. */
+void aps_rejoin_begin(struct aps_client *c, const char *why);
+/* rejoin.c: true when an ERROR was about joining again (and is handled). */
+bool aps_rejoin_on_error(struct aps_client *c, const struct aps_msg *m);
+/* rejoin.c: a WELCOME or an unasked REGISTERED while joining again. */
+void aps_rejoin_on_message(struct aps_client *c, const struct aps_msg *m);
+/* rejoin.c: resends HELLO, gives up at the deadline; ms until it is due again. */
+int aps_rejoin_timers(struct aps_client *c, int64_t now);
 
 /* The client may be used by this call: not NULL, not forked. */
 int aps_client_check(const struct aps_client *c);
@@ -157,7 +173,7 @@ int aps_client_register_as(aps_client *c, const char *name, uint64_t count, cons
  * so that every partition gets the exponent the whole tensor would.
  */
 int aps_client_allreduce_part(aps_client *c, uint32_t tensor_id, float *buf, uint64_t count,
-                              int32_t timeout_ms, const float *maxabs, aps_request **req);
+                              int32_t timeout_ms, const float *whole_max, aps_request **req);
 
 /* Starts a barrier; aps_request_wait ends it. */
 int aps_client_barrier_start(aps_client *c, int32_t timeout_ms, aps_request **req);

@@ -109,23 +109,18 @@ int aps_request_encode(struct aps_client *c, struct aps_request *r)
 	return 0;
 }
 
-/* The APS exponent, or in global mode this rank's half of the exchange. */
-static int scale(struct aps_client *c, struct aps_request *r)
+/*
+ * The APS exponent from maxabs, the largest |value| of what is sent, or in
+ * global mode this rank's half of the exchange.
+ */
+static int scale(struct aps_client *c, struct aps_request *r, float maxabs)
 {
-	uint64_t t0 = c->trace != NULL ? aps_trace_now() : 0;
-	float maxabs;
-	int ret;
-
 	r->scale_exp = 0;
 	if (c->scaling == APS_SCALING_NONE || aps_format_is_fp32(&r->fmt))
 		return 0;
-	maxabs = r->have_maxabs ? r->maxabs : aps_codec_maxabs(r->src, r->count);
 	if (c->scaling == APS_SCALING_LOCAL)
-		ret = aps_scale_local(&r->fmt, maxabs, &r->scale_exp);
-	else
-		ret = aps_scale_global_exponent(maxabs, (int)c->world_size, &r->exponent);
-	aps_trace_stage(c->trace, "scan", t0, r->name, r->step, 0);
-	return ret;
+		return aps_scale_local(&r->fmt, maxabs, &r->scale_exp);
+	return aps_scale_global_exponent(maxabs, (int)c->world_size, &r->exponent);
 }
 
 /* Checks the tensor of a data call and fills r's tensor fields (lock held). */
@@ -188,10 +183,12 @@ static int refuse_nonfinite(struct aps_request *r, size_t nonfinite)
 }
 
 int aps_client_allreduce_part(aps_client *c, uint32_t tensor_id, float *buf, uint64_t count,
-                              int32_t timeout_ms, const float *maxabs, aps_request **out)
+                              int32_t timeout_ms, const float *whole_max, aps_request **out)
 {
-	struct aps_request *r;
-	size_t nonfinite;
+	struct aps_request *r = NULL; /* set by data_request when it returns 0 */
+	bool nonfinite = false;
+	float maxabs;
+	uint64_t t0;
 	int ret;
 
 	if (out == NULL)
@@ -199,17 +196,25 @@ int aps_client_allreduce_part(aps_client *c, uint32_t tensor_id, float *buf, uin
 	ret = data_request(c, REQ_ALLREDUCE, tensor_id, buf, count, timeout_ms, &r);
 	if (ret < 0)
 		return ret;
-	nonfinite = maxabs != NULL ? 0 : aps_codec_count_nonfinite_f32(buf, count);
-	if (nonfinite > 0)
-		return refuse_nonfinite(r, nonfinite);
-	r->have_maxabs = maxabs != NULL;
-	r->maxabs = maxabs != NULL ? *maxabs : 0.0f;
-	if (c->error_feedback && !aps_format_is_fp32(&r->fmt) && add_residual(c, r) < 0) {
-		free(r->corrected);
-		free(r);
-		return aps_api_fail(APS_ENOMEM, "out of memory for error feedback");
+	if (whole_max != NULL) {
+		maxabs = *whole_max; /* a partition: the caller scanned the whole tensor */
+	} else {
+		/* One pass finds the exponent's max and refuses inf and NaN. */
+		t0 = c->trace != NULL ? aps_trace_now() : 0;
+		maxabs = aps_codec_scan(buf, count, &nonfinite);
+		aps_trace_stage(c->trace, "scan", t0, r->name, r->step, 0);
+		if (nonfinite)
+			return refuse_nonfinite(r, aps_codec_count_nonfinite_f32(buf, count));
 	}
-	scale(c, r);
+	if (c->error_feedback && !aps_format_is_fp32(&r->fmt)) {
+		if (add_residual(c, r) < 0) {
+			free(r->corrected);
+			free(r);
+			return aps_api_fail(APS_ENOMEM, "out of memory for error feedback");
+		}
+		maxabs = aps_codec_maxabs(r->src, r->count); /* of what is sent: the sum */
+	}
+	scale(c, r, maxabs);
 	/* Global mode encodes when the daemon has sent the shared exponent. */
 	if (c->scaling != APS_SCALING_GLOBAL || aps_format_is_fp32(&r->fmt)) {
 		if (aps_request_encode(c, r) < 0) {
@@ -232,7 +237,7 @@ int aps_client_allreduce_start(aps_client *c, uint32_t tensor_id, float *buf, ui
 int aps_client_broadcast_start(aps_client *c, uint32_t tensor_id, float *buf, uint64_t count,
                                int32_t timeout_ms, aps_request **out)
 {
-	struct aps_request *r;
+	struct aps_request *r = NULL; /* set by data_request when it returns 0 */
 	int ret;
 
 	if (c != NULL && c->sharded != NULL && aps_client_check(c) == 0)

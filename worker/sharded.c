@@ -41,7 +41,6 @@ struct aps_sharded {
 	struct aps_format format; /* the uplink format the client asks for */
 	char rules[APS_RULES_MAX];
 	bool whole_max; /* partitions scale by the whole tensor's max (not with error feedback) */
-	bool scaled;    /* scaling is not "none" */
 	struct sharded_tensor *tensors;
 	uint32_t n_tensors;
 	struct aps_shard_part *parts;
@@ -117,7 +116,6 @@ static int setup(struct aps_client *c, const struct aps_client_opts *o,
 	if (aps_shards_init(&sh->map, n, o->partition_bytes) < 0)
 		return aps_api_fail(APS_EINVAL, "%u shards: at most %d", n, APS_SHARDS_MAX);
 	sh->whole_max = o->error_feedback == 0;
-	sh->scaled = o->scaling != APS_SCALING_MODE_NONE;
 	snprintf(sh->rules, sizeof(sh->rules), "%s", o->rules != NULL ? o->rules : "");
 	for (uint32_t i = 0; i < n; i++) {
 		if ((ret = join_shard(sh, o, i, eps[i])) < 0)
@@ -334,21 +332,19 @@ int aps_sharded_allreduce_start(aps_client *c, uint32_t tensor_id, float *buf, u
                                 int32_t timeout_ms, aps_request **out)
 {
 	const struct sharded_tensor *t = NULL;
-	size_t nonfinite;
-	float maxabs = 0.0f;
+	bool nonfinite;
+	float maxabs;
 	int ret;
 
 	if (out == NULL)
 		return aps_api_fail(APS_EINVAL, "request pointer is NULL");
 	if ((ret = tensor_of(c->sharded, tensor_id, buf, count, &t)) < 0)
 		return ret;
-	nonfinite = aps_codec_count_nonfinite_f32(buf, count);
-	if (nonfinite > 0)
+	maxabs = aps_codec_scan(buf, count, &nonfinite); /* one pass: the max, and inf or NaN */
+	if (nonfinite)
 		return aps_api_fail(APS_ENONFINITE,
 		                    "tensor '%.200s' holds %zu NaN or inf values; nothing was sent",
-		                    t->name, nonfinite);
-	if (c->sharded->scaled)
-		maxabs = aps_codec_maxabs(buf, count);
+		                    t->name, aps_codec_count_nonfinite_f32(buf, count));
 	return start_parts(c, t, buf, timeout_ms, &maxabs, out);
 }
 

@@ -6,13 +6,15 @@
         ...                                     # compute meanwhile
         h.wait()
 
-Every foreign call runs on the client's one I/O thread, in the order the calls
-were made (the C client is not thread-safe: one thread at a time). A call
-blocks only that thread, and the GIL is released while it waits on the
-network. The tensors of one allreduce_many_async are all in flight at once;
-the next call starts when they are all back, so every rank must make its
-calls in the same order. A tensor is passed by address and reduced in place:
-it must stay alive and untouched until its handle is done.
+Every call starts on the client's I/O thread, in the order the calls were
+made (the C client is not thread-safe: one thread at a time), and the GIL is
+released while a call waits on the network. All-reduces overlap: the tensors
+of one allreduce_many_async are all in flight at once, and the next batch
+starts as soon as they are sent, while a second thread waits for their
+results; barrier, broadcast and close first wait for every earlier call to
+complete. Every rank must make its calls in the same order. A tensor is
+passed by address and reduced in place: it must stay alive and untouched
+until its handle is done.
 """
 
 import ctypes
@@ -24,7 +26,7 @@ import numpy as np
 
 from aps import _env
 from aps._buffers import float32_buffer
-from aps._io import IOThread
+from aps._io import Deferred, IOThread
 from aps._lib import ClientOpts, LogFn, check, error_for, last_error, lib
 
 _SCALING = {"none": 0, "local": 1, "global": 2}
@@ -71,6 +73,9 @@ class Client:
     error_feedback=True carries what quantization lost into the next step.
     trace="file.json" writes a Chrome-trace timeline of every call. CURVE keys
     (Z85 strings, see `apsctl keygen`) encrypt and authenticate the connection.
+    rejoin=True: when apsd restarts, the calls in flight raise aps.Error
+    APS_ENOSESSION (nothing of them was delivered), the client joins the job
+    again at the steps it is at, and later calls go on (docs/RELIABILITY.md).
 
     Shards: endpoint may be a list of endpoints, or one string with commas
     ("tcp://a:5555,tcp://b:5555"), each an independent apsd. Tensors larger
@@ -87,7 +92,8 @@ class Client:
     def __init__(self, endpoint, rank, world_size, format="e4m3", scaling="local",
                  job="default", downlink=None, timeout_ms=60000, policy=None, rules=None,
                  error_feedback=False, trace=None, curve_server_key=None,
-                 curve_public_key=None, curve_secret_key=None, partition_bytes=None):
+                 curve_public_key=None, curve_secret_key=None, rejoin=False,
+                 partition_bytes=None):
         if scaling not in _SCALING:
             raise ValueError(f"scaling must be one of {sorted(_SCALING)}, not {scaling!r}")
         if policy not in (None, "auto"):
@@ -107,6 +113,7 @@ class Client:
          opts.curve_server_key, opts.curve_public_key, opts.curve_secret_key) = self._strings
         opts.policy_auto = 1 if policy == "auto" else 0
         opts.error_feedback = 1 if error_feedback else 0
+        opts.rejoin = 1 if rejoin else 0
         opts.rank = _check_int(rank, "rank")
         opts.world_size = _check_int(world_size, "world_size")
         if opts.rank != rank or opts.world_size != world_size:
@@ -125,6 +132,7 @@ class Client:
         self._lock = threading.Lock()
         self._counts = {}  # name -> element count, as first used (calling side)
         self._ids = {}  # name -> (tensor id, packed bytes), once registered (I/O thread)
+        self._in_flight = set()  # names of the tensors started and not yet waited for
         self._c = None  # the C client, used on the I/O thread only
         self._closed = False
         self._io = IOThread(f"aps-io-rank{rank}")
@@ -231,16 +239,25 @@ class Client:
         check(lib.aps_client_new(ctypes.byref(ptr), ctypes.byref(opts)))
         return ptr
 
-    def _submit(self, fn, what):
+    def _submit(self, fn, what, overlap=False):
         with self._lock:
             if self._closed:
                 raise error_for(_APS_ECLOSED, f"{what}: the client is closed")
-            return self._io.submit(fn, what)
+            return self._io.submit(fn, what, overlap)
 
-    def _queue_reduce(self, calls, zero_nonfinite, timeout_ms, what, result):
+    def _queue_reduce(self, calls, zero_nonfinite, timeout_ms, what, result, before=None):
+        """Queues the all-reduce of calls; the handle's wait() returns
+        result(names sent as zeros). before(), if given, runs on the I/O thread
+        just before the calls start."""
         timeout = self._call_timeout(timeout_ms)
-        return self._submit(lambda: result(self._reduce_batch(calls, zero_nonfinite, timeout)),
-                            what)
+
+        def start():
+            if before is not None:
+                before()
+            started = self._reduce_batch(calls, zero_nonfinite, timeout)
+            finish = started.finish
+            return Deferred(started.early, lambda: result(finish()))
+        return self._submit(start, what, overlap=True)
 
     def _call_timeout(self, timeout_ms):
         return 0 if timeout_ms is None else _check_int(timeout_ms, "timeout_ms")
@@ -271,10 +288,17 @@ class Client:
         return entry[0]
 
     def _reduce_batch(self, calls, zero_nonfinite, timeout):
-        """All-reduces each (name, address, count) of calls (I/O thread): all are
-        started, each with its own APS exponent, then all are waited for.
-        Returns the names of the tensors that held NaN or inf and were sent as
-        zeros; raises the first error once every started call has ended."""
+        """Starts an all-reduce of each (name, address, count) of calls (I/O
+        thread), each with its own APS exponent, and returns a Deferred: early
+        and the final result are the names of the tensors that held NaN or inf
+        and were sent as zeros; finish() waits for every started call and
+        raises the first error. A tensor still in flight from an earlier call
+        is waited for first."""
+        names = [name for name, _, _ in calls]
+        with self._lock:
+            busy = not self._in_flight.isdisjoint(names)
+        if busy:
+            self._io.drain()
         ids = [self._tensor_id(name, n) for name, _, n in calls]
         bad, requests, error = [], [], None
         for (name, addr, n), tid in zip(calls, ids):
@@ -286,15 +310,23 @@ class Client:
             if ret < 0:
                 error = last_error(ret)
                 break
-            requests.append(req)
+            requests.append((name, req))
             self.bytes_pushed += self._ids[name][1]
-        for req in requests:  # every started request must be waited for
-            ret = lib.aps_request_wait(req)
-            if ret < 0 and error is None:
-                error = last_error(ret)
-        if error is not None:
-            raise error
-        return bad
+        with self._lock:
+            self._in_flight.update(name for name, _ in requests)
+
+        def finish():
+            first = error
+            for name, req in requests:  # every started request must be waited for
+                ret = lib.aps_request_wait(req)
+                with self._lock:
+                    self._in_flight.discard(name)
+                if ret < 0 and first is None:
+                    first = last_error(ret)
+            if first is not None:
+                raise first
+            return bad
+        return Deferred(bad, finish)
 
 
 def _endpoint_list(endpoint):
