@@ -135,7 +135,9 @@ static int send_simple(struct aps_client *c, struct aps_request *r)
 		struct aps_format f = c->format;
 		snprintf(m.tensor_name, sizeof(m.tensor_name), "%s", r->name);
 		m.total_count = r->count;
-		aps_rules_match(c->rules, r->name, &f); /* the client's rules ask per tensor */
+		if (r->reg_format[0] == '\0' || aps_format_parse(r->reg_format, &f) < 0)
+			aps_rules_match(c->rules, r->name,
+			                &f); /* the client's rules ask per tensor */
 		snprintf(m.format, sizeof(m.format), "%s", f.name);
 	}
 	return aps_client_send(c, &m, NULL, NULL, 0);

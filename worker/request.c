@@ -9,6 +9,7 @@
 #include "common/codec.h"
 #include "common/err.h"
 #include "worker/api_error.h"
+#include "worker/sharded.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -181,11 +182,11 @@ static int refuse_nonfinite(struct aps_request *r, size_t nonfinite)
 	return ret;
 }
 
-int aps_client_allreduce_start(aps_client *c, uint32_t tensor_id, float *buf, uint64_t count,
-                               int32_t timeout_ms, aps_request **out)
+int aps_client_allreduce_part(aps_client *c, uint32_t tensor_id, float *buf, uint64_t count,
+                              int32_t timeout_ms, const float *whole_max, aps_request **out)
 {
 	struct aps_request *r = NULL; /* set by data_request when it returns 0 */
-	bool nonfinite;
+	bool nonfinite = false;
 	float maxabs;
 	uint64_t t0;
 	int ret;
@@ -195,12 +196,16 @@ int aps_client_allreduce_start(aps_client *c, uint32_t tensor_id, float *buf, ui
 	ret = data_request(c, REQ_ALLREDUCE, tensor_id, buf, count, timeout_ms, &r);
 	if (ret < 0)
 		return ret;
-	/* One pass finds the exponent's max and refuses inf and NaN. */
-	t0 = c->trace != NULL ? aps_trace_now() : 0;
-	maxabs = aps_codec_scan(buf, count, &nonfinite);
-	aps_trace_stage(c->trace, "scan", t0, r->name, r->step, 0);
-	if (nonfinite)
-		return refuse_nonfinite(r, aps_codec_count_nonfinite_f32(buf, count));
+	if (whole_max != NULL) {
+		maxabs = *whole_max; /* a partition: the caller scanned the whole tensor */
+	} else {
+		/* One pass finds the exponent's max and refuses inf and NaN. */
+		t0 = c->trace != NULL ? aps_trace_now() : 0;
+		maxabs = aps_codec_scan(buf, count, &nonfinite);
+		aps_trace_stage(c->trace, "scan", t0, r->name, r->step, 0);
+		if (nonfinite)
+			return refuse_nonfinite(r, aps_codec_count_nonfinite_f32(buf, count));
+	}
 	if (c->error_feedback && !aps_format_is_fp32(&r->fmt)) {
 		if (add_residual(c, r) < 0) {
 			free(r->corrected);
@@ -221,12 +226,22 @@ int aps_client_allreduce_start(aps_client *c, uint32_t tensor_id, float *buf, ui
 	return submit(c, r, out);
 }
 
+int aps_client_allreduce_start(aps_client *c, uint32_t tensor_id, float *buf, uint64_t count,
+                               int32_t timeout_ms, aps_request **out)
+{
+	if (c != NULL && c->sharded != NULL && aps_client_check(c) == 0)
+		return aps_sharded_allreduce_start(c, tensor_id, buf, count, timeout_ms, out);
+	return aps_client_allreduce_part(c, tensor_id, buf, count, timeout_ms, NULL, out);
+}
+
 int aps_client_broadcast_start(aps_client *c, uint32_t tensor_id, float *buf, uint64_t count,
                                int32_t timeout_ms, aps_request **out)
 {
 	struct aps_request *r = NULL; /* set by data_request when it returns 0 */
 	int ret;
 
+	if (c != NULL && c->sharded != NULL && aps_client_check(c) == 0)
+		return aps_sharded_broadcast_start(c, tensor_id, buf, count, timeout_ms, out);
 	if (out == NULL)
 		return aps_api_fail(APS_EINVAL, "request pointer is NULL");
 	ret = data_request(c, REQ_BROADCAST, tensor_id, buf, count, timeout_ms, &r);
@@ -259,7 +274,7 @@ int aps_client_broadcast(aps_client *c, uint32_t tensor_id, float *buf, uint64_t
 	return ret < 0 ? ret : aps_request_wait(r);
 }
 
-int aps_client_barrier(aps_client *c, int32_t timeout_ms)
+int aps_client_barrier_start(aps_client *c, int32_t timeout_ms, aps_request **out)
 {
 	struct aps_request *r;
 	int ret = aps_client_check(c);
@@ -268,12 +283,32 @@ int aps_client_barrier(aps_client *c, int32_t timeout_ms)
 		return ret;
 	if ((r = new_request(c, REQ_BARRIER, timeout_ms)) == NULL)
 		return aps_api_fail(APS_ENOMEM, "out of memory");
-	ret = submit(c, r, &r);
+	return submit(c, r, out);
+}
+
+int aps_client_barrier(aps_client *c, int32_t timeout_ms)
+{
+	aps_request *r;
+	int ret = aps_client_check(c);
+
+	if (ret < 0)
+		return ret;
+	if (c->sharded != NULL)
+		return aps_sharded_barrier(c, timeout_ms);
+	ret = aps_client_barrier_start(c, timeout_ms, &r);
 	return ret < 0 ? ret : aps_request_wait(r);
 }
 
-/* The I/O thread fills the table when REGISTERED arrives. */
 int aps_client_register(aps_client *c, const char *name, uint64_t count, uint32_t *tensor_id)
+{
+	if (c != NULL && c->sharded != NULL && aps_client_check(c) == 0)
+		return aps_sharded_register(c, name, count, tensor_id);
+	return aps_client_register_as(c, name, count, NULL, tensor_id);
+}
+
+/* The I/O thread fills the table when REGISTERED arrives. */
+int aps_client_register_as(aps_client *c, const char *name, uint64_t count, const char *format,
+                           uint32_t *tensor_id)
 {
 	struct aps_request *r;
 	int ret = aps_client_check(c);
@@ -289,6 +324,7 @@ int aps_client_register(aps_client *c, const char *name, uint64_t count, uint32_
 	if ((r = new_request(c, REQ_REGISTER, 0)) == NULL)
 		return aps_api_fail(APS_ENOMEM, "out of memory");
 	snprintf(r->name, sizeof(r->name), "%s", name);
+	snprintf(r->reg_format, sizeof(r->reg_format), "%s", format != NULL ? format : "");
 	r->count = count;
 	ret = submit(c, r, &r);
 	if (ret < 0)

@@ -78,6 +78,14 @@ class Client:
     ranks at different steps (a result reached some only) get aps.Error
     APS_EMISMATCH (docs/RELIABILITY.md).
 
+    Shards: endpoint may be a list of endpoints, or one string with commas
+    ("tcp://a:5555,tcp://b:5555"), each an independent apsd. Tensors larger
+    than partition_bytes (fp32 bytes, default 4 MiB) are cut into partitions;
+    partitions and smaller tensors go to the shard with the fewest bytes so far,
+    in the order tensors are first used, which must be the same on every rank.
+    Results are the bits one daemon would give when partition_bytes is a
+    multiple of the daemons' chunk_bytes.
+
     Raises aps.Error (e.g. APS_ETIMEDOUT when no daemon answers, APS_EBUSY when
     the rank is taken) or aps.ArgumentError for bad options.
     """
@@ -85,11 +93,13 @@ class Client:
     def __init__(self, endpoint, rank, world_size, format="e4m3", scaling="local",
                  job="default", downlink=None, timeout_ms=60000, policy=None, rules=None,
                  error_feedback=False, trace=None, curve_server_key=None,
-                 curve_public_key=None, curve_secret_key=None, rejoin=False):
+                 curve_public_key=None, curve_secret_key=None, rejoin=False,
+                 partition_bytes=None):
         if scaling not in _SCALING:
             raise ValueError(f"scaling must be one of {sorted(_SCALING)}, not {scaling!r}")
         if policy not in (None, "auto"):
             raise ValueError(f"policy must be None or 'auto', not {policy!r}")
+        endpoint = _endpoint_list(endpoint)
         self._strings = [_check_str(endpoint, "endpoint"), _check_str(job, "job"),
                          _check_str(format, "format"),
                          _check_str(downlink, "downlink", allow_none=True),
@@ -111,6 +121,10 @@ class Client:
             raise ValueError(f"rank {rank} is not in a world of {world_size}")
         opts.scaling = _SCALING[scaling]
         opts.timeout_ms = _check_int(timeout_ms, "timeout_ms")
+        if partition_bytes is not None:
+            if _check_int(partition_bytes, "partition_bytes") < 32:
+                raise ValueError(f"partition_bytes must be at least 32, not {partition_bytes}")
+            opts.partition_bytes = partition_bytes
         opts.log = _LOG_CALLBACK
         self.endpoint, self.job, self.rank, self.world_size = endpoint, job, rank, world_size
         self.format, self.scaling, self.downlink = format, scaling, downlink
@@ -314,6 +328,19 @@ class Client:
                 raise first
             return bad
         return Deferred(bad, finish)
+
+
+def _endpoint_list(endpoint):
+    """One endpoint string for the C client: a list or tuple is joined by commas."""
+    if isinstance(endpoint, (list, tuple)):
+        if not endpoint:
+            raise ValueError("endpoint list is empty")
+        for e in endpoint:
+            _check_str(e, "endpoint")
+            if "," in e:
+                raise ValueError(f"endpoint {e!r} holds a comma")
+        return ",".join(endpoint)
+    return endpoint
 
 
 def _packed_bytes(fmt, n):
