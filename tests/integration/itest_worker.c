@@ -332,8 +332,12 @@ static int run(const struct args *a, aps_client *c)
 	for (int t = 0; t < a->n_sizes; t++) {
 		char name[32];
 		snprintf(name, sizeof(name), "layer%d.weight", t);
-		if ((ret = aps_client_register(c, name, a->sizes[t], &ids[t])) < 0)
-			return fail(ret);
+		if ((ret = aps_client_register(c, name, a->sizes[t], &ids[t])) < 0) {
+			ret = fail(ret);
+			while (t-- > 0)
+				free(xs[t]);
+			return ret;
+		}
 		max = a->sizes[t] > max ? a->sizes[t] : max;
 		xs[t] = malloc(a->sizes[t] * sizeof(float));
 	}
