@@ -63,6 +63,7 @@ static void free_tensor(struct aps_tensor *tensor)
 	if (tensor == NULL)
 		return;
 	aps_round_fini(&tensor->round);
+	aps_optim_tensor_fini(&tensor->opt);
 	free(tensor->registered);
 	free(tensor->exp_has);
 	free(tensor);
@@ -73,6 +74,7 @@ static void free_job(struct aps_job *job)
 	for (uint32_t i = 0; i < job->n_tensors; i++)
 		free_tensor(job->tensors[i]);
 	free(job->tensors);
+	aps_ckpt_free(&job->resume);
 	free(job->ranks);
 	free(job->barrier_has);
 	free(job);

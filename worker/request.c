@@ -10,6 +10,7 @@
 #include "common/err.h"
 #include "worker/api_error.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,7 +45,7 @@ static int submit(struct aps_client *c, struct aps_request *r, aps_request **out
 		ret = aps_api_fail(c->pending, "%s", c->pending_text);
 		c->pending = 0;
 	} else {
-		if (r->kind == REQ_ALLREDUCE || r->kind == REQ_BROADCAST)
+		if (r->kind == REQ_ALLREDUCE || r->kind == REQ_BROADCAST || r->kind == REQ_PULL)
 			c->tensors[r->tensor_id].busy = r;
 		aps_client_enqueue(c, r);
 	}
@@ -186,19 +187,12 @@ static int refuse_nonfinite(struct aps_request *r, size_t nonfinite)
 	return ret;
 }
 
-int aps_client_allreduce_start(aps_client *c, uint32_t tensor_id, float *buf, uint64_t count,
-                               int32_t timeout_ms, aps_request **out)
+/* The gradient half of an all-reduce or of an optimizer step: checks, scale, codes. */
+static int start_reduce(aps_client *c, struct aps_request *r, aps_request **out)
 {
-	struct aps_request *r;
 	size_t nonfinite;
-	int ret;
 
-	if (out == NULL)
-		return aps_api_fail(APS_EINVAL, "request pointer is NULL");
-	ret = data_request(c, REQ_ALLREDUCE, tensor_id, buf, count, timeout_ms, &r);
-	if (ret < 0)
-		return ret;
-	nonfinite = aps_codec_count_nonfinite_f32(buf, count);
+	nonfinite = aps_codec_count_nonfinite_f32(r->src, r->count);
 	if (nonfinite > 0)
 		return refuse_nonfinite(r, nonfinite);
 	if (c->error_feedback && !aps_format_is_fp32(&r->fmt) && add_residual(c, r) < 0) {
@@ -216,6 +210,98 @@ int aps_client_allreduce_start(aps_client *c, uint32_t tensor_id, float *buf, ui
 		}
 	}
 	return submit(c, r, out);
+}
+
+static bool optimize_mode(const struct aps_client *c)
+{
+	return c->optimizer[0] != '\0';
+}
+
+int aps_client_allreduce_start(aps_client *c, uint32_t tensor_id, float *buf, uint64_t count,
+                               int32_t timeout_ms, aps_request **out)
+{
+	struct aps_request *r;
+	int ret;
+
+	if (out == NULL)
+		return aps_api_fail(APS_EINVAL, "request pointer is NULL");
+	if (c != NULL && optimize_mode(c))
+		return aps_api_fail(APS_EINVAL,
+		                    "the job is in optimize mode (%s): use "
+		                    "aps_client_step",
+		                    c->optimizer);
+	ret = data_request(c, REQ_ALLREDUCE, tensor_id, buf, count, timeout_ms, &r);
+	if (ret < 0)
+		return ret;
+	return start_reduce(c, r, out);
+}
+
+int aps_client_step_start(aps_client *c, uint32_t tensor_id, const float *grad, float *weights,
+                          uint64_t count, float lr, int32_t timeout_ms, aps_request **out)
+{
+	struct aps_request *r;
+	int ret;
+
+	if (out == NULL || weights == NULL)
+		return aps_api_fail(APS_EINVAL, "request or weights pointer is NULL");
+	if (c != NULL && !optimize_mode(c))
+		return aps_api_fail(APS_EINVAL, "the job is in all-reduce mode: name an optimizer "
+		                                "in the client's options to step on the daemon");
+	if (!isfinite(lr) || lr < 0)
+		return aps_api_fail(APS_EINVAL, "learning rate %g is not finite and >= 0",
+		                    (double)lr);
+	ret = data_request(c, REQ_ALLREDUCE, tensor_id, (float *)grad, count, timeout_ms, &r);
+	if (ret < 0)
+		return ret;
+	r->update = true;
+	r->weights = weights;
+	r->lr = lr;
+	return start_reduce(c, r, out);
+}
+
+int aps_client_step(aps_client *c, uint32_t tensor_id, const float *grad, float *weights,
+                    uint64_t count, float lr, int32_t timeout_ms)
+{
+	aps_request *r;
+	int ret = aps_client_step_start(c, tensor_id, grad, weights, count, lr, timeout_ms, &r);
+
+	return ret < 0 ? ret : aps_request_wait(r);
+}
+
+int aps_client_pull(aps_client *c, uint32_t tensor_id, float *weights, uint64_t count,
+                    int32_t timeout_ms, uint64_t *updates)
+{
+	struct aps_request *r;
+	int ret = data_request(c, REQ_PULL, tensor_id, weights, count, timeout_ms, &r);
+
+	if (ret < 0)
+		return ret;
+	if (!optimize_mode(c)) {
+		free(r);
+		return aps_api_fail(APS_EINVAL, "the job is in all-reduce mode: the daemon holds "
+		                                "no weights");
+	}
+	ret = submit(c, r, &r);
+	if (ret < 0)
+		return ret;
+	return aps_request_wait_result(r, NULL, updates);
+}
+
+int aps_client_tensor_updates(aps_client *c, uint32_t tensor_id, uint64_t *updates)
+{
+	int ret = aps_client_check(c);
+
+	if (ret < 0)
+		return ret;
+	if (updates == NULL)
+		return aps_api_fail(APS_EINVAL, "updates is NULL");
+	pthread_mutex_lock(&c->lock);
+	if (tensor_id < c->n_tensors && c->tensors[tensor_id].count > 0)
+		*updates = c->tensors[tensor_id].updates;
+	else
+		ret = aps_api_fail(APS_EINVAL, "tensor id %u is not registered", tensor_id);
+	pthread_mutex_unlock(&c->lock);
+	return ret < 0 ? ret : aps_api_ok();
 }
 
 int aps_client_broadcast_start(aps_client *c, uint32_t tensor_id, float *buf, uint64_t count,
@@ -290,5 +376,5 @@ int aps_client_register(aps_client *c, const char *name, uint64_t count, uint32_
 	ret = submit(c, r, &r);
 	if (ret < 0)
 		return ret;
-	return aps_request_wait_tensor(r, tensor_id);
+	return aps_request_wait_result(r, tensor_id, NULL);
 }
