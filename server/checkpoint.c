@@ -241,6 +241,30 @@ static uint64_t *list_steps(const char *dir, const char *job, size_t *n, int *er
 	return steps;
 }
 
+/* Temporary files of job's writes that never finished (the daemon was killed). */
+static void remove_torn(const char *dir, const char *job)
+{
+	char prefix[3 * APS_MSG_JOB_MAX + 2], path[APS_CKPT_PATH_MAX + 300];
+	DIR *d = opendir(dir);
+	struct dirent *e;
+	size_t len;
+
+	if (d == NULL)
+		return;
+	escape_job(job, prefix, sizeof(prefix) - 1);
+	strcat(prefix, ".");
+	while ((e = readdir(d)) != NULL) {
+		len = strlen(e->d_name);
+		if (strncmp(e->d_name, prefix, strlen(prefix)) != 0 || len < 9 ||
+		    strcmp(e->d_name + len - 9, ".ckpt.tmp") != 0)
+			continue;
+		snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+		unlink(path);
+	}
+	closedir(d);
+}
+
+/* After a write of job: its newest keep files stay; no other write of job runs. */
 static void prune(const char *dir, const char *job, unsigned keep)
 {
 	char path[APS_CKPT_PATH_MAX];
@@ -253,6 +277,7 @@ static void prune(const char *dir, const char *job, unsigned keep)
 			unlink(path);
 	}
 	free(steps);
+	remove_torn(dir, job);
 }
 
 int aps_ckpt_write(const char *dir, const struct aps_ckpt *ck, unsigned keep, char *why,
