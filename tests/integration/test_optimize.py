@@ -16,6 +16,7 @@ import torch
 
 import aps
 from conftest import Daemon
+from test_policy import ask
 
 TORCH_OPTIMIZERS = {
     "sgd,momentum=0.9,nesterov=1,weight_decay=0.01":
@@ -132,7 +133,9 @@ def test_drift_bound_every_step(daemon_factory, fmt):
         c.close()
 
 
-def test_optimize_mode_errors(daemon):
+def test_optimize_mode_errors(daemon_factory, tmp_path):
+    stats = str(tmp_path / "stats.sock")
+    daemon = daemon_factory(extra=["--stats", stats])
     rng = np.random.default_rng(3)
     w = rng.standard_normal(16).astype(np.float32)
     with pytest.raises(aps.ArgumentError, match="rmsprop"):
@@ -156,6 +159,16 @@ def test_optimize_mode_errors(daemon):
         plain.step("w", w, w.copy(), 0.1)
     with pytest.raises(aps.ArgumentError, match="all-reduce mode"):
         plain.pull("w", w.copy())
+    held = broadcast([c0, c1], "w", w)
+    step_all([c0, c1], "w", [w, w], held, 0.5)
+    jobs = {j["name"]: j for j in ask(stats, "jobs")["jobs"]}
+    assert jobs["default"]["mode"] == "optimize" and jobs["plain"]["mode"] == "allreduce"
+    assert jobs["default"]["optimizer"].startswith("sgd,momentum=0.899999976,dampening=0")
+    tensors = {(t["job"], t["name"]): t for t in ask(stats, "tensors")["tensors"]}
+    assert tensors[("default", "w")]["updates"] == 1
+    counters = ask(stats, "stats")["counters"]
+    assert counters["updates"] == 1 and counters["bad_state"] == 2  # no weights yet, twice
+    assert counters["refused_hello"] == 3
     for c in (c0, c1, plain):
         c.close()
 
