@@ -196,6 +196,10 @@ void aps_job_abort_rounds(struct aps_job *job)
 {
 	for (uint32_t i = 0; i < job->n_tensors; i++) {
 		struct aps_tensor *t = job->tensors[i];
+		/* Optimize mode: chunks already stepped cannot be taken back. */
+		if (t->opt.ready && t->round.kind == APS_ROUND_ALLREDUCE &&
+		    t->round.chunks_finished > 0)
+			t->opt.torn = true;
 		aps_round_abort(&t->round);
 		memset(t->exp_has, 0, job->world_size * sizeof(*t->exp_has));
 		t->exp_arrived = 0;

@@ -129,6 +129,9 @@ bool aps_optimize_check_push(struct aps_server *srv, struct aps_session *s, stru
 		               : "the job is in all-reduce mode: there is no optimizer to step";
 	else if (optimize && m->type == APS_MSG_PUSH && !t->opt.ready)
 		why = "no weights yet: rank 0 broadcasts them first";
+	else if (optimize && t->opt.torn)
+		why = "a rank was lost after part of a step was applied: restart the job, it "
+		      "resumes from its last checkpoint";
 	if (why == NULL) {
 		if (optimize && m->type == APS_MSG_PUSH && s->rank == 0)
 			t->opt.lr = m->lr;
@@ -210,6 +213,18 @@ static int snapshot_unclaimed(const struct aps_ckpt_tensor *src, struct aps_ckpt
 	return ret;
 }
 
+/* A tensor in the middle of a step (some chunks applied) or left torn by a lost rank. */
+static const struct aps_tensor *half_stepped(const struct aps_job *job)
+{
+	for (uint32_t i = 0; i < job->n_tensors; i++) {
+		const struct aps_tensor *t = job->tensors[i];
+		if (t->opt.torn ||
+		    (t->round.kind == APS_ROUND_ALLREDUCE && t->round.chunks_finished > 0))
+			return t;
+	}
+	return NULL;
+}
+
 static int snapshot(const struct aps_job *job, struct aps_ckpt *ck)
 {
 	uint32_t cap = job->n_tensors + job->resume.n_tensors;
@@ -238,10 +253,19 @@ static int snapshot(const struct aps_job *job, struct aps_ckpt *ck)
 
 void aps_optimize_checkpoint(struct aps_server *srv, struct aps_job *job, const char *why)
 {
+	const struct aps_tensor *torn;
 	struct aps_ckpt *ck;
 
 	if (srv->ckpt == NULL || job->optim.kind == APS_OPTIM_NONE)
 		return;
+	if ((torn = half_stepped(job)) != NULL) {
+		aps_log_warn(
+		        "checkpoint",
+		        "skipped job=%s reason=\"%s\" tensor=%.80s is in the middle of a step: "
+		        "the last checkpoint stays",
+		        job->name, why, torn->name);
+		return;
+	}
 	ck = calloc(1, sizeof(*ck));
 	if (ck == NULL || snapshot(job, ck) < 0 || ck->n_tensors == 0) {
 		if (ck != NULL && ck->n_tensors > 0) {

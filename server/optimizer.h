@@ -62,7 +62,8 @@ struct aps_optim_tensor {
 	uint64_t updates; /* updates applied (restored from a checkpoint) */
 	uint64_t state_t; /* updates the state has seen (Adam's t) */
 	bool ready;       /* weights set: rank 0's broadcast or a checkpoint */
-	float lr;         /* learning rate of the step being collected */
+	bool torn; /* a step was aborted after some of its chunks were applied: never saved again */
+	float lr;  /* learning rate of the step being collected */
 };
 
 /* Allocates the arrays (zeroed). Returns 0 or APS_ENOMEM. */

@@ -5,6 +5,8 @@
  */
 #include "server/optimizer.h"
 
+#include "server/job.h"
+
 #include "common/err.h"
 
 #include <math.h>
@@ -185,6 +187,47 @@ static void test_optimizer_chunk_offsets(void **state)
 	aps_optim_tensor_fini(&t); /* zeroed: a second fini is harmless */
 }
 
+/* A lost rank after some chunks of a step were applied leaves the tensor torn. */
+static void test_optimizer_abort_mid_step_marks_torn(void **state)
+{
+	struct aps_jobs jobs = { 0 };
+	struct aps_job *job;
+	struct aps_tensor *a, *b;
+	struct aps_round_result res;
+	struct aps_optim_config c;
+	float g[8] = { 1, 2, 3, 4, 5, 6, 7, 8 };
+	struct aps_contribution contrib = { 0 };
+	char why[160];
+
+	(void)state;
+	parse_ok("sgd", &c);
+	assert_int_equal(aps_jobs_create(&jobs, "j", 1, &job), 0);
+	job->chunk_elems = 8;
+	assert_int_equal(aps_job_add_tensor(job, "a", 24, 16, &a), 0);
+	assert_int_equal(aps_job_add_tensor(job, "b", 24, 16, &b), 0);
+	assert_int_equal(a->round.n_chunks, 3);
+	assert_int_equal(aps_optim_tensor_init(&a->opt, &c, 24), 0);
+	assert_int_equal(aps_optim_tensor_init(&b->opt, &c, 24), 0);
+	a->opt.ready = b->opt.ready = true;
+	aps_format_parse("fp32", &contrib.fmt);
+	contrib.payload.data = (const uint8_t *)g;
+	contrib.payload.len = sizeof(g);
+	assert_int_equal(
+	        aps_round_add(&a->round, 0, 0, 0, APS_ROUND_ALLREDUCE, &contrib, why, sizeof(why)),
+	        0);
+	assert_true(aps_round_chunk_complete(&a->round, 0));
+	assert_int_equal(aps_round_finish_chunk(&a->round, 0, NULL, APS_SCALING_LOCAL, &res), 0);
+	aps_sbuf_unref(res.payload);
+	contrib.payload.data = (const uint8_t *)g;
+	assert_int_equal(
+	        aps_round_add(&b->round, 0, 0, 1, APS_ROUND_ALLREDUCE, &contrib, why, sizeof(why)),
+	        0);
+	aps_job_abort_rounds(job);
+	assert_true(a->opt.torn);  /* chunk 0 of its step was applied */
+	assert_false(b->opt.torn); /* nothing applied yet: the step is simply collected again */
+	aps_jobs_free_all(&jobs);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -192,6 +235,7 @@ int main(void)
 		cmocka_unit_test(test_optimizer_refuses_bad_specs),
 		cmocka_unit_test(test_optimizer_matches_reference),
 		cmocka_unit_test(test_optimizer_chunk_offsets),
+		cmocka_unit_test(test_optimizer_abort_mid_step_marks_torn),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
