@@ -66,3 +66,10 @@ install: build
 
 clean:
 	rm -rf $(BUILD) $(ASAN) build-fuzz
+
+# Soak test (issue 9, docs/RELIABILITY.md): 2 jobs x 8 workers for SOAK_SECONDS under
+# kill -9 of workers, daemon restarts and a rogue peer; every result checked.
+SOAK_SECONDS ?= 300
+.PHONY: soak
+soak: build
+	$(PYTHON) tests/soak/soak.py --seconds $(SOAK_SECONDS) --build $(BUILD)

@@ -16,7 +16,7 @@ struct kernels {
 	                   uint8_t *out, struct aps_codec_stats *st);
 	size_t (*decode)(const struct aps_format *f, const uint8_t *codes, size_t n, int k,
 	                 float *out, bool accumulate);
-	float (*maxabs)(const float *x, size_t n);
+	float (*maxabs)(const float *x, size_t n, bool *nonfinite);
 	size_t (*divide)(float *x, size_t n, float d);
 };
 
@@ -175,15 +175,23 @@ int aps_codec_accumulate(const struct aps_format *f, const uint8_t *codes, size_
 	return decode(f, codes, codes_len, n, scale_exp, acc, true);
 }
 
-float aps_codec_maxabs(const float *x, size_t n)
+float aps_codec_scan(const float *x, size_t n, bool *nonfinite)
 {
 	const struct kernels *vk = vector_kernels();
 
+	*nonfinite = false;
 	if (x == NULL || n == 0)
 		return 0.0f;
 	if (vk != NULL)
-		return vk->maxabs(x, n);
-	return aps_scalar_maxabs(x, n);
+		return vk->maxabs(x, n, nonfinite);
+	return aps_scalar_maxabs(x, n, nonfinite);
+}
+
+float aps_codec_maxabs(const float *x, size_t n)
+{
+	bool nonfinite;
+
+	return aps_codec_scan(x, n, &nonfinite);
 }
 
 /* A code is inf or NaN when its magnitude reaches the inf code (IEEE-style) or is

@@ -12,6 +12,7 @@
 
 #include "common/format.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -66,6 +67,9 @@ int aps_codec_accumulate(const struct aps_format *f, const uint8_t *codes, size_
 
 /* Largest |x[i]| over finite values; 0 for n == 0. */
 float aps_codec_maxabs(const float *x, size_t n);
+
+/* As aps_codec_maxabs, and *nonfinite says whether some x[i] is inf or NaN (one pass). */
+float aps_codec_scan(const float *x, size_t n, bool *nonfinite);
 
 /* x[i] /= d for i < n: a true division, correctly rounded (not a multiply by 1/d). */
 void aps_codec_divide(float *x, size_t n, float d);

@@ -20,7 +20,8 @@ void aps_scalar_quantize(const struct aps_format *f, const float *x, size_t n,
                          struct aps_codec_stats *st);
 void aps_scalar_decode(const struct aps_format *f, const uint8_t *codes, size_t n, int k,
                        float *out, bool accumulate);
-float aps_scalar_maxabs(const float *x, size_t n);
+/* Largest finite |x[i]|; *nonfinite is set when some x[i] is inf or NaN. */
+float aps_scalar_maxabs(const float *x, size_t n, bool *nonfinite);
 
 /* Encodes one value as x * 2^k with round to nearest even; counts into st. */
 uint32_t aps_scalar_encode(const struct aps_format *f, float x, int k, struct aps_codec_stats *st);
@@ -30,7 +31,7 @@ uint32_t aps_scalar_encode(const struct aps_format *f, float x, int k, struct ap
 	                            uint8_t *out, struct aps_codec_stats *st);                   \
 	size_t aps_##isa##_decode(const struct aps_format *f, const uint8_t *codes, size_t n,    \
 	                          int k, float *out, bool accumulate);                           \
-	float aps_##isa##_maxabs(const float *x, size_t n);                                      \
+	float aps_##isa##_maxabs(const float *x, size_t n, bool *nonfinite);                     \
 	size_t aps_##isa##_divide(float *x, size_t n, float d);
 
 APS_DECLARE_VECTOR_KERNELS(avx2)

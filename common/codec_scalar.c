@@ -148,7 +148,7 @@ void aps_scalar_decode(const struct aps_format *f, const uint8_t *codes, size_t 
 	}
 }
 
-float aps_scalar_maxabs(const float *x, size_t n)
+float aps_scalar_maxabs(const float *x, size_t n, bool *nonfinite)
 {
 	float m = 0.0f;
 
@@ -156,6 +156,8 @@ float aps_scalar_maxabs(const float *x, size_t n)
 		float a = fabsf(x[i]);
 		if (a > m && a <= 3.40282347e38f)
 			m = a;
+		else if (!(a <= 3.40282347e38f))
+			*nonfinite = true;
 	}
 	return m;
 }

@@ -50,6 +50,7 @@ void aps_envelope_from_msg(const struct aps_msg *m, uint32_t payload_crc, Aps__E
 	env->tensor_ids = (uint32_t *)m->tensor_ids;
 	env->optimizer = (char *)m->optimizer;
 	env->lr = m->lr;
+	env->updates = m->updates;
 }
 
 static void copy_string(char *dst, size_t cap, const char *src)
@@ -98,4 +99,5 @@ void aps_envelope_to_msg(const Aps__Envelope *env, struct aps_msg *m)
 	                            sizeof(m->tensor_ids[0]));
 	copy_string(m->optimizer, sizeof(m->optimizer), env->optimizer);
 	m->lr = env->lr;
+	m->updates = env->updates;
 }

@@ -93,6 +93,7 @@ struct aps_msg {
 	uint32_t tensor_ids[APS_MSG_LIST_MAX];
 	char optimizer[APS_MSG_OPTIM_MAX + 1]; /* HELLO/WELCOME: "" all-reduce, else optimize */
 	float lr;                              /* PUSH with APS_MSG_FLAG_UPDATE */
+	uint64_t updates; /* REGISTERED, WEIGHTS: the tensor's optimizer updates */
 	/*
 	 * Frame 1, borrowed: NULL when the message has no payload frame. Packing
 	 * writes payload_len and the CRC32C of these bytes into the header.

@@ -86,6 +86,8 @@ static const struct key keys[] = {
 	  .help = "ranks (world size) of one job" },
 	{ KEY(max_tensors), .type = KEY_INT, .min = 1, .max = 1048576, .def = "65536",
 	  .help = "tensors registered by one job" },
+	{ KEY(max_job_bytes), .type = KEY_SIZE, .min = KIB, .max = 1024 * GIB, .def = "8G",
+	  .help = "fp32 bytes of the tensors one job may register (suffixes k, M, G)" },
 	{ KEY(max_message_bytes), .type = KEY_SIZE, .min = KIB, .max = 4 * GIB, .def = "1G",
 	  .help = "largest message accepted (suffixes k, M, G)" },
 	{ KEY(drain_batch), .type = KEY_INT, .min = 1, .max = 65536, .def = "256",
@@ -106,6 +108,9 @@ static const struct key keys[] = {
 	  .help = "the daemon's CURVE secret key (apsctl keygen): encrypts and authenticates" },
 	{ KEY(curve_allow_file), .type = KEY_STRING, .def = "", .unset = "off FILE",
 	  .help = "public keys of the workers let in, one per line (with curve_secret_key_file)" },
+	{ KEY(elastic), .type = KEY_CHOICE, .choices = yes_no, .def = "no",
+	  .help = "yes: a lost rank shrinks its job (means over the ranks that contributed) and "
+	          "may come back at a barrier; no: the others get APS_EPEERLOST" },
 	{ KEY(insecure), .type = KEY_CHOICE, .choices = yes_no, .def = "no",
 	  .help = "yes: allow listening beyond loopback without CURVE (gradients in clear)" },
 	{ KEY(policy), .type = KEY_CHOICE, .choices = policies, .def = "off",
@@ -563,6 +568,14 @@ static int check_sum(struct loader *ld)
 	const struct origin *b = origin_of(ld, "scaling");
 	char where[APS_CONFIG_ERROR_MAX];
 
+	if (ld->cfg.sum == APS_SUM_LOWP && ld->cfg.elastic) {
+		const struct origin *e = origin_of(ld, "elastic");
+		origin_describe(a->seq > e->seq ? a : e, where, sizeof(where));
+		return fail(ld->err,
+		            "%s: sum = lowp and elastic = yes do not go together (the workers "
+		            "divide a lowp sum by the world size)",
+		            where);
+	}
 	if (ld->cfg.sum != APS_SUM_LOWP || ld->cfg.scaling == APS_SCALING_GLOBAL)
 		return 0;
 	origin_describe(a->seq > b->seq ? a : b, where, sizeof(where));

@@ -45,6 +45,7 @@ struct aps_config {
 	int max_jobs;                            /* jobs alive at once */
 	int max_ranks;                           /* world size limit of one job */
 	int max_tensors;                         /* tensors registered by one job */
+	uint64_t max_job_bytes;                  /* fp32 bytes of one job's tensors */
 	uint64_t max_message_bytes;              /* largest payload frame accepted */
 	int drain_batch;                         /* messages read per ZMQ_FD wake-up */
 	enum aps_scaling scaling;                /* of jobs whose HELLO states none */
@@ -55,6 +56,7 @@ struct aps_config {
 	char trace[APS_CONFIG_ENDPOINT_MAX + 1];                 /* timeline file, "" for none */
 	char curve_secret_key_file[APS_CONFIG_ENDPOINT_MAX + 1]; /* "" no CURVE */
 	char curve_allow_file[APS_CONFIG_ENDPOINT_MAX + 1];
+	int elastic;                             /* 1: a lost rank shrinks its job */
 	int insecure;                            /* 1: listen beyond loopback without CURVE */
 	int policy;                              /* 0 off, 1 auto */
 	char rules[APS_CONFIG_ENDPOINT_MAX + 1]; /* "glob=format,..." */

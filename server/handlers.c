@@ -74,6 +74,7 @@ static int create_job(struct aps_server *srv, const struct aps_msg *m,
 	if (ret < 0)
 		return ret;
 	job->lowp = srv->opts.lowp;
+	job->elastic = srv->opts.elastic;
 	job->policy = srv->opts.policy;
 	job->policy.automatic |= (m->flags & APS_MSG_FLAG_POLICY_AUTO) != 0;
 	job->chunk_elems = srv->opts.chunk_elems;
@@ -146,6 +147,7 @@ void aps_handle_hello(struct aps_server *srv, struct aps_session *s, const struc
 	job->ranks[m->rank] = s;
 	aps_log_debug("server", "hello job=%s rank=%u", job->name, m->rank);
 	identity(&w, APS_MSG_WELCOME, job, m->rank);
+	w.step = job->barrier_step; /* the job's next barrier: a rank that is back joins it */
 	w.scaling = (int)job->scaling;
 	if (!job->downlink_auto)
 		snprintf(w.format, sizeof(w.format), "%s", job->downlink.name);
@@ -195,15 +197,45 @@ static void registration_mismatch(struct aps_server *srv, struct aps_job *job,
 	aps_server_error_job(srv, job, APS_EMISMATCH, text);
 }
 
+static void send_registered(struct aps_server *srv, struct aps_job *job, struct aps_session *s,
+                            const struct aps_tensor *t)
+{
+	struct aps_msg r;
+
+	identity(&r, APS_MSG_REGISTERED, job, s->rank);
+	r.tensor_id = t->id;
+	snprintf(r.tensor_name, sizeof(r.tensor_name), "%s", t->name);
+	r.total_count = t->count;
+	r.chunk_count = t->round.chunk_elems; /* the chunk size every rank must use */
+	r.step = t->round.step;               /* the next step: where a rank that is back starts */
+	r.updates = t->opt.updates;           /* optimize mode: what a checkpoint restored */
+	snprintf(r.format, sizeof(r.format), "%s", t->policy.current.name);
+	aps_server_send(srv, &s->peer, &r, NULL);
+}
+
 void aps_handle_register(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m)
 {
 	struct aps_job *job = s->job;
 	struct aps_tensor *t = aps_job_tensor_by_name(job, m->tensor_name);
-	struct aps_msg r;
 	int ret;
 
 	if (t != NULL && t->count != m->total_count)
 		return registration_mismatch(srv, job, t, m);
+	/* fp32 bytes per element: the sum, and in optimize mode weights, view and state */
+	uint64_t per =
+	        4 *
+	        (1 + (job->optim.kind != APS_OPTIM_NONE ? 2 + aps_optim_slots(&job->optim) : 0));
+	if (t == NULL && m->total_count > (srv->opts.max_job_bytes - job->tensor_bytes) / per) {
+		srv->counters.bad_state++;
+		aps_server_send_error(
+		        srv, &s->peer, APS_ERANGE, m,
+		        "cannot register tensor '%.80s' (%llu elements): job '%s' "
+		        "would hold %llu fp32 bytes, max_job_bytes is %llu",
+		        m->tensor_name, (unsigned long long)m->total_count, job->name,
+		        (unsigned long long)(job->tensor_bytes + m->total_count * per),
+		        (unsigned long long)srv->opts.max_job_bytes);
+		return;
+	}
 	if (t == NULL) {
 		ret = aps_job_add_tensor(job, m->tensor_name, m->total_count, srv->opts.max_tensors,
 		                         &t);
@@ -220,14 +252,7 @@ void aps_handle_register(struct aps_server *srv, struct aps_session *s, const st
 		}
 	}
 	t->registered[s->rank] = true;
-	identity(&r, APS_MSG_REGISTERED, job, s->rank);
-	r.tensor_id = t->id;
-	snprintf(r.tensor_name, sizeof(r.tensor_name), "%s", t->name);
-	r.total_count = t->count;
-	r.chunk_count = t->round.chunk_elems; /* the chunk size every rank must use */
-	r.step = t->opt.updates;              /* optimize mode: updates a checkpoint restored */
-	snprintf(r.format, sizeof(r.format), "%s", t->policy.current.name);
-	aps_server_send(srv, &s->peer, &r, NULL);
+	send_registered(srv, job, s, t);
 }
 
 /* Sends one chunk's result to every rank: one header, one shared payload. */
@@ -262,7 +287,7 @@ static void fan_out(struct aps_server *srv, struct aps_job *job, struct aps_tens
 		return;
 	for (uint32_t rank = 0; rank < job->world_size; rank++) {
 		struct aps_session *s = job->ranks[rank];
-		if (s == NULL)
+		if (s == NULL || job->absent[rank])
 			continue;
 		aps_zbridge_send(srv->bridge, &s->peer, hdr, len, res->payload);
 		s->bytes_out += res->payload->len;
@@ -429,6 +454,17 @@ void aps_handle_push(struct aps_server *srv, struct aps_session *s, const struct
 		finish_chunk(srv, s->job, t, chunk, arrived_ns);
 }
 
+/* The SCALES r (tensor ids and their exponents) to every member of job. */
+static void send_scales(struct aps_server *srv, struct aps_job *job, struct aps_msg *r)
+{
+	r->n_exponents = r->n_tensor_ids;
+	for (uint32_t rank = 0; r->n_tensor_ids > 0 && rank < job->world_size; rank++) {
+		r->rank = rank;
+		if (job->ranks[rank] != NULL && !job->absent[rank])
+			aps_server_send(srv, &job->ranks[rank]->peer, r, NULL);
+	}
+}
+
 /* Global mode: a rank's exponents for a batch of tensors; the max of every tensor
  * whose exchange this completes goes to every rank in one SCALES. */
 void aps_handle_exponents(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m)
@@ -442,8 +478,7 @@ void aps_handle_exponents(struct aps_server *srv, struct aps_session *s, const s
 		int32_t max;
 		int ret = t == NULL || !t->registered[s->rank]
 		                  ? APS_EINVAL
-		                  : aps_tensor_add_exponent(t, job->world_size, s->rank,
-		                                            m->exponents[i], &max);
+		                  : aps_tensor_add_exponent(job, t, s->rank, m->exponents[i], &max);
 		if (ret < 0) {
 			srv->counters.bad_state++;
 			aps_server_send_error(srv, &s->peer, APS_EPROTO, m,
@@ -457,18 +492,56 @@ void aps_handle_exponents(struct aps_server *srv, struct aps_session *s, const s
 		r.tensor_ids[r.n_tensor_ids] = m->tensor_ids[i];
 		r.exponents[r.n_tensor_ids++] = max;
 	}
-	r.n_exponents = r.n_tensor_ids;
-	for (uint32_t rank = 0; r.n_tensor_ids > 0 && rank < job->world_size; rank++) {
-		r.rank = rank;
-		if (job->ranks[rank] != NULL)
-			aps_server_send(srv, &job->ranks[rank]->peer, &r, NULL);
+	send_scales(srv, job, &r);
+}
+
+/* A rank back in an elastic job learns the step of every tensor it registered. */
+static void send_steps(struct aps_server *srv, struct aps_job *job, struct aps_session *s)
+{
+	for (uint32_t i = 0; i < job->n_tensors; i++) {
+		if (job->tensors[i]->registered[s->rank])
+			send_registered(srv, job, s, job->tensors[i]);
 	}
+	aps_log_info("server", "rank back job=%s rank=%u members=%u", job->name, s->rank,
+	             aps_job_members(job));
+}
+
+/*
+ * A barrier is complete when every rank is in it; in an elastic job, every
+ * connected rank (a lost one is not waited for). Ranks back in an elastic job
+ * take part in its rounds from then on.
+ */
+static void try_finish_barrier(struct aps_server *srv, struct aps_job *job)
+{
+	struct aps_msg r;
+
+	if (job->barrier_arrived == 0)
+		return;
+	for (uint32_t rank = 0; rank < job->world_size; rank++) {
+		bool waited = job->ranks[rank] != NULL || !job->absent[rank];
+		if (waited && !job->barrier_has[rank])
+			return;
+	}
+	for (uint32_t rank = 0; rank < job->world_size; rank++) {
+		identity(&r, APS_MSG_BARRIER, job, rank);
+		r.step = job->barrier_step;
+		if (job->ranks[rank] == NULL)
+			continue;
+		aps_server_send(srv, &job->ranks[rank]->peer, &r, NULL);
+		if (job->absent[rank]) {
+			job->absent[rank] = false;
+			send_steps(srv, job, job->ranks[rank]);
+		}
+	}
+	memset(job->barrier_has, 0, job->world_size * sizeof(*job->barrier_has));
+	job->barrier_arrived = 0;
+	job->barrier_step++;
+	srv->counters.barriers++;
 }
 
 void aps_handle_barrier(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m)
 {
 	struct aps_job *job = s->job;
-	struct aps_msg r;
 
 	if (m->step != job->barrier_step || job->barrier_has[s->rank]) {
 		srv->counters.bad_state++;
@@ -479,18 +552,8 @@ void aps_handle_barrier(struct aps_server *srv, struct aps_session *s, const str
 		return;
 	}
 	job->barrier_has[s->rank] = true;
-	if (++job->barrier_arrived < job->world_size)
-		return;
-	for (uint32_t rank = 0; rank < job->world_size; rank++) {
-		identity(&r, APS_MSG_BARRIER, job, rank);
-		r.step = job->barrier_step;
-		if (job->ranks[rank] != NULL)
-			aps_server_send(srv, &job->ranks[rank]->peer, &r, NULL);
-	}
-	memset(job->barrier_has, 0, job->world_size * sizeof(*job->barrier_has));
-	job->barrier_arrived = 0;
-	job->barrier_step++;
-	srv->counters.barriers++;
+	job->barrier_arrived++;
+	try_finish_barrier(srv, job);
 }
 
 /* A waiting rank's heartbeat: answered with the ranks its wait depends on. */
@@ -521,4 +584,30 @@ void aps_handle_bye(struct aps_server *srv, struct aps_session *s, const struct 
 	(void)m;
 	aps_server_rank_gone(srv, s, false, "it left the job");
 	aps_jobs_drop_session(&srv->jobs, s);
+}
+
+void aps_job_recheck(struct aps_server *srv, struct aps_job *job)
+{
+	uint64_t now = uv_hrtime();
+	struct aps_msg scales;
+
+	identity(&scales, APS_MSG_SCALES, job, 0);
+	for (uint32_t i = 0; i < job->n_tensors; i++) {
+		struct aps_tensor *t = job->tensors[i];
+		int32_t max;
+		for (uint32_t c = 0; c < t->round.n_chunks && aps_round_busy(&t->round); c++) {
+			if (aps_round_recheck(&t->round, c))
+				finish_chunk(srv, job, t, c, now);
+		}
+		if (t->exp_arrived == 0 || aps_tensor_exponents_complete(job, t, &max) != 1)
+			continue;
+		if (scales.n_tensor_ids == APS_MSG_LIST_MAX) {
+			send_scales(srv, job, &scales);
+			scales.n_tensor_ids = 0;
+		}
+		scales.tensor_ids[scales.n_tensor_ids] = t->id;
+		scales.exponents[scales.n_tensor_ids++] = max;
+	}
+	send_scales(srv, job, &scales);
+	try_finish_barrier(srv, job);
 }

@@ -77,6 +77,7 @@ static void free_job(struct aps_job *job)
 	aps_ckpt_free(&job->resume);
 	free(job->ranks);
 	free(job->barrier_has);
+	free(job->absent);
 	free(job);
 }
 
@@ -92,7 +93,8 @@ int aps_jobs_create(struct aps_jobs *t, const char *name, uint32_t world_size, s
 	job->downlink_auto = true;
 	job->ranks = calloc(world_size, sizeof(*job->ranks));
 	job->barrier_has = calloc(world_size, sizeof(*job->barrier_has));
-	if (job->ranks == NULL || job->barrier_has == NULL) {
+	job->absent = calloc(world_size, sizeof(*job->absent));
+	if (job->ranks == NULL || job->barrier_has == NULL || job->absent == NULL) {
 		free_job(job);
 		return APS_ENOMEM;
 	}
@@ -184,6 +186,8 @@ int aps_job_add_tensor(struct aps_job *job, const char *name, uint64_t count, ui
 		free(t);
 		return APS_ENOMEM;
 	}
+	t->round.absent = job->absent;
+	job->tensor_bytes += count * sizeof(float);
 	snprintf(t->name, sizeof(t->name), "%s", name);
 	t->id = job->n_tensors;
 	t->count = count;
@@ -219,7 +223,30 @@ bool aps_job_busy(const struct aps_job *job)
 	return false;
 }
 
-int aps_tensor_add_exponent(struct aps_tensor *t, uint32_t world_size, uint32_t rank,
+uint32_t aps_job_members(const struct aps_job *job)
+{
+	uint32_t n = 0;
+
+	for (uint32_t r = 0; r < job->world_size; r++)
+		n += job->absent[r] ? 0 : 1;
+	return n;
+}
+
+int aps_tensor_exponents_complete(const struct aps_job *job, struct aps_tensor *t, int32_t *max)
+{
+	uint32_t need = 0;
+
+	for (uint32_t r = 0; r < job->world_size; r++)
+		need += job->absent[r] && !t->exp_has[r] ? 0 : 1;
+	if (t->exp_arrived == 0 || t->exp_arrived < need)
+		return 0;
+	*max = t->exp_max;
+	t->exp_arrived = 0;
+	memset(t->exp_has, 0, job->world_size * sizeof(*t->exp_has));
+	return 1;
+}
+
+int aps_tensor_add_exponent(const struct aps_job *job, struct aps_tensor *t, uint32_t rank,
                             int32_t exponent, int32_t *max)
 {
 	if (t->exp_has[rank])
@@ -227,10 +254,6 @@ int aps_tensor_add_exponent(struct aps_tensor *t, uint32_t world_size, uint32_t 
 	t->exp_has[rank] = true;
 	if (t->exp_arrived == 0 || exponent > t->exp_max)
 		t->exp_max = exponent;
-	if (++t->exp_arrived < world_size)
-		return 0;
-	*max = t->exp_max;
-	t->exp_arrived = 0;
-	memset(t->exp_has, 0, world_size * sizeof(*t->exp_has));
-	return 1;
+	t->exp_arrived++;
+	return aps_tensor_exponents_complete(job, t, max);
 }

@@ -71,12 +71,21 @@ struct aps_job {
 	enum aps_scaling scaling;
 	bool downlink_auto; /* RESULT in each tensor's uplink format */
 	bool lowp;          /* sum rounded to the format after each addition */
+	bool elastic;       /* a lost rank shrinks the job instead of failing it */
 	struct aps_policy_config policy;
 	size_t chunk_elems; /* elements per chunk of its tensors */
 	struct aps_format downlink;
 	struct aps_session **ranks; /* world_size; NULL: not connected */
+	/*
+	 * world_size; elastic jobs only: true for a rank that does not take part
+	 * in rounds, barriers and exponent exchanges: lost, or back and waiting
+	 * for the job's next barrier to take part again. Every round reads it.
+	 */
+	bool *absent;
 	struct aps_tensor **tensors;
 	uint32_t n_tensors, cap_tensors;
+	uint64_t tensor_bytes; /* fp32 bytes of its tensors (optimize mode: with weights and
+	                          state): what max_job_bytes bounds */
 	uint64_t barrier_step;
 	bool *barrier_has;
 	uint32_t barrier_arrived;
@@ -85,6 +94,12 @@ struct aps_job {
 	char optim_spec[APS_OPTIM_SPEC_MAX]; /* canonical, "" in all-reduce mode */
 	struct aps_ckpt resume;              /* loaded at start; tensors taken at REGISTER */
 	uint64_t last_ckpt_step;             /* step of the last checkpoint queued */
+	/*
+	 * Why the first rank that was lost or left did so, "" while every rank is
+	 * there: no later round of the job can complete, so every later
+	 * collective call is answered APS_EPEERLOST with this text at once.
+	 */
+	char departed[APS_MSG_TEXT_MAX + 1];
 };
 
 struct aps_jobs {
@@ -110,6 +125,8 @@ void aps_jobs_free_all(struct aps_jobs *t);
 
 /* Live ranks of a job. */
 uint32_t aps_job_connected(const struct aps_job *job);
+/* Ranks that take part in the job's rounds (all but the absent ones). */
+uint32_t aps_job_members(const struct aps_job *job);
 
 struct aps_tensor *aps_job_tensor_by_name(struct aps_job *job, const char *name);
 struct aps_tensor *aps_job_tensor(struct aps_job *job, uint32_t id);
@@ -118,12 +135,14 @@ int aps_job_add_tensor(struct aps_job *job, const char *name, uint64_t count, ui
                        struct aps_tensor **out);
 
 /*
- * Adds a rank's global-mode exponent for t. Returns 1 when every rank has
+ * Adds a rank's global-mode exponent for t. Returns 1 when every member has
  * sent one (*max is then their max and the exchange starts over), 0 while
  * some are missing, APS_EPROTO when the rank already sent one.
  */
-int aps_tensor_add_exponent(struct aps_tensor *t, uint32_t world_size, uint32_t rank,
+int aps_tensor_add_exponent(const struct aps_job *job, struct aps_tensor *t, uint32_t rank,
                             int32_t exponent, int32_t *max);
+/* As aps_tensor_add_exponent after a member left: 1 when the exchange is now complete. */
+int aps_tensor_exponents_complete(const struct aps_job *job, struct aps_tensor *t, int32_t *max);
 
 /* Drops what every round and the barrier collected this step (a rank was lost). */
 void aps_job_abort_rounds(struct aps_job *job);

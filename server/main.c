@@ -141,8 +141,10 @@ static struct aps_server_opts server_opts(struct daemon *d)
 		.max_jobs = (uint32_t)cfg->max_jobs,
 		.max_ranks = (uint32_t)cfg->max_ranks,
 		.max_tensors = (uint32_t)cfg->max_tensors,
+		.max_job_bytes = cfg->max_job_bytes,
 		.scaling = cfg->scaling,
 		.lowp = cfg->sum == APS_SUM_LOWP,
+		.elastic = cfg->elastic != 0,
 		/* a multiple of 8 elements starts every chunk on a byte for every code width */
 		.chunk_elems = (size_t)(cfg->chunk_bytes / sizeof(float)) & ~(size_t)7,
 		.summary = d->summary,

@@ -98,6 +98,8 @@ int aps_optimize_register(struct aps_server *srv, struct aps_job *job, struct ap
 		return 0;
 	if (aps_optim_tensor_init(&t->opt, &job->optim, t->count) < 0)
 		return APS_ENOMEM;
+	/* what max_job_bytes bounds: the weights, the workers' view and the state too */
+	job->tensor_bytes += t->count * sizeof(float) * (2 + t->opt.slots);
 	t->optim = &job->optim;
 	t->round.transform = transform;
 	t->round.transform_ctx = t;
@@ -304,7 +306,7 @@ static void send_weights(struct aps_server *srv, struct aps_session *s, struct a
 		r.rank = s->rank;
 		r.world_size = s->job->world_size;
 		r.tensor_id = t->id;
-		r.step = t->opt.updates;
+		r.updates = t->opt.updates;
 		r.chunk_offset = off;
 		r.chunk_count = n;
 		r.total_count = t->count;

@@ -140,16 +140,30 @@ static void sum_one(struct aps_round *r, uint32_t chunk, const struct aps_contri
 	aps_trace_stage(r->trace, "sum", t0, r->label, r->step, chunk);
 }
 
-/* Sums every held contribution of chunk whose turn has come, in rank order. */
+static bool is_absent(const struct aps_round *r, uint32_t rank)
+{
+	return r->absent != NULL && r->absent[rank];
+}
+
+/*
+ * Sums every held contribution of chunk whose turn has come, in rank order;
+ * an absent rank that sent nothing is passed over (an elastic job's mean is
+ * over the ranks that contributed).
+ */
 static void sum_ready(struct aps_round *r, uint32_t chunk)
 {
 	struct aps_round_chunk *ch = &r->chunks[chunk];
 	size_t base = (size_t)chunk * r->world_size;
 
-	while (ch->next_rank < r->world_size && r->has[base + ch->next_rank]) {
+	while (ch->next_rank < r->world_size) {
 		struct aps_contribution *c = &r->held[base + ch->next_rank];
-		sum_one(r, chunk, c, ch->next_rank == 0);
-		release(&c->payload);
+		if (r->has[base + ch->next_rank]) {
+			sum_one(r, chunk, c, ch->summed == 0);
+			release(&c->payload);
+			ch->summed++;
+		} else if (!is_absent(r, ch->next_rank)) {
+			return;
+		}
 		ch->next_rank++;
 	}
 }
@@ -240,9 +254,24 @@ bool aps_round_chunk_complete(const struct aps_round *r, uint32_t chunk)
 {
 	const struct aps_round_chunk *ch = &r->chunks[chunk];
 
-	if (ch->finished || ch->arrived < r->world_size)
+	if (ch->finished || ch->arrived == 0)
 		return false;
-	return r->kind == APS_ROUND_BROADCAST ? ch->root_seen : ch->next_rank == r->world_size;
+	if (r->kind == APS_ROUND_ALLREDUCE)
+		return ch->next_rank == r->world_size;
+	/* A broadcast: every expected rank asked, and the root's data is in. */
+	for (uint32_t rank = 0; rank < r->world_size; rank++) {
+		if (!r->has[(size_t)chunk * r->world_size + rank] && !is_absent(r, rank))
+			return false;
+	}
+	return ch->root_seen;
+}
+
+bool aps_round_recheck(struct aps_round *r, uint32_t chunk)
+{
+	if (r->kind == APS_ROUND_ALLREDUCE && !r->chunks[chunk].finished &&
+	    r->chunks[chunk].arrived > 0)
+		sum_ready(r, chunk);
+	return aps_round_chunk_complete(r, chunk);
 }
 
 static int encode(const float *acc, size_t n, enum aps_scaling scaling,
@@ -278,12 +307,23 @@ static int measure_error(struct aps_round *r, const float *mean, size_t n,
 	return 0;
 }
 
+/* The chunk's contribution of the lowest rank that sent one (rank 0 but in elastic jobs). */
+static const struct aps_contribution *lowest(const struct aps_round *r, uint32_t chunk)
+{
+	size_t base = (size_t)chunk * r->world_size;
+	uint32_t rank = 0;
+
+	while (rank + 1 < r->world_size && !r->has[base + rank])
+		rank++;
+	return &r->held[base + rank];
+}
+
 /* What the chunk's result is encoded as, and with which scaling. */
 static enum aps_scaling result_format(const struct aps_round *r, uint32_t chunk,
                                       const struct aps_format *down, enum aps_scaling scaling,
                                       struct aps_round_result *res)
 {
-	const struct aps_contribution *rank0 = &r->held[(size_t)chunk * r->world_size];
+	const struct aps_contribution *rank0 = lowest(r, chunk);
 
 	if (r->kind == APS_ROUND_BROADCAST) {
 		aps_format_parse("fp32", &res->fmt);
@@ -312,7 +352,7 @@ int aps_round_finish_chunk(struct aps_round *r, uint32_t chunk, const struct aps
 	res->count = n;
 	scaling = result_format(r, chunk, down, scaling, res);
 	if (r->kind == APS_ROUND_ALLREDUCE && !r->lowp)
-		aps_codec_divide(acc, n, (float)r->world_size);
+		aps_codec_divide(acc, n, (float)r->chunks[chunk].summed);
 	if (r->transform != NULL)
 		r->transform(r->transform_ctx, r->kind, res->offset, acc, n);
 	ret = encode(acc, n, scaling, res);
@@ -320,7 +360,7 @@ int aps_round_finish_chunk(struct aps_round *r, uint32_t chunk, const struct aps
 	if (ret == 0 && r->measure_error && r->kind == APS_ROUND_ALLREDUCE)
 		ret = measure_error(r, acc, n, res);
 	if (r->lowp)
-		res->scale_exp = r->held[(size_t)chunk * r->world_size].scale_exp;
+		res->scale_exp = lowest(r, chunk)->scale_exp;
 	if (ret < 0) {
 		aps_sbuf_unref(res->payload);
 		res->payload = NULL;
@@ -342,6 +382,8 @@ size_t aps_round_missing(const struct aps_round *r, uint32_t *ranks, size_t cap)
 
 	for (uint32_t rank = 0; rank < r->world_size; rank++) {
 		bool missing = false;
+		if (is_absent(r, rank))
+			continue;
 		for (uint32_t c = 0; c < r->n_chunks && !missing; c++)
 			missing =
 			        !r->chunks[c].finished && !r->has[(size_t)c * r->world_size + rank];

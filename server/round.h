@@ -44,13 +44,15 @@ enum aps_round_kind {
 /* How one chunk of the step is doing. */
 struct aps_round_chunk {
 	uint32_t arrived;   /* ranks that sent this chunk */
-	uint32_t next_rank; /* ranks [0, next_rank) are summed into acc */
+	uint32_t next_rank; /* ranks [0, next_rank) are summed into acc or absent */
+	uint32_t summed;    /* contributions in acc: the mean divides by this */
 	bool root_seen;     /* broadcast: the root's data is in acc */
 	bool finished;      /* its result was produced */
 };
 
 struct aps_round {
 	uint32_t world_size;
+	const bool *absent; /* world_size, borrowed: ranks not expected (NULL: none) */
 	size_t count;       /* elements of the tensor */
 	size_t chunk_elems; /* elements per chunk, a multiple of 8; the last may be shorter */
 	uint32_t n_chunks;
@@ -119,13 +121,19 @@ bool aps_round_chunk_complete(const struct aps_round *r, uint32_t chunk);
 int aps_round_finish_chunk(struct aps_round *r, uint32_t chunk, const struct aps_format *down,
                            enum aps_scaling scaling, struct aps_round_result *res);
 
+/*
+ * After a rank became absent: sums what no longer waits for it. Returns true
+ * when the chunk is now complete (aps_round_finish_chunk is due).
+ */
+bool aps_round_recheck(struct aps_round *r, uint32_t chunk);
+
 /* Drops what this step collected; the step stays, to be collected again. */
 void aps_round_abort(struct aps_round *r);
 
 /* True when some contribution of this step has arrived. */
 bool aps_round_busy(const struct aps_round *r);
 
-/* Writes up to cap ranks that have not sent every chunk; returns how many there are. */
+/* Writes up to cap expected ranks that have not sent every chunk; returns how many. */
 size_t aps_round_missing(const struct aps_round *r, uint32_t *ranks, size_t cap);
 
 #endif

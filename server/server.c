@@ -86,7 +86,6 @@ void aps_server_error_job(struct aps_server *srv, struct aps_job *job, int code,
 void aps_server_rank_gone(struct aps_server *srv, struct aps_session *s, bool lost, const char *why)
 {
 	struct aps_job *job = s->job;
-	char text[APS_MSG_TEXT_MAX + 1];
 
 	if (lost) {
 		srv->counters.peers_lost++;
@@ -97,11 +96,20 @@ void aps_server_rank_gone(struct aps_server *srv, struct aps_session *s, bool lo
 	}
 	job->ranks[s->rank] = NULL;
 	s->job = NULL;
+	if (job->elastic && aps_job_connected(job) > 0) {
+		/* The job goes on without it; rounds that waited for it finish now. */
+		job->absent[s->rank] = true;
+		aps_log_info("server", "job shrinks job=%s members=%u", job->name,
+		             aps_job_members(job));
+		aps_job_recheck(srv, job);
+		return;
+	}
+	if (job->departed[0] == '\0')
+		snprintf(job->departed, sizeof(job->departed), "rank %u of job '%s' was lost (%s)",
+		         s->rank, job->name, why);
 	if (aps_job_busy(job)) {
 		aps_job_abort_rounds(job);
-		snprintf(text, sizeof(text), "rank %u of job '%s' was lost (%s)", s->rank,
-		         job->name, why);
-		aps_server_error_job(srv, job, APS_EPEERLOST, text);
+		aps_server_error_job(srv, job, APS_EPEERLOST, job->departed);
 	}
 	if (aps_job_connected(job) == 0) {
 		aps_log_info("server", "job ended job=%s rounds=%llu", job->name,
@@ -109,6 +117,35 @@ void aps_server_rank_gone(struct aps_server *srv, struct aps_session *s, bool lo
 		aps_optimize_checkpoint(srv, job, "job ended");
 		aps_jobs_remove(&srv->jobs, job);
 	}
+}
+
+/* A collective call of a job that lost a rank: it could only time out. */
+static bool job_incomplete(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m)
+{
+	switch (m->type) {
+	case APS_MSG_PUSH:
+	case APS_MSG_BROADCAST:
+	case APS_MSG_BARRIER:
+	case APS_MSG_EXPONENTS:
+		break;
+	default:
+		return false;
+	}
+	if (s->job == NULL)
+		return false;
+	if (s->job->absent[s->rank] && m->type != APS_MSG_BARRIER) {
+		srv->counters.bad_state++;
+		aps_server_send_error(srv, &s->peer, APS_EPROTO, m,
+		                      "rank %u is back in job '%s': it takes part from the job's "
+		                      "next barrier on (call barrier first)",
+		                      s->rank, s->job->name);
+		return true;
+	}
+	if (s->job->departed[0] == '\0')
+		return false;
+	srv->counters.refused_incomplete++;
+	aps_server_send_error(srv, &s->peer, APS_EPEERLOST, m, "%s", s->job->departed);
+	return true;
 }
 
 /* Only a joined session may send anything but HELLO, and only as itself. */
@@ -120,9 +157,17 @@ static bool session_may_send(struct aps_server *srv, struct aps_session *s, cons
 	if (s != NULL && s->job != NULL && s->rank == m->rank && strcmp(s->job->name, m->job) == 0)
 		return true;
 	srv->counters.bad_session++;
-	aps_server_send_error(srv, peer, APS_EPROTO, m,
-	                      "%s from a peer that is not rank %u of job '%s': send HELLO first",
-	                      aps_msg_type_name(m->type), m->rank, m->job);
+	if (s == NULL || s->job == NULL)
+		aps_server_send_error(
+		        srv, peer, APS_EPROTO, m,
+		        "%s from a connection that has not joined (apsd restarted, or "
+		        "no HELLO): rank %u of job '%s' must join again",
+		        aps_msg_type_name(m->type), m->rank, m->job);
+	else
+		aps_server_send_error(srv, peer, APS_EPROTO, m,
+		                      "%s as rank %u of job '%s' from rank %u of job '%s'",
+		                      aps_msg_type_name(m->type), m->rank, m->job, s->rank,
+		                      s->job->name);
 	return false;
 }
 
@@ -201,7 +246,8 @@ static void on_message(void *ctx, struct aps_inmsg *in)
 	s->last_seen_ms = now_ms(srv);
 	s->msgs_in++;
 	s->bytes_in += in->hdr_len + in->payload_len;
-	dispatch(srv, s, &m, in);
+	if (!job_incomplete(srv, s, &m))
+		dispatch(srv, s, &m, in);
 }
 
 static void on_disconnect(void *ctx, int fd)

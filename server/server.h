@@ -24,6 +24,7 @@
 	X(bad_session, "messages from a peer that has not joined a job, or as another rank") \
 	X(bad_state, "messages the job refused: unknown tensor, wrong step, duplicate")      \
 	X(refused_hello, "HELLOs refused: rank taken, world size or options differ, limits") \
+	X(refused_incomplete, "collective calls refused: the job lost a rank")               \
 	X(policy_switches, "format changes decided by the precision policy")                 \
 	X(updates, "optimizer updates applied (optimize mode, one per tensor and step)")     \
 	X(checkpoints, "checkpoints written")                                                \
@@ -47,8 +48,10 @@ struct aps_server_opts {
 	uint32_t max_jobs;
 	uint32_t max_ranks;
 	uint32_t max_tensors;
+	uint64_t max_job_bytes;   /* fp32 bytes of the tensors of one job */
 	enum aps_scaling scaling; /* of jobs whose HELLO states none */
 	bool lowp;                /* sum = lowp: the paper's rounded sum, global scaling only */
+	bool elastic;             /* jobs shrink when a rank is lost (docs/RELIABILITY.md) */
 	size_t chunk_elems;       /* elements per chunk, a multiple of 8 */
 	const char *summary;      /* the configuration in one line, for reports */
 	struct aps_trace *trace;  /* borrowed; NULL: no timeline */

@@ -78,5 +78,7 @@ void aps_optimize_chunk_done(struct aps_server *srv, struct aps_job *job, struct
                              const struct aps_round_result *res, bool broadcast);
 /* Queues a checkpoint of job (when checkpoints are on and it has weights). */
 void aps_optimize_checkpoint(struct aps_server *srv, struct aps_job *job, const char *why);
+/* Elastic jobs, after a rank left: finishes what no longer waits for it. */
+void aps_job_recheck(struct aps_server *srv, struct aps_job *job);
 
 #endif

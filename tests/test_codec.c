@@ -578,6 +578,38 @@ static void test_codec_maxabs_ignores_nonfinite(void **state)
 	aps_codec_set_isa(APS_ISA_AUTO);
 }
 
+/* The one-pass scan finds an inf or NaN wherever it is: vector body or tail. */
+static void test_codec_scan_flags_nonfinite_anywhere(void **state)
+{
+	static const float bad[] = { NAN, -NAN, INFINITY, -INFINITY };
+	float x[77];
+	bool nonfinite;
+
+	(void)state;
+	for (int s = 0; s < n_isas; s++) {
+		aps_codec_set_isa(isas[s]);
+		for (int i = 0; i < 77; i++)
+			x[i] = (float)(i % 13) - 6.5f;
+		assert_true(aps_codec_scan(x, 77, &nonfinite) == 6.5f);
+		assert_false(nonfinite);
+		for (int pos = 0; pos < 77; pos++) {
+			for (size_t b = 0; b < sizeof(bad) / sizeof(bad[0]); b++) {
+				float keep = x[pos];
+				x[pos] = bad[b];
+				aps_codec_scan(x, 77, &nonfinite);
+				assert_true(nonfinite);
+				aps_codec_scan(x, (size_t)pos, &nonfinite);
+				assert_false(nonfinite); /* what comes before it is finite */
+				x[pos] = keep;
+			}
+		}
+		x[40] = 3.4028235e38f; /* the largest finite float is not flagged */
+		assert_true(aps_codec_scan(x, 77, &nonfinite) == 3.4028235e38f);
+		assert_false(nonfinite);
+	}
+	aps_codec_set_isa(APS_ISA_AUTO);
+}
+
 /* The fast counts of inf and NaN codes agree with the code-by-code definition. */
 static void test_codec_count_nonfinite_codes(void **state)
 {
@@ -614,6 +646,7 @@ int main(void)
 		cmocka_unit_test(test_codec_stochastic_rounding),
 		cmocka_unit_test(test_codec_rejects_bad_arguments),
 		cmocka_unit_test(test_codec_maxabs_ignores_nonfinite),
+		cmocka_unit_test(test_codec_scan_flags_nonfinite_anywhere),
 		cmocka_unit_test(test_codec_count_nonfinite_codes),
 	};
 	return cmocka_run_group_tests_name("codec", tests, setup_isas, NULL);

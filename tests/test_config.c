@@ -127,9 +127,9 @@ static void test_config_defaults(void **state)
 	assert_string_equal(
 	        line, "listen=tcp://127.0.0.1:5555 log_level=info downlink=auto "
 	              "heartbeat_ms=1000 heartbeat_timeout_ms=5000 max_jobs=64 "
-	              "max_ranks=1024 max_tensors=65536 max_message_bytes=1G "
+	              "max_ranks=1024 max_tensors=65536 max_job_bytes=8G max_message_bytes=1G "
 	              "drain_batch=256 scaling=local sum=fp32 stats= metrics_listen= trace= "
-	              "curve_secret_key_file= curve_allow_file= insecure=no "
+	              "curve_secret_key_file= curve_allow_file= elastic=no insecure=no "
 	              "policy=off rules= schedule_steps=0 schedule_format=fp32 "
 	              "small_tensor_elems=1024 flush_up=0.5 flush_down=0.05 error_up=0.35 "
 	              "error_down=0.1 window_up=3 window_down=50 chunk_bytes=4M checkpoint_dir= "
@@ -542,6 +542,12 @@ static void test_config_lowp_sum_needs_global_scaling(void **state)
 	assert_string_equal(err.message,
 	                    "--sum: sum = lowp needs scaling = global (scaling is local)");
 	assert_int_equal(PARSE(&cfg, &err, "--sum", "lowp", "--scaling=global"), 0);
+	/* the workers divide a lowp sum by the world size: not with a shrinking job */
+	expect_file_error("scaling = global\nsum = lowp\nelastic = yes\n",
+	                  "3: sum = lowp and elastic = yes do not go together (the workers "
+	                  "divide a lowp sum by the world size)");
+	assert_int_equal(PARSE(&cfg, &err, "--elastic", "yes"), 0);
+	assert_int_equal(cfg.elastic, 1);
 }
 
 static void test_config_policy_keys(void **state)

@@ -195,6 +195,7 @@ static void assert_msg_equal(const struct aps_msg *a, const struct aps_msg *b)
 	assert_memory_equal(a->tensor_ids, b->tensor_ids, sizeof(a->tensor_ids));
 	assert_string_equal(a->optimizer, b->optimizer);
 	assert_true(a->lr == b->lr);
+	assert_int_equal(a->updates, b->updates);
 	assert_ptr_equal(a->payload, b->payload);
 	assert_int_equal(a->payload_len, b->payload_len);
 }

@@ -362,6 +362,69 @@ static void test_round_lowp_sum_is_the_rounded_rank_order_sum(void **state)
 	aps_round_fini(&r);
 }
 
+/*
+ * Elastic jobs: rank 0 is absent from the start and rank 2 leaves after
+ * sending: the mean is over ranks 1, 2, 3 in rank order, and the round
+ * completes when rank 2's absence is rechecked, not before.
+ */
+static void test_round_absent_ranks_are_passed_over(void **state)
+{
+	bool absent[RANKS] = { true, false, false, false };
+	struct aps_round r;
+	struct aps_round_result res;
+	float want[N], dec[N], got[N];
+	char why[128];
+
+	(void)state;
+	make_data("fp32", 11);
+	for (int r2 = 1; r2 < RANKS; r2++) {
+		aps_codec_dequantize(&ranks[r2].fmt, ranks[r2].codes, sizeof(ranks[r2].codes), N,
+		                     ranks[r2].k, dec);
+		for (int i = 0; i < N; i++)
+			want[i] = r2 == 1 ? dec[i] : want[i] + dec[i];
+	}
+	for (int i = 0; i < N; i++)
+		want[i] /= 3.0f;
+	assert_int_equal(aps_round_init(&r, RANKS, N, 0, false), 0);
+	r.absent = absent;
+	static const int order[] = { 3, 2, 1 };
+	for (int i = 0; i < 3; i++) {
+		struct aps_contribution c = contribution(order[i], true);
+		assert_int_equal(aps_round_add(&r, (uint32_t)order[i], 0, 0, APS_ROUND_ALLREDUCE,
+		                               &c, why, sizeof(why)),
+		                 0);
+	}
+	assert_true(aps_round_chunk_complete(&r, 0));
+	assert_int_equal(aps_round_finish_chunk(&r, 0, NULL, APS_SCALING_NONE, &res), 0);
+	aps_codec_dequantize(&res.fmt, res.payload->data, res.payload->len, N, 0, got);
+	assert_memory_equal(got, want, sizeof(want));
+	aps_sbuf_unref(res.payload);
+
+	/* step 1: rank 3 never sends and then leaves; the others' sum completes on recheck */
+	for (int rank = 1; rank <= 2; rank++) {
+		struct aps_contribution c = contribution(rank, true);
+		assert_int_equal(aps_round_add(&r, (uint32_t)rank, 1, 0, APS_ROUND_ALLREDUCE, &c,
+		                               why, sizeof(why)),
+		                 0);
+	}
+	assert_false(aps_round_chunk_complete(&r, 0));
+	uint32_t missing[RANKS];
+	assert_int_equal(aps_round_missing(&r, missing, RANKS), 1);
+	assert_int_equal(missing[0], 3);
+	absent[3] = true;
+	assert_true(aps_round_recheck(&r, 0));
+	assert_int_equal(aps_round_finish_chunk(&r, 0, NULL, APS_SCALING_NONE, &res), 0);
+	aps_codec_dequantize(&res.fmt, res.payload->data, res.payload->len, N, 0, got);
+	for (int i = 0; i < N; i++) {
+		float a, b;
+		aps_codec_dequantize(&ranks[1].fmt, ranks[1].codes + 4 * i, 4, 1, ranks[1].k, &a);
+		aps_codec_dequantize(&ranks[2].fmt, ranks[2].codes + 4 * i, 4, 1, ranks[2].k, &b);
+		assert_true(got[i] == (a + b) / 2.0f);
+	}
+	aps_sbuf_unref(res.payload);
+	aps_round_fini(&r);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -372,6 +435,7 @@ int main(void)
 		cmocka_unit_test(test_round_downlink_format_and_no_scaling),
 		cmocka_unit_test(test_round_chunks_in_any_order),
 		cmocka_unit_test(test_round_lowp_sum_is_the_rounded_rank_order_sum),
+		cmocka_unit_test(test_round_absent_ranks_are_passed_over),
 	};
 	return cmocka_run_group_tests_name("round", tests, NULL, NULL);
 }

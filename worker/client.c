@@ -184,6 +184,8 @@ static int await_welcome(struct aps_client *c)
 			        c->endpoint, m.version_major, m.version_minor);
 		if (m.type == APS_MSG_WELCOME) {
 			snprintf(c->optimizer, sizeof(c->optimizer), "%s", m.optimizer);
+			c->barrier_step =
+			        m.step; /* a rank back in an elastic job joins the next one */
 			return 0;
 		}
 	}

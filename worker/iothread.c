@@ -255,6 +255,19 @@ static struct aps_request *find(struct aps_client *c, enum request_kind kind, ui
 	return NULL;
 }
 
+/*
+ * An unasked REGISTERED: this rank is back in an elastic job, and apsd says
+ * at which step the tensor goes on.
+ */
+static void resync_step(struct aps_client *c, const struct aps_msg *m)
+{
+	pthread_mutex_lock(&c->lock);
+	if (m->tensor_id < c->n_tensors && c->tensors[m->tensor_id].busy == NULL &&
+	    strcmp(c->tensors[m->tensor_id].name, m->tensor_name) == 0)
+		c->tensors[m->tensor_id].step = m->step;
+	pthread_mutex_unlock(&c->lock);
+}
+
 static void on_registered(struct aps_client *c, const struct aps_msg *m)
 {
 	struct aps_request *r = c->active;
@@ -262,7 +275,7 @@ static void on_registered(struct aps_client *c, const struct aps_msg *m)
 	while (r != NULL && !(r->kind == REQ_REGISTER && strcmp(r->name, m->tensor_name) == 0))
 		r = r->next;
 	if (r == NULL)
-		return;
+		return resync_step(c, m);
 	pthread_mutex_lock(&c->lock);
 	if (m->tensor_id >= c->n_tensors) {
 		struct client_tensor *t = realloc(c->tensors, (m->tensor_id + 1) * sizeof(*t));
@@ -278,9 +291,10 @@ static void on_registered(struct aps_client *c, const struct aps_msg *m)
 	snprintf(t->name, sizeof(t->name), "%s", m->tensor_name);
 	t->count = m->total_count;
 	t->chunk_elems = m->chunk_count ? m->chunk_count : m->total_count;
-	t->updates = m->step;
+	t->updates = m->updates;
 	if (aps_format_parse(m->format, &t->format) < 0)
 		t->format = c->format;
+	t->step = m->step; /* 0, unless the job went on while this rank was away */
 	r->tensor_id = m->tensor_id;
 	pthread_mutex_unlock(&c->lock);
 	finish(c, r, 0, NULL);
@@ -355,7 +369,7 @@ static void on_weights(struct aps_client *c, const struct aps_msg *m)
 	    m->payload == NULL || m->payload_len != m->chunk_count * sizeof(float))
 		return finish(c, r, APS_EPROTO, "weights that do not match their tensor");
 	memcpy(r->buf + m->chunk_offset, m->payload, m->payload_len);
-	r->step = m->step;
+	r->step = m->updates; /* what aps_client_pull reports */
 	r->deadline_ms = aps_client_now_ms() + r->timeout_ms;
 	if (++r->chunks_done == r->chunks)
 		finish(c, r, 0, NULL);

@@ -109,23 +109,18 @@ int aps_request_encode(struct aps_client *c, struct aps_request *r)
 	return 0;
 }
 
-/* The APS exponent, or in global mode this rank's half of the exchange. */
-static int scale(struct aps_client *c, struct aps_request *r)
+/*
+ * The APS exponent from maxabs, the largest |value| of what is sent, or in
+ * global mode this rank's half of the exchange.
+ */
+static int scale(struct aps_client *c, struct aps_request *r, float maxabs)
 {
-	uint64_t t0 = c->trace != NULL ? aps_trace_now() : 0;
-	float maxabs;
-	int ret;
-
 	r->scale_exp = 0;
 	if (c->scaling == APS_SCALING_NONE || aps_format_is_fp32(&r->fmt))
 		return 0;
-	maxabs = aps_codec_maxabs(r->src, r->count);
 	if (c->scaling == APS_SCALING_LOCAL)
-		ret = aps_scale_local(&r->fmt, maxabs, &r->scale_exp);
-	else
-		ret = aps_scale_global_exponent(maxabs, (int)c->world_size, &r->exponent);
-	aps_trace_stage(c->trace, "scan", t0, r->name, r->step, 0);
-	return ret;
+		return aps_scale_local(&r->fmt, maxabs, &r->scale_exp);
+	return aps_scale_global_exponent(maxabs, (int)c->world_size, &r->exponent);
 }
 
 /* Checks the tensor of a data call and fills r's tensor fields (lock held). */
@@ -190,17 +185,25 @@ static int refuse_nonfinite(struct aps_request *r, size_t nonfinite)
 /* The gradient half of an all-reduce or of an optimizer step: checks, scale, codes. */
 static int start_reduce(aps_client *c, struct aps_request *r, aps_request **out)
 {
-	size_t nonfinite;
+	bool nonfinite;
+	float maxabs;
+	uint64_t t0;
 
-	nonfinite = aps_codec_count_nonfinite_f32(r->src, r->count);
-	if (nonfinite > 0)
-		return refuse_nonfinite(r, nonfinite);
-	if (c->error_feedback && !aps_format_is_fp32(&r->fmt) && add_residual(c, r) < 0) {
-		free(r->corrected);
-		free(r);
-		return aps_api_fail(APS_ENOMEM, "out of memory for error feedback");
+	/* One pass finds the exponent's max and refuses inf and NaN. */
+	t0 = c->trace != NULL ? aps_trace_now() : 0;
+	maxabs = aps_codec_scan(r->src, r->count, &nonfinite);
+	aps_trace_stage(c->trace, "scan", t0, r->name, r->step, 0);
+	if (nonfinite)
+		return refuse_nonfinite(r, aps_codec_count_nonfinite_f32(r->src, r->count));
+	if (c->error_feedback && !aps_format_is_fp32(&r->fmt)) {
+		if (add_residual(c, r) < 0) {
+			free(r->corrected);
+			free(r);
+			return aps_api_fail(APS_ENOMEM, "out of memory for error feedback");
+		}
+		maxabs = aps_codec_maxabs(r->src, r->count); /* of what is sent: the sum */
 	}
-	scale(c, r);
+	scale(c, r, maxabs);
 	/* Global mode encodes when the daemon has sent the shared exponent. */
 	if (c->scaling != APS_SCALING_GLOBAL || aps_format_is_fp32(&r->fmt)) {
 		if (aps_request_encode(c, r) < 0) {

@@ -4,6 +4,7 @@ APS_BUILD names the build directory whose binaries are used (default build/;
 tests/run-tests.sh also runs this suite against build-asan/).
 """
 
+import json
 import os
 import pathlib
 import socket
@@ -26,6 +27,18 @@ def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def ask(path, command, timeout=5):
+    """The JSON answer of the stats socket at path to one command."""
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(timeout)
+        s.connect(str(path))
+        s.sendall(command.encode() + b"\n")
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    return json.loads(data)
 
 
 class Daemon:
@@ -56,6 +69,16 @@ class Daemon:
                                    + self.log_path.read_text())
             time.sleep(0.02)
         raise TimeoutError(f"apsd never logged {text!r}: " + self.log_path.read_text())
+
+    def stats_path(self):
+        for line in self.log_path.read_text().splitlines():
+            if "listening" in line:
+                return line.split("stats=")[1].split()[0]
+        raise AssertionError("no stats path in the log")
+
+    def counter(self, name):
+        """One of the daemon's counters, read from its stats socket."""
+        return ask(self.stats_path(), "stats")["counters"][name]
 
     def stop(self, timeout=10):
         if self.proc.poll() is None:

@@ -235,9 +235,10 @@ static int async_step(const struct args *a, aps_client *c, int s, const uint32_t
 		ret = aps_client_allreduce_start(c, ids[t], xs[t], a->sizes[t], a->timeout_ms,
 		                                 &req[t]);
 		if (ret < 0) {
+			bad = fail(ret); /* before the waits replace this thread's last error */
 			while (t-- > 0)
 				aps_request_wait(req[t]);
-			return fail(ret);
+			return bad;
 		}
 	}
 	for (int t = a->n_sizes - 1; t >= 0; t--) {

@@ -98,6 +98,37 @@ def test_killed_worker_is_named_to_the_others(daemon):
     procs[2].wait()
 
 
+def test_rank_killed_between_rounds_fails_the_next_round_at_once(daemon):
+    # Step 0 completes; rank 2 is killed while ranks 0 and 1 compute (sleep)
+    # before step 1. Their pushes of step 1 can never complete: apsd answers
+    # them at once instead of letting them run into their 20 s deadline.
+    world = 3
+    procs = [start_worker(daemon.endpoint, r, world, [4097], steps=2,
+                          sleep_ms=(2000 if r < 2 else 30000), timeout_ms=20000)
+             for r in range(world)]
+    daemon.wait_for_log("hello job=default rank=2")
+    time.sleep(0.7)  # step 0 is done everywhere; ranks 0 and 1 are in their sleep
+    procs[2].send_signal(signal.SIGKILL)
+    start = time.monotonic()
+    for p in procs[:2]:
+        out, _ = p.communicate(timeout=15)
+        assert p.returncode == 3, out
+        assert "ok step=0" in out and "APS_EPEERLOST" in out and "rank 2" in out, out
+    assert time.monotonic() - start < 4, "the push after the loss waited for its deadline"
+    procs[2].wait()
+    assert daemon.counter("refused_incomplete") >= 2
+
+
+def test_job_byte_budget_refuses_the_tensor_past_it(daemon_factory):
+    # 64k of fp32 per job: a 4096-element tensor fits (16 KiB), 16384 more do not
+    d = daemon_factory(extra=("--max_job_bytes", "64k"))
+    out = run_workers(d.endpoint, 1, [4096, 16384], steps=1)[0][1]
+    assert "APS_ERANGE" in out and "max_job_bytes is 65536" in out, out
+    assert "would hold 81920 fp32 bytes" in out, out
+    assert d.counter("bad_state") >= 1
+    assert_all_ok(run_workers(d.endpoint, 1, [4096, 12288], steps=1, job="fits"), 1, 2)
+
+
 def test_timeout_names_the_missing_rank(daemon):
     procs = [start_worker(daemon.endpoint, r, 2, [7], steps=1, timeout_ms=1500,
                           sleep_ms=(6000 if r == 1 else 0)) for r in range(2)]

@@ -327,3 +327,15 @@ def test_corrupt_checkpoint_is_skipped(daemon_factory, tmp_path):
     c.close()
     log = d2.log_path.read_text()
     assert f"skipped path={newest}" in log and "CRC32C" in log
+
+
+def test_max_job_bytes_counts_weights_and_state(daemon_factory):
+    d = daemon_factory(extra=["--max_job_bytes", "1k"])
+    x = np.zeros(60, np.float32)  # 240 bytes to all-reduce, 1200 with Adam's weights and state
+    plain = aps.Client(d.endpoint, 0, 1, job="plain")
+    plain.allreduce("x", x)
+    adam = aps.Client(d.endpoint, 0, 1, job="adam", optimizer="adam")
+    with pytest.raises(aps.Error, match="would hold 1200 fp32 bytes"):
+        adam.broadcast("x", x)
+    adam.close()
+    plain.close()

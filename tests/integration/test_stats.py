@@ -9,27 +9,13 @@ import time
 
 import pytest
 
-from conftest import APSD, BUILD, start_worker
+from conftest import APSD, BUILD, ask, start_worker
 
 APSCTL = BUILD / "worker" / "apsctl"
 
 
-def ask(path, command, timeout=5):
-    with socket.socket(socket.AF_UNIX) as s:
-        s.settimeout(timeout)
-        s.connect(str(path))
-        s.sendall(command.encode() + b"\n")
-        data = b""
-        while chunk := s.recv(65536):
-            data += chunk
-    return json.loads(data)
-
-
 def stats_path(daemon):
-    for line in daemon.log_path.read_text().splitlines():
-        if "listening" in line:
-            return line.split("stats=")[1].split()[0]
-    raise AssertionError("no stats path in the log")
+    return daemon.stats_path()
 
 
 def test_reports_jobs_workers_tensors_and_stalls(daemon):

@@ -182,6 +182,41 @@ def test_async_calls_run_in_order_while_python_computes(apsd):
     assert got == got1 == [[0.5] * 5, [1.5] * 5, [2.5] * 5]
 
 
+def rank_crossed(rank, world, endpoint):
+    """Rank 0 starts a then b, rank 1 b then a: only batches in flight together
+    can complete (one at a time, each rank would wait for the other's first)."""
+    with aps.Client(endpoint, rank, world, format="e4m3", job="crossed",
+                    timeout_ms=5000) as c:
+        xs = {name: np.full(4, rank + 1, np.float32) for name in "ab"}
+        order = "ab" if rank == 0 else "ba"
+        handles = [c.allreduce_async(name, xs[name]) for name in order]
+        t0 = time.monotonic()
+        got = [h.wait().tolist() for h in handles]
+        c.barrier()  # waits for nothing in flight, then meets the other rank
+        return got, time.monotonic() - t0
+
+
+def test_async_batches_are_in_flight_together(apsd):
+    for got, seconds in run_ranks(rank_crossed, 2, apsd):
+        assert got == [[1.5] * 4, [1.5] * 4]
+        assert seconds < 4, f"the crossed calls took {seconds:.1f} s (a timeout?)"
+
+
+def rank_reuse(rank, world, endpoint):
+    """The same tensor queued twice in a row: the second waits for the first."""
+    with aps.Client(endpoint, rank, world, format="fp32", job="reuse") as c:
+        x = np.full(3, rank + 1, np.float32)
+        first = c.allreduce_async("t", x)
+        second = c.allreduce_async("t", x)  # starts once x holds the first mean
+        second.wait()
+        return first.done(), x.tolist()
+
+
+def test_same_tensor_twice_in_a_row_waits_for_itself(apsd):
+    for first_done, got in run_ranks(rank_reuse, 2, apsd):
+        assert first_done and got == [1.5] * 3  # mean of 1 and 2, then of 1.5 and 1.5
+
+
 def rank_barrier_mismatch(rank, world, endpoint):
     with aps.Client(endpoint, rank, world, job="mismatch", timeout_ms=5000) as c:
         c.barrier()

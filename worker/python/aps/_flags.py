@@ -42,22 +42,23 @@ class AnyRankFlag:
 
     def reduce_after(self, handles):
         """Queues the flag's all-reduce after handles; this rank raises the flag
-        if any of them returns a non-empty list (tensors sent as zeros). Returns
-        a FlagHandle whose wait() says whether any rank raised it."""
+        if any of them sent a tensor as zeros (known once it has started, which
+        every earlier call has when the flag's call starts). Returns a
+        FlagHandle whose wait() says whether any rank raised it."""
         buf = np.zeros(1, dtype=np.float32)
 
-        def note(handle):
-            # On the I/O thread as the handle completes, before the flag's call
-            # (or here, now, if it already has).
-            try:
-                bad = handle.wait()
-            except Exception:  # whoever waits on that handle sees its error
-                return
-            if bad:
-                buf[0] = self.value
-        for h in handles:
-            h.add_done_callback(note)
-        return FlagHandle(self.client.allreduce_many_async([(self.name, buf)]), buf)
+        def raise_if_needed():  # on the I/O thread, just before the flag starts
+            for h in handles:
+                try:
+                    bad = h.started()
+                except Exception:  # whoever waits on that handle sees its error
+                    continue
+                if bad:
+                    buf[0] = self.value
+        call = self.client._prepare(self.name, buf)
+        handle = self.client._queue_reduce([call], False, None, f"flag {self.name!r}",
+                                           lambda _bad: None, before=raise_if_needed)
+        return FlagHandle(handle, buf)
 
 
 class FlagHandle:

@@ -6,13 +6,15 @@
         ...                                     # compute meanwhile
         h.wait()
 
-Every foreign call runs on the client's one I/O thread, in the order the calls
-were made (the C client is not thread-safe: one thread at a time). A call
-blocks only that thread, and the GIL is released while it waits on the
-network. The tensors of one allreduce_many_async are all in flight at once;
-the next call starts when they are all back, so every rank must make its
-calls in the same order. A tensor is passed by address and reduced in place:
-it must stay alive and untouched until its handle is done.
+Every call starts on the client's I/O thread, in the order the calls were
+made (the C client is not thread-safe: one thread at a time), and the GIL is
+released while a call waits on the network. All-reduces overlap: the tensors
+of one allreduce_many_async are all in flight at once, and the next batch
+starts as soon as they are sent, while a second thread waits for their
+results; barrier, broadcast and close first wait for every earlier call to
+complete. Every rank must make its calls in the same order. A tensor is
+passed by address and reduced in place: it must stay alive and untouched
+until its handle is done.
 """
 
 import ctypes
@@ -24,7 +26,7 @@ import numpy as np
 
 from aps import _env
 from aps._buffers import float32_buffer
-from aps._io import IOThread
+from aps._io import Deferred, IOThread
 from aps._lib import ClientOpts, LogFn, check, error_for, last_error, lib
 
 _SCALING = {"none": 0, "local": 1, "global": 2}
@@ -121,6 +123,7 @@ class Client:
         self._lock = threading.Lock()
         self._counts = {}  # name -> element count, as first used (calling side)
         self._ids = {}  # name -> (tensor id, packed bytes), once registered (I/O thread)
+        self._in_flight = set()  # names of the tensors started and not yet waited for
         self._c = None  # the C client, used on the I/O thread only
         self._closed = False
         self._io = IOThread(f"aps-io-rank{rank}")
@@ -285,16 +288,25 @@ class Client:
         check(lib.aps_client_new(ctypes.byref(ptr), ctypes.byref(opts)))
         return ptr
 
-    def _submit(self, fn, what):
+    def _submit(self, fn, what, overlap=False):
         with self._lock:
             if self._closed:
                 raise error_for(_APS_ECLOSED, f"{what}: the client is closed")
-            return self._io.submit(fn, what)
+            return self._io.submit(fn, what, overlap)
 
-    def _queue_reduce(self, calls, zero_nonfinite, timeout_ms, what, result):
+    def _queue_reduce(self, calls, zero_nonfinite, timeout_ms, what, result, before=None):
+        """Queues the all-reduce of calls; the handle's wait() returns
+        result(names sent as zeros). before(), if given, runs on the I/O thread
+        just before the calls start."""
         timeout = self._call_timeout(timeout_ms)
-        return self._submit(lambda: result(self._reduce_batch(calls, zero_nonfinite, timeout)),
-                            what)
+
+        def start():
+            if before is not None:
+                before()
+            started = self._reduce_batch(calls, zero_nonfinite, timeout)
+            finish = started.finish
+            return Deferred(started.early, lambda: result(finish()))
+        return self._submit(start, what, overlap=True)
 
     def _call_timeout(self, timeout_ms):
         return 0 if timeout_ms is None else _check_int(timeout_ms, "timeout_ms")
@@ -325,10 +337,17 @@ class Client:
         return entry[0]
 
     def _reduce_batch(self, calls, zero_nonfinite, timeout):
-        """All-reduces each (name, address, count) of calls (I/O thread): all are
-        started, each with its own APS exponent, then all are waited for.
-        Returns the names of the tensors that held NaN or inf and were sent as
-        zeros; raises the first error once every started call has ended."""
+        """Starts an all-reduce of each (name, address, count) of calls (I/O
+        thread), each with its own APS exponent, and returns a Deferred: early
+        and the final result are the names of the tensors that held NaN or inf
+        and were sent as zeros; finish() waits for every started call and
+        raises the first error. A tensor still in flight from an earlier call
+        is waited for first."""
+        names = [name for name, _, _ in calls]
+        with self._lock:
+            busy = not self._in_flight.isdisjoint(names)
+        if busy:
+            self._io.drain()
         ids = [self._tensor_id(name, n) for name, _, n in calls]
         bad, requests, error = [], [], None
         for (name, addr, n), tid in zip(calls, ids):
@@ -340,15 +359,23 @@ class Client:
             if ret < 0:
                 error = last_error(ret)
                 break
-            requests.append(req)
+            requests.append((name, req))
             self.bytes_pushed += self._ids[name][1]
-        for req in requests:  # every started request must be waited for
-            ret = lib.aps_request_wait(req)
-            if ret < 0 and error is None:
-                error = last_error(ret)
-        if error is not None:
-            raise error
-        return bad
+        with self._lock:
+            self._in_flight.update(name for name, _ in requests)
+
+        def finish():
+            first = error
+            for name, req in requests:  # every started request must be waited for
+                ret = lib.aps_request_wait(req)
+                with self._lock:
+                    self._in_flight.discard(name)
+                if ret < 0 and first is None:
+                    first = last_error(ret)
+            if first is not None:
+                raise first
+            return bad
+        return Deferred(bad, finish)
 
 
     def _step_batch(self, calls, lr, timeout):

@@ -1,0 +1,85 @@
+"""Elastic jobs (apsd --elastic yes): a rank killed mid-run shrinks the job
+instead of failing it, and a rank that comes back takes part again from the
+job's next barrier. Real apsd, real worker processes (aps.Client)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from conftest import ROOT
+
+WORKER = ROOT / "tests" / "integration" / "elastic_worker.py"
+ENV = {**os.environ, "PYTHONPATH": str(ROOT / "worker" / "python"),
+       "APS_LIBRARY": str(ROOT / "build" / "worker" / "libaps.so.0")}
+
+
+def start(endpoint, rank, *extra):
+    return subprocess.Popen([sys.executable, str(WORKER), "--endpoint", endpoint, "--rank",
+                             str(rank), "--world", "3", *extra], env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def read_lines(proc, until, timeout=30):
+    """Lines of proc's output until one satisfies until(line)."""
+    lines, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if until(line):
+            return lines
+    raise AssertionError("worker output: " + "".join(lines))
+
+
+def results(text):
+    return {r["step"]: r["values"] for r in map(json.loads, text.splitlines())
+            if "step" in r}
+
+
+def test_lost_rank_shrinks_the_job_and_a_rank_comes_back(daemon_factory, tmp_path):
+    daemon = daemon_factory(extra=("--elastic", "yes", "--chunk_bytes", "4k"))  # 3 chunks
+    go = tmp_path / "go"
+    common = ["--steps", "30", "--barriers", "10,20,30", "--go", str(go)]
+    survivors = [start(daemon.endpoint, r, *common) for r in (0, 1)]
+    doomed = start(daemon.endpoint, 2, *common)
+    read_lines(doomed, lambda line: '"step": 3,' in line)
+    doomed.send_signal(signal.SIGKILL)
+    doomed.wait()
+    daemon.wait_for_log("job shrinks job=elastic members=2")
+    back = start(daemon.endpoint, 2, "--steps", "20", "--barriers", "10,20", "--rejoin")
+    deadline = time.monotonic() + 30
+    while daemon.log_path.read_text().count("hello job=elastic rank=2") < 2:
+        assert time.monotonic() < deadline and back.poll() is None, back.stdout.read()
+        time.sleep(0.02)
+    go.touch()  # the survivors may enter their first barrier: rank 2 is in it too
+    outs = [p.communicate(timeout=60)[0] for p in (*survivors, back)]
+    for p, out in zip((*survivors, back), outs):
+        assert p.returncode == 0, out
+    first, second, rejoined = (results(o) for o in outs)
+    assert first == second  # every survivor received the same means
+    assert sorted(first) == list(range(1, 31))
+    # the mean of 1, 2, 3 while rank 2 was there, of 1, 2 once it was gone (one
+    # step may mix both across chunks), of 1, 2, 3 again after the barrier
+    assert all(first[s] == [2.0] for s in (1, 2, 3))
+    shrunk = [s for s in range(4, 11) if first[s] == [1.5]]
+    mixed = [s for s in range(4, 11) if first[s] not in ([1.5], [2.0])]
+    assert len(shrunk) >= 6 and all(first[s] in ([2.0], [1.5], [1.5, 2.0])
+                                    for s in range(4, 11)) and len(mixed) <= 1, first
+    assert all(first[s] == [2.0] for s in range(11, 31)), first
+    # the rank that came back did steps 11..30 of the job, in step with the others
+    assert [rejoined[s] for s in sorted(rejoined)] == [first[s] for s in range(11, 31)]
+    assert "rank back job=elastic rank=2 members=3" in daemon.log_path.read_text()
+
+
+def test_without_elastic_a_lost_rank_fails_the_others(daemon):
+    procs = [start(daemon.endpoint, r, "--steps", "200", "--sleep", "0.02") for r in range(3)]
+    read_lines(procs[2], lambda line: '"step": 3,' in line)
+    procs[2].send_signal(signal.SIGKILL)
+    for p in procs[:2]:
+        out, _ = p.communicate(timeout=30)
+        assert p.returncode != 0 and "a peer rank was lost: rank 2" in out, out
+    procs[2].wait()
