@@ -69,6 +69,8 @@ def parse_args(argv=None):
                     "'grad.4.*=fp32' (a parameter P travels as grad.P)")
     ap.add_argument("--error-feedback", action="store_true",
                     help="carry each tensor's quantization residual into the next step")
+    ap.add_argument("--downlink", help="format of results (or, with --server-optimizer, of "
+                    "updates): fp32, fp16, bf16; default the uplink format")
     ap.add_argument("--server-optimizer", action="store_true",
                     help="optimize mode: apsd holds the weights and runs SGD with momentum")
     ap.add_argument("--stats", help="the daemon's stats socket: rank 0 reads every tensor's "
@@ -212,7 +214,7 @@ def main(argv=None):
     torch.set_num_threads(1)
     with aps.Client.from_env(format=args.format, scaling=args.scaling,
                              policy="auto" if args.policy == "auto" else None, rules=args.rules,
-                             error_feedback=args.error_feedback,
+                             error_feedback=args.error_feedback, downlink=args.downlink,
                              optimizer=aps.torch.optimizer_spec(
                                  "sgd", momentum=args.momentum)
                              if args.server_optimizer else None) as client:
