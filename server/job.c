@@ -204,6 +204,7 @@ void aps_job_abort_rounds(struct aps_job *job)
 		if (t->opt.ready && t->round.kind == APS_ROUND_ALLREDUCE &&
 		    t->round.chunks_finished > 0)
 			t->opt.torn = true;
+		t->opt.lr_rank = UINT32_MAX;
 		aps_round_abort(&t->round);
 		memset(t->exp_has, 0, job->world_size * sizeof(*t->exp_has));
 		t->exp_arrived = 0;

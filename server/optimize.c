@@ -135,8 +135,11 @@ bool aps_optimize_check_push(struct aps_server *srv, struct aps_session *s, stru
 		why = "a rank was lost after part of a step was applied: restart the job, it "
 		      "resumes from its last checkpoint";
 	if (why == NULL) {
-		if (optimize && m->type == APS_MSG_PUSH && s->rank == 0)
+		/* the lowest rank's: rank 0's, or in an elastic job that lost it, the next one's */
+		if (optimize && m->type == APS_MSG_PUSH && s->rank <= t->opt.lr_rank) {
 			t->opt.lr = m->lr;
+			t->opt.lr_rank = s->rank;
+		}
 		return true;
 	}
 	srv->counters.bad_state++;
@@ -173,6 +176,7 @@ void aps_optimize_chunk_done(struct aps_server *srv, struct aps_job *job, struct
 	}
 	o->updates++;
 	o->state_t++;
+	o->lr_rank = UINT32_MAX; /* the next step's lr comes with its pushes */
 	srv->counters.updates++;
 	if (k > 0 && o->updates % k == 0 && o->updates > job->last_ckpt_step &&
 	    job_at_step(job, o->updates))

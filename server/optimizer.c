@@ -236,6 +236,7 @@ int aps_optim_tensor_init(struct aps_optim_tensor *t, const struct aps_optim_con
 
 	memset(t, 0, sizeof(*t));
 	t->count = count;
+	t->lr_rank = UINT32_MAX;
 	t->slots = aps_optim_slots(c);
 	t->weights = calloc(n, sizeof(float));
 	t->view = calloc(n, sizeof(float));

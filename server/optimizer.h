@@ -63,7 +63,8 @@ struct aps_optim_tensor {
 	uint64_t state_t; /* updates the state has seen (Adam's t) */
 	bool ready;       /* weights set: rank 0's broadcast or a checkpoint */
 	bool torn; /* a step was aborted after some of its chunks were applied: never saved again */
-	float lr;  /* learning rate of the step being collected */
+	float lr;  /* learning rate of the step being collected: the lowest rank's */
+	uint32_t lr_rank; /* the rank lr came from this step; UINT32_MAX: none yet */
 };
 
 /* Allocates the arrays (zeroed). Returns 0 or APS_ENOMEM. */

@@ -339,3 +339,19 @@ def test_max_job_bytes_counts_weights_and_state(daemon_factory):
         adam.broadcast("x", x)
     adam.close()
     plain.close()
+
+
+def test_learning_rate_is_rank_0s(daemon):
+    cs = clients(daemon, 2, "fp32", "sgd")
+    w0 = np.ones(8, np.float32)
+    held = broadcast(cs, "w", w0)
+    g = np.full(8, 2.0, np.float32)
+    # rank 1 pushes first, with another learning rate: rank 0's is the step's
+    h1 = cs[1].step_async("w", g, held[1], 5.0)
+    time.sleep(0.2)
+    cs[0].step("w", g, held[0], 0.25)
+    h1.wait()
+    np.testing.assert_array_equal(held[0], np.full(8, 0.5, np.float32))
+    np.testing.assert_array_equal(held[1], held[0])
+    for c in cs:
+        c.close()
