@@ -23,7 +23,8 @@
 	X(EMISMATCH, -12, "ranks disagree")                    \
 	X(EBUSY, -13, "resource busy")                         \
 	X(ESYS, -14, "system call failed")                     \
-	X(ECONFIG, -15, "bad configuration")
+	X(ECONFIG, -15, "bad configuration")                   \
+	X(ENOSESSION, -16, "apsd does not know this session")
 
 enum aps_err {
 	APS_OK = 0,

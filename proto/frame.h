@@ -27,8 +27,10 @@
 #define APS_MSG_FLAG_LOWP_SUM    (1u << 1) /* sum in the low-precision format */
 #define APS_MSG_FLAG_POLICY_AUTO (1u << 2) /* HELLO: the automatic precision policy */
 #define APS_MSG_FLAG_UPDATE      (1u << 3) /* optimize mode: PUSH a gradient, RESULT an update */
-#define APS_MSG_FLAGS_KNOWN \
-	(APS_MSG_FLAG_SKIP | APS_MSG_FLAG_LOWP_SUM | APS_MSG_FLAG_POLICY_AUTO | APS_MSG_FLAG_UPDATE)
+#define APS_MSG_FLAG_REJOIN      (1u << 4) /* REGISTER: step is where this rank is */
+#define APS_MSG_FLAGS_KNOWN                                                     \
+	(APS_MSG_FLAG_SKIP | APS_MSG_FLAG_LOWP_SUM | APS_MSG_FLAG_POLICY_AUTO | \
+	 APS_MSG_FLAG_UPDATE | APS_MSG_FLAG_REJOIN)
 
 /* aps_msg.scaling when the sender states no mode (the job's default). */
 #define APS_MSG_SCALING_UNSET (-1)

@@ -213,6 +213,24 @@ static void send_registered(struct aps_server *srv, struct aps_job *job, struct 
 	aps_server_send(srv, &s->peer, &r, NULL);
 }
 
+/*
+ * A REGISTER states the step the rank is at: 0 for a new tensor, more when
+ * workers join a restarted daemon again. Ranks at different steps cannot go
+ * on: one of them got a result the others lost.
+ */
+static void step_mismatch(struct aps_server *srv, struct aps_job *job, const struct aps_tensor *t,
+                          const struct aps_msg *m)
+{
+	char text[APS_MSG_TEXT_MAX + 1];
+
+	srv->counters.bad_state++;
+	snprintf(text, sizeof(text),
+	         "tensor '%.80s': rank %u is at step %llu, the others at step %llu (a result "
+	         "some ranks got was lost, as when apsd restarts mid-round): start the job again",
+	         t->name, m->rank, (unsigned long long)m->step, (unsigned long long)t->round.step);
+	aps_server_error_job(srv, job, APS_EMISMATCH, text);
+}
+
 void aps_handle_register(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m)
 {
 	struct aps_job *job = s->job;
@@ -236,11 +254,17 @@ void aps_handle_register(struct aps_server *srv, struct aps_session *s, const st
 		        (unsigned long long)srv->opts.max_job_bytes);
 		return;
 	}
+	bool rejoin = (m->flags & APS_MSG_FLAG_REJOIN) != 0;
+
+	if (rejoin && t != NULL && m->step != t->round.step && !job->absent[s->rank])
+		return step_mismatch(srv, job, t, m);
 	if (t == NULL) {
 		ret = aps_job_add_tensor(job, m->tensor_name, m->total_count, srv->opts.max_tensors,
 		                         &t);
-		if (ret == 0)
+		if (ret == 0) {
 			init_tensor(job, t, srv->opts.trace, m->format);
+			t->round.step = rejoin ? m->step : 0; /* where workers that rejoin are */
+		}
 		if (ret == 0)
 			ret = aps_optimize_register(srv, job, t);
 		if (ret < 0) {

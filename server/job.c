@@ -30,7 +30,7 @@ struct aps_session *aps_jobs_session(struct aps_jobs *t, const struct aps_peer *
 	if (s == NULL)
 		return NULL;
 	s->peer = *peer;
-	s->fd = -1;
+	s->conn = 0;
 	s->next = t->sessions;
 	t->sessions = s;
 	return s;

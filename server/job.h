@@ -25,7 +25,7 @@ struct aps_job;
 struct aps_session {
 	struct aps_session *next;
 	struct aps_peer peer;
-	int fd;              /* connection of its last message */
+	uint64_t conn;       /* connection of its last message (conns.h) */
 	struct aps_job *job; /* NULL until its HELLO was accepted */
 	uint32_t rank;
 	uint64_t joined_ms, last_seen_ms;

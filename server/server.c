@@ -159,7 +159,7 @@ static bool session_may_send(struct aps_server *srv, struct aps_session *s, cons
 	srv->counters.bad_session++;
 	if (s == NULL || s->job == NULL)
 		aps_server_send_error(
-		        srv, peer, APS_EPROTO, m,
+		        srv, peer, APS_ENOSESSION, m,
 		        "%s from a connection that has not joined (apsd restarted, or "
 		        "no HELLO): rank %u of job '%s' must join again",
 		        aps_msg_type_name(m->type), m->rank, m->job);
@@ -238,7 +238,7 @@ static void on_message(void *ctx, struct aps_inmsg *in)
 		aps_server_send_error(srv, &in->peer, APS_ENOMEM, &m, "out of memory");
 		return;
 	}
-	s->fd = in->fd;
+	s->conn = in->conn;
 	if (s->msgs_in == 0) {
 		s->joined_ms = now_ms(srv);
 		snprintf(s->address, sizeof(s->address), "%s", in->address);
@@ -250,14 +250,14 @@ static void on_message(void *ctx, struct aps_inmsg *in)
 		dispatch(srv, s, &m, in);
 }
 
-static void on_disconnect(void *ctx, int fd)
+static void on_disconnect(void *ctx, uint64_t conn)
 {
 	struct aps_server *srv = ctx;
 	struct aps_session *s = srv->jobs.sessions, *next;
 
 	for (; s != NULL; s = next) {
 		next = s->next;
-		if (s->fd != fd)
+		if (s->conn != conn)
 			continue;
 		if (s->job != NULL)
 			aps_server_rank_gone(srv, s, true, "connection closed");

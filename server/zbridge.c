@@ -8,12 +8,16 @@
  * peer that has gone gives EHOSTUNREACH and the message is counted as
  * unroutable. Nothing is dropped while the socket is open.
  * Disconnects come from a socket monitor as fds; each message carries the fd
- * it arrived on (ZMQ_SRCFD), which is how the caller maps one to the other.
+ * it arrived on (ZMQ_SRCFD). The monitor's accepts and closes, read before
+ * each message is handed up, turn fds into connection ids (conns.h), which
+ * is how the caller maps one to the other; closes are reported once every
+ * message that waited has been handed up (a BYE before its disconnect).
  */
 #include "server/zbridge.h"
 
 #include "common/err.h"
 #include "common/log.h"
+#include "server/conns.h"
 #include "server/zbridge_zap.h"
 
 #include <errno.h>
@@ -57,6 +61,7 @@ struct aps_zbridge {
 	void *ctx;
 	struct aps_zbridge_counters cnt;
 	struct aps_zap *zap; /* NULL without CURVE */
+	struct aps_conns conns;
 };
 
 static void on_idle(uv_idle_t *h);
@@ -122,7 +127,7 @@ static void close_frames(struct frames *f)
 
 static void deliver(struct aps_zbridge *b, struct frames *f)
 {
-	struct aps_inmsg m = { .nframes = f->total - 1, .fd = -1, .priv = f };
+	struct aps_inmsg m = { .nframes = f->total - 1, .priv = f };
 	size_t id_len = zmq_msg_size(&f->part[0]);
 
 	b->cnt.msgs_in++;
@@ -133,7 +138,7 @@ static void deliver(struct aps_zbridge *b, struct frames *f)
 	}
 	m.peer.len = (uint8_t)id_len;
 	memcpy(m.peer.id, zmq_msg_data(&f->part[0]), id_len);
-	m.fd = zmq_msg_get(&f->part[1], ZMQ_SRCFD);
+	m.conn = aps_conns_id(&b->conns, zmq_msg_get(&f->part[1], ZMQ_SRCFD));
 	m.address = zmq_msg_gets(&f->part[1], "Peer-Address");
 	if (m.address == NULL)
 		m.address = "";
@@ -177,7 +182,8 @@ static void schedule_drain(struct aps_zbridge *b)
 		uv_idle_start(&b->idle, on_idle);
 }
 
-static void drain_monitor(struct aps_zbridge *b)
+/* Reads the monitor's events: accepts count at once, closes wait in b->conns. */
+static void read_monitor(struct aps_zbridge *b)
 {
 	struct frames f;
 
@@ -187,11 +193,26 @@ static void drain_monitor(struct aps_zbridge *b)
 		if (f.n >= 1 && zmq_msg_size(&f.part[0]) >= 6) {
 			memcpy(&event, zmq_msg_data(&f.part[0]), sizeof(event));
 			memcpy(&fd, (uint8_t *)zmq_msg_data(&f.part[0]) + 2, sizeof(fd));
-			if (event == ZMQ_EVENT_DISCONNECTED)
-				b->ops.on_disconnect(b->ctx, fd);
+			if (event == ZMQ_EVENT_ACCEPTED)
+				aps_conns_accepted(&b->conns, fd);
+			else if (event == ZMQ_EVENT_DISCONNECTED)
+				aps_conns_closed(&b->conns, fd);
 		}
 		close_frames(&f);
 	}
+}
+
+/* Reports the connections that closed (after the messages that came before). */
+static void report_closed(struct aps_zbridge *b)
+{
+	size_t n;
+	uint64_t *ids;
+
+	read_monitor(b);
+	ids = aps_conns_take_closed(&b->conns, &n);
+	for (size_t i = 0; i < n; i++)
+		b->ops.on_disconnect(b->ctx, ids[i]);
+	free(ids);
 }
 
 /* Drains up to drain_batch messages; re-arms through idle when more may wait. */
@@ -202,12 +223,14 @@ static void drain(struct aps_zbridge *b)
 	/* Messages first: a peer's last ones (a BYE) arrived before its disconnect. */
 	for (int i = 0; i < b->drain_batch; i++) {
 		if (b->router == NULL || !readable(b->router)) {
-			drain_monitor(b);
+			report_closed(b);
 			uv_idle_stop(&b->idle);
 			return;
 		}
 		if (!recv_frames(b->router, &f))
 			continue;
+		/* The accept of this message's connection is in the monitor by now. */
+		read_monitor(b);
 		deliver(b, &f);
 		close_frames(&f);
 	}
@@ -397,7 +420,7 @@ static int open_monitor(struct aps_zbridge *b)
 	char addr[64];
 
 	snprintf(addr, sizeof(addr), "inproc://apsd-monitor-%p", (void *)b);
-	if (zmq_socket_monitor(b->router, addr, ZMQ_EVENT_DISCONNECTED) < 0)
+	if (zmq_socket_monitor(b->router, addr, ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED) < 0)
 		return APS_ECONN;
 	b->monitor = zmq_socket(b->zctx, ZMQ_PAIR);
 	if (b->monitor == NULL || zmq_connect(b->monitor, addr) < 0)
@@ -470,8 +493,10 @@ static void on_handle_closed(uv_handle_t *h)
 {
 	struct aps_zbridge *b = h->data;
 
-	if (--b->open_handles == 0)
+	if (--b->open_handles == 0) {
+		aps_conns_free(&b->conns);
 		free(b);
+	}
 }
 
 static void close_sockets(struct aps_zbridge *b, int linger_ms)

@@ -26,7 +26,7 @@ struct aps_peer {
 /* One received message: identity, header frame, optional payload frame. */
 struct aps_inmsg {
 	struct aps_peer peer;
-	int fd;         /* the connection it came on (-1 if unknown) */
+	uint64_t conn;  /* the connection it came on (conns.h; 0 if unknown) */
 	size_t nframes; /* frames after the identity */
 	const uint8_t *hdr;
 	size_t hdr_len;
@@ -39,8 +39,8 @@ struct aps_inmsg {
 struct aps_zbridge_ops {
 	/* A message; valid until the callback returns unless its payload is taken. */
 	void (*on_message)(void *ctx, struct aps_inmsg *m);
-	/* The connection with this fd closed (peer exited, crashed or timed out). */
-	void (*on_disconnect)(void *ctx, int fd);
+	/* The connection conn closed (peer exited, crashed or timed out). */
+	void (*on_disconnect)(void *ctx, uint64_t conn);
 };
 
 struct aps_zbridge_opts {

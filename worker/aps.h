@@ -141,12 +141,19 @@ struct aps_client_opts {
 	const char *curve_server_key; /* the daemon's Z85 public key: encrypt and authenticate */
 	const char *curve_public_key; /* this worker's Z85 key pair (aps_curve_keypair), */
 	const char *curve_secret_key; /* whose public half is in the daemon's allowlist */
-	const char *optimizer;        /* NULL or "": all-reduce mode. Else optimize mode: the
-	                                 daemon holds the weights and steps this optimizer,
-	                                 "sgd[,momentum=M][,dampening=D][,nesterov=0|1]
-	                                 [,weight_decay=W]" or "adam|adamw[,beta1=B1][,beta2=B2]
-	                                 [,eps=E][,weight_decay=W]" (torch.optim's defaults);
-	                                 every rank of the job names the same one */
+	int32_t rejoin; /* 1: when apsd restarts (or does not know this session), the calls in
+	                   flight fail with APS_ENOSESSION, the client joins the job again and
+	                   registers its tensors at the steps it is at, and later calls go on.
+	                   Ranks whose steps differ (one got a result the others lost) get
+	                   APS_EMISMATCH. 0: APS_ENOSESSION for every later call */
+	const char *optimizer; /* NULL or "": all-reduce mode. Else optimize mode: the
+	                          daemon holds the weights and steps this optimizer,
+	                          "sgd[,momentum=M][,dampening=D][,nesterov=0|1]
+	                          [,weight_decay=W]" or "adam|adamw[,beta1=B1][,beta2=B2]
+	                          [,eps=E][,weight_decay=W]" (torch.optim's defaults);
+	                          every rank of the job names the same one; not with
+	                          rejoin (APS_EINVAL: a restarted apsd resumes the job
+	                          from its checkpoint, the workers restart too) */
 };
 
 /**

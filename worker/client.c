@@ -126,6 +126,11 @@ static int check_opts(const struct aps_client_opts *o, struct aps_format *fmt,
 	if (o->optimizer != NULL && strlen(o->optimizer) > APS_MSG_OPTIM_MAX)
 		return aps_api_fail(APS_EINVAL, "optimizer is longer than %d bytes",
 		                    APS_MSG_OPTIM_MAX);
+	/* The workers' weights would not be what a restarted daemon resumes from its checkpoint. */
+	if (o->optimizer != NULL && o->optimizer[0] != '\0' && o->rejoin)
+		return aps_api_fail(APS_EINVAL,
+		                    "rejoin does not apply to optimize mode: after apsd restarts, "
+		                    "restart the workers (the job resumes from its checkpoint)");
 	return 0;
 }
 
@@ -146,6 +151,7 @@ static void copy_opts(struct aps_client *c, const struct aps_client_opts *o,
 	c->wake_fd = -1;
 	c->policy_auto = o->policy_auto != 0;
 	c->error_feedback = o->error_feedback != 0;
+	c->rejoin = o->rejoin != 0;
 	snprintf(c->rules, sizeof(c->rules), "%s", o->rules != NULL ? o->rules : "");
 	snprintf(c->optimizer, sizeof(c->optimizer), "%s",
 	         o->optimizer != NULL ? o->optimizer : "");
@@ -201,6 +207,7 @@ static int hello(struct aps_client *c, const struct aps_client_opts *o)
 	snprintf(m.optimizer, sizeof(m.optimizer), "%s", c->optimizer);
 	if (o->downlink != NULL && strcmp(o->downlink, "auto") != 0)
 		snprintf(m.format, sizeof(m.format), "%s", o->downlink);
+	c->hello = m; /* said again if apsd restarts (rejoin) */
 	if (aps_client_send(c, &m, NULL, NULL, 0) < 0)
 		return aps_api_fail(APS_ECONN, "cannot send to %s", c->endpoint);
 	return await_welcome(c);

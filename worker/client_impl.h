@@ -115,9 +115,27 @@ struct aps_client {
 	uint32_t n_tensors;
 	uint64_t barrier_step;      /* (I/O thread) */
 	struct aps_request *active; /* sent, waiting for replies (I/O thread) */
+	/* Joining again after apsd restarted (rejoin.c; I/O thread but rejoining: lock). */
+	bool rejoin;            /* the option */
+	bool rejoining;         /* HELLO sent again, queued calls wait */
+	uint32_t reregistering; /* REGISTERED still due */
+	int64_t rejoin_deadline_ms, next_hello_ms;
+	struct aps_msg hello; /* as first sent */
 };
 
 int64_t aps_client_now_ms(void);
+
+/* Fails every request in flight (I/O thread); with fatal, every later one too. */
+void aps_client_fail_all(struct aps_client *c, int code, const char *text, bool fatal);
+
+/* rejoin.c: apsd lost this session (why); starts joining again. */
+void aps_rejoin_begin(struct aps_client *c, const char *why);
+/* rejoin.c: true when an ERROR was about joining again (and is handled). */
+bool aps_rejoin_on_error(struct aps_client *c, const struct aps_msg *m);
+/* rejoin.c: a WELCOME or an unasked REGISTERED while joining again. */
+void aps_rejoin_on_message(struct aps_client *c, const struct aps_msg *m);
+/* rejoin.c: resends HELLO, gives up at the deadline; ms until it is due again. */
+int aps_rejoin_timers(struct aps_client *c, int64_t now);
 
 /* The client may be used by this call: not NULL, not forked. */
 int aps_client_check(const struct aps_client *c);

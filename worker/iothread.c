@@ -54,7 +54,7 @@ static void finish(struct aps_client *c, struct aps_request *r, int result, cons
 }
 
 /* Fails every active request; with none, a job-wide error waits for the next call. */
-static void fail_all(struct aps_client *c, int code, const char *text, bool fatal)
+void aps_client_fail_all(struct aps_client *c, int code, const char *text, bool fatal)
 {
 	pthread_mutex_lock(&c->lock);
 	if (fatal && c->fatal == 0) {
@@ -205,8 +205,9 @@ static bool start_new(struct aps_client *c)
 	bool stopping, exchange;
 
 	pthread_mutex_lock(&c->lock);
-	r = c->queue;
-	c->queue = NULL;
+	r = c->rejoining ? NULL : c->queue; /* calls wait while the client joins again */
+	if (r != NULL)
+		c->queue = NULL;
 	stopping = c->stopping;
 	/* A job-wide error that came while these were queued is theirs. */
 	for (; r != NULL && c->pending < 0; r = next) {
@@ -235,7 +236,7 @@ static bool start_new(struct aps_client *c)
 		batch[n++] = r;
 	}
 	if (n > 0 && send_exponents(c, batch, n) < 0)
-		fail_all(c, APS_ECONN, "send to the daemon failed", false);
+		aps_client_fail_all(c, APS_ECONN, "send to the daemon failed", false);
 	free(batch);
 	return !stopping;
 }
@@ -274,6 +275,8 @@ static void on_registered(struct aps_client *c, const struct aps_msg *m)
 
 	while (r != NULL && !(r->kind == REQ_REGISTER && strcmp(r->name, m->tensor_name) == 0))
 		r = r->next;
+	if (r == NULL && c->rejoining)
+		return aps_rejoin_on_message(c, m);
 	if (r == NULL)
 		return resync_step(c, m);
 	pthread_mutex_lock(&c->lock);
@@ -444,12 +447,15 @@ static void on_error(struct aps_client *c, const struct aps_msg *m)
 {
 	struct aps_request *r = NULL;
 
+	if (aps_rejoin_on_error(c, m))
+		return;
+
 	if (m->error_code != APS_EPEERLOST && m->error_code != APS_EMISMATCH)
 		r = about(c, m);
 	if (r != NULL)
 		finish(c, r, m->error_code, m->error_text);
 	else
-		fail_all(c, m->error_code, m->error_text, false);
+		aps_client_fail_all(c, m->error_code, m->error_text, false);
 }
 
 static void on_message(struct aps_client *c, const struct aps_msg *m)
@@ -481,7 +487,13 @@ static void on_message(struct aps_client *c, const struct aps_msg *m)
 		on_error(c, m);
 		break;
 	case APS_MSG_BYE:
-		fail_all(c, APS_ECONN, "apsd is shutting down", true);
+		if (c->rejoin)
+			aps_rejoin_begin(c, "apsd is shutting down");
+		else
+			aps_client_fail_all(c, APS_ECONN, "apsd is shutting down", true);
+		break;
+	case APS_MSG_WELCOME:
+		aps_rejoin_on_message(c, m);
 		break;
 	default:
 		aps_client_log(c, 3, "ignored a %s", aps_msg_type_name(m->type));
@@ -557,6 +569,10 @@ static int run_timers(struct aps_client *c)
 		next = r->deadline_ms < next ? r->deadline_ms : next;
 		next = r->next_heartbeat_ms < next ? r->next_heartbeat_ms : next;
 	}
+	if (c->rejoining) {
+		int64_t due = now + aps_rejoin_timers(c, now);
+		next = due < next ? due : next;
+	}
 	return next > now ? (int)(next - now) : 0;
 }
 
@@ -568,7 +584,7 @@ void *aps_client_io_main(void *arg)
 	while (start_new(c)) {
 		int ready = aps_transport_poll(c->tr, c->wake_fd, run_timers(c));
 		if (ready < 0) {
-			fail_all(c, APS_ECONN, "the connection to apsd failed", true);
+			aps_client_fail_all(c, APS_ECONN, "the connection to apsd failed", true);
 			break;
 		}
 		if (ready & APS_TRANSPORT_WOKEN && read(c->wake_fd, &wakeups, sizeof(wakeups)) < 0)
@@ -576,6 +592,6 @@ void *aps_client_io_main(void *arg)
 		if (ready & APS_TRANSPORT_READABLE)
 			receive_all(c);
 	}
-	fail_all(c, APS_ECLOSED, "the client was closed", true);
+	aps_client_fail_all(c, APS_ECLOSED, "the client was closed", true);
 	return NULL;
 }

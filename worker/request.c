@@ -310,7 +310,7 @@ int aps_client_tensor_updates(aps_client *c, uint32_t tensor_id, uint64_t *updat
 int aps_client_broadcast_start(aps_client *c, uint32_t tensor_id, float *buf, uint64_t count,
                                int32_t timeout_ms, aps_request **out)
 {
-	struct aps_request *r;
+	struct aps_request *r = NULL; /* set by data_request when it returns 0 */
 	int ret;
 
 	if (out == NULL)

@@ -30,6 +30,7 @@ struct args {
 	bool ef;              /* error feedback; mode "drift" measures what it buys */
 	int wide;             /* this tensor's values spread over 24 binades (-1: none) */
 	bool async;           /* start every tensor of a step, then wait in reverse */
+	bool rejoin;          /* join again after apsd restarts; redo the step that failed */
 	uint64_t chunk_elems; /* the daemon's chunk_bytes / 4 (0: one chunk) */
 	uint64_t seed;
 	uint64_t sizes[16];
@@ -258,7 +259,13 @@ static int sync_step(const struct args *a, aps_client *c, int s, const uint32_t 
 
 	for (int t = 0; t < a->n_sizes; t++) {
 		prepare(a, s, t, xs[t]);
-		if ((ret = aps_client_allreduce(c, ids[t], xs[t], a->sizes[t], a->timeout_ms)) < 0)
+		ret = aps_client_allreduce(c, ids[t], xs[t], a->sizes[t], a->timeout_ms);
+		if (ret == APS_ENOSESSION && a->rejoin) {
+			printf("rejoined step=%d tensor=%d\n", s, t); /* the tensor again */
+			t--;
+			continue;
+		}
+		if (ret < 0)
 			return fail(ret);
 		if ((ret = check_one(a, s, t, xs[t], want, tmp, codes)) != 0)
 			return ret;
@@ -392,6 +399,8 @@ static int parse(struct args *a, int argc, char **argv)
 			a->lowp = atoi(v) != 0;
 		else if (!strcmp(k, "--async"))
 			a->async = atoi(v) != 0;
+		else if (!strcmp(k, "--rejoin"))
+			a->rejoin = atoi(v) != 0;
 		else if (!strcmp(k, "--policy"))
 			a->policy = atoi(v) != 0;
 		else if (!strcmp(k, "--unchecked"))
@@ -435,6 +444,7 @@ int main(int argc, char **argv)
 	o.curve_public_key = getenv("APS_CURVE_PUBLIC_KEY");
 	o.curve_secret_key = getenv("APS_CURVE_SECRET_KEY");
 	o.error_feedback = a.ef;
+	o.rejoin = a.rejoin;
 	if ((ret = aps_client_new(&c, &o)) < 0)
 		return fail(ret);
 	ret = run(&a, c);

@@ -129,6 +129,27 @@ def test_job_byte_budget_refuses_the_tensor_past_it(daemon_factory):
     assert_all_ok(run_workers(d.endpoint, 1, [4096, 12288], steps=1, job="fits"), 1, 2)
 
 
+def test_a_new_connection_on_a_reused_descriptor_keeps_its_session(daemon):
+    # Short one-rank jobs, 8 at a time: the kernel hands a closed connection's
+    # descriptor to the next one at once, and the close of the old one may be
+    # read after the new one's HELLO. That close must not end the new session
+    # (it did, for about 1 worker in 250, when sessions were matched by fd).
+    import concurrent.futures
+
+    def loop(k):
+        bad = []
+        for i in range(40):
+            p = start_worker(daemon.endpoint, 0, 1, [7], steps=2, job=f"short{k}-{i}",
+                             timeout_ms=5000)
+            out, _ = p.communicate(timeout=30)
+            if p.returncode != 0:
+                bad.append(out)
+        return bad
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        bad = [out for outs in pool.map(loop, range(8)) for out in outs]
+    assert not bad, f"{len(bad)} of 320 workers failed: {bad[:3]}"
+
+
 def test_timeout_names_the_missing_rank(daemon):
     procs = [start_worker(daemon.endpoint, r, 2, [7], steps=1, timeout_ms=1500,
                           sleep_ms=(6000 if r == 1 else 0)) for r in range(2)]

@@ -5,8 +5,9 @@ What runs (all real processes on loopback):
 - one apsd, with a stats socket;
 - JOBS jobs of RANKS workers each (tests/integration/itest_worker, which checks
   every result bit for bit against its own computation of the exact mean and
-  exits 1 on a mismatch); job 0 sends e4m3 one tensor at a time, job 1 e5m2
-  with every tensor of a step in flight at once;
+  exits 1 on a mismatch); job 0 sends e4m3 one tensor at a time with the
+  client option rejoin (it goes on across daemon restarts, redoing the call
+  that failed), job 1 e5m2 with every tensor of a step in flight at once;
 - a rogue peer (tests/soak/rogue) sending garbage, truncated and bit-flipped
   messages, bad CRCs, extra frames, pushes without HELLO and HELLOs that do
   not match, all the time.
@@ -112,6 +113,8 @@ class Job:
         self.procs = []
         self.killed = None  # (rank, time) of our kill -9 in this incarnation
         self.restarted_daemon = None  # time of a daemon restart in this incarnation
+        self.rejoin = index % 2 == 0  # job 0's workers join a restarted daemon again
+        self.survival = []  # (incarnation, time) of each restart, for the rejoin job
 
     @property
     def name(self):
@@ -121,7 +124,8 @@ class Job:
         self.incarnation += 1
         self.killed = self.restarted_daemon = None
         self.started = time.monotonic()
-        fmt, extra = ("e4m3", []) if self.index % 2 == 0 else ("e5m2", ["--async", "1"])
+        fmt, extra = ("e4m3", ["--rejoin", "1"]) if self.rejoin else \
+            ("e5m2", ["--async", "1"])
         self.procs = []
         for rank in range(self.args.ranks):
             out = open(os.path.join(self.tmp, f"{self.name}.{rank}.out"), "w+")
@@ -159,6 +163,8 @@ class Job:
             self.report["detect_s"].append(round(ended - self.killed[1], 3))
         elif self.restarted_daemon is not None:
             self.report["daemon_restart_s"].append(round(ended - self.restarted_daemon, 3))
+            if self.rejoin:  # it could not go on: ranks at different steps, said clearly
+                self.report["rejoin_refused"] += 1
         else:
             self.report["unprovoked_failures"] += 1
         self.start()
@@ -168,9 +174,10 @@ class Job:
         text = out.read()
         out.close()
         self.report["results_verified"] += text.count("ok step=")
+        self.report["calls_redone"] += text.count("rejoined step=")
         if rank == 0:
             self.report["rounds"] += text.count("ok step=")
-        if code == 1 or "MISMATCH" in text or "OVERFLOW" in text:
+        if code == 1 or "MISMATCH step=" in text or "OVERFLOW" in text:
             self.report["wrong_results"] += 1
             self.report["wrong_samples"].append(text[-400:])
         for name in ERROR_NAME.findall(text):
@@ -194,6 +201,7 @@ def run(args):
     report = {"seconds": args.seconds, "jobs": args.jobs, "ranks_per_job": args.ranks,
               "rounds": 0, "results_verified": 0, "wrong_results": 0, "wrong_samples": [],
               "hung_workers": 0, "unprovoked_failures": 0, "lost_rank_misnamed": 0,
+              "restarts_survived": 0, "rejoin_refused": 0, "calls_redone": 0,
               "faults": {"worker_kill9": 0, "daemon_sigterm": 0, "daemon_sigkill": 0},
               "errors": {}, "detect_s": [], "daemon_restart_s": [], "rogue": [],
               "rss_kib": [], "tmp": tmp}
@@ -212,7 +220,10 @@ def run(args):
         n = 0
         while not stop_rogue.is_set():
             n += 1
-            names = [j.name for j in jobs]
+            # Not the rejoin job's name: after a restart, whoever says HELLO first
+            # creates the job, and a rogue HELLO with another world size would
+            # take it (apsd without CURVE lets anyone in; CURVE is the answer).
+            names = [j.name for j in jobs if not j.rejoin]
             r = subprocess.run([str(build / "tests" / "soak" / "rogue"), endpoint, "3",
                                 str(args.seed * 1000 + n), *names],
                                capture_output=True, text=True, timeout=30)
@@ -232,14 +243,22 @@ def run(args):
             report["faults"]["daemon_" + sig.name.lower()] += 1
             for job in jobs:
                 job.restarted_daemon = time.monotonic()
+                if job.rejoin:
+                    job.survival.append((job.incarnation, job.restarted_daemon))
             daemon.start()
             report["rss_kib"] = []
         elif now >= next_kill:
             next_kill = now + args.kill_every
-            candidates = [j for j in jobs if j.killed is None and j.restarted_daemon is None
-                          and now - j.started > 1.0]
+            candidates = [j for j in jobs if j.killed is None and now - j.started > 1.0 and
+                          (j.restarted_daemon is None or
+                           j.rejoin and now - j.restarted_daemon > 3.0)]
             if candidates:
                 rng.choice(candidates).kill_one(rng)
+        for job in jobs:  # did the rejoin job go on across the restart?
+            for inc, when in [x for x in job.survival if now - x[1] > 3.0]:
+                job.survival.remove((inc, when))
+                if job.incarnation == inc:
+                    report["restarts_survived"] += 1
         rss = rss_kib(daemon.proc.pid)
         if rss is not None:
             report["rss_kib"].append((round(now - daemon.started, 1), rss))
@@ -291,6 +310,7 @@ def summarize(args, report):
         "daemon restarts noticed within a deadline":
             all(t <= args.timeout_ms / 1000 + 2 for t in report["daemon_restart_s"]),
         "rogue answered with errors": rogue_errors > 0,
+        "the rejoin job went on across a daemon restart": report["restarts_survived"] >= 1,
         "daemon ends with exit 0": report["final_exit"] == 0,
     }
     if not args.no_rss_check:
@@ -314,6 +334,9 @@ def summarize(args, report):
     if report["daemon_restart_s"]:
         print(f"| daemon restart to the job's end, max (s) | "
               f"{max(report['daemon_restart_s']):.2f} |")
+    print(f"| job 0 (rejoin): restarts it went on across / ended with APS_EMISMATCH | "
+          f"{report['restarts_survived']} / {report['rejoin_refused']} |")
+    print(f"| calls redone after a restart (APS_ENOSESSION) | {report['calls_redone']} |")
     print(f"| failures with no injected cause | {report['unprovoked_failures']} |")
     print(f"| errors seen by workers | {json.dumps(report['errors'], sort_keys=True)} |")
     print(f"| apsd RSS after warm-up / at the end (KiB) | {rss0} / {rss1} "

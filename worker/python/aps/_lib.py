@@ -78,6 +78,7 @@ class ClientOpts(ctypes.Structure):
         ("curve_server_key", ctypes.c_char_p),
         ("curve_public_key", ctypes.c_char_p),
         ("curve_secret_key", ctypes.c_char_p),
+        ("rejoin", ctypes.c_int32),
         ("optimizer", ctypes.c_char_p),
     ]
 

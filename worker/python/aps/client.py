@@ -73,6 +73,9 @@ class Client:
     error_feedback=True carries what quantization lost into the next step.
     trace="file.json" writes a Chrome-trace timeline of every call. CURVE keys
     (Z85 strings, see `apsctl keygen`) encrypt and authenticate the connection.
+    rejoin=True: when apsd restarts, the calls in flight raise aps.Error
+    APS_ENOSESSION (nothing of them was delivered), the client joins the job
+    again at the steps it is at, and later calls go on (docs/RELIABILITY.md).
 
     optimizer="sgd,momentum=0.9" (or "adam,beta2=0.99", "adamw,...") joins the
     job in optimize mode: the daemon holds the fp32 weights, initialised by
@@ -87,7 +90,8 @@ class Client:
     def __init__(self, endpoint, rank, world_size, format="e4m3", scaling="local",
                  job="default", downlink=None, timeout_ms=60000, policy=None, rules=None,
                  error_feedback=False, trace=None, curve_server_key=None,
-                 curve_public_key=None, curve_secret_key=None, optimizer=None):
+                 curve_public_key=None, curve_secret_key=None, rejoin=False,
+                 optimizer=None):
         if scaling not in _SCALING:
             raise ValueError(f"scaling must be one of {sorted(_SCALING)}, not {scaling!r}")
         if policy not in (None, "auto"):
@@ -108,6 +112,7 @@ class Client:
          opts.optimizer) = self._strings
         opts.policy_auto = 1 if policy == "auto" else 0
         opts.error_feedback = 1 if error_feedback else 0
+        opts.rejoin = 1 if rejoin else 0
         opts.rank = _check_int(rank, "rank")
         opts.world_size = _check_int(world_size, "world_size")
         if opts.rank != rank or opts.world_size != world_size:

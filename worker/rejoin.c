@@ -1,0 +1,165 @@
+/*
+ * Joining the job again after apsd restarted (opts.rejoin), on the I/O thread.
+ *
+ * A daemon that restarted does not know this connection: it answers every
+ * message with APS_ENOSESSION (or said BYE when it stopped). Then the calls
+ * in flight fail with APS_ENOSESSION (nothing of their step was delivered),
+ * calls queued meanwhile wait, and the client says its first HELLO again,
+ * once per heartbeat until WELCOME or the call deadline. After WELCOME it
+ * registers every tensor it had, in id order, each flagged REJOIN with the
+ * step it is at: the daemon creates the tensors at those steps, and ranks at
+ * different steps (a result some of them got was lost) get APS_EMISMATCH.
+ * When every REGISTERED is back, the waiting calls go.
+ *
+ * Tensor ids are the daemon's: ranks that registered the same tensors in the
+ * same order get the same ids back. Ids that differ end the client
+ * (APS_EMISMATCH), as its callers hold the old ones.
+ */
+#include "worker/client_impl.h"
+
+#include "common/err.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+static void finish_rejoin(struct aps_client *c)
+{
+	pthread_mutex_lock(&c->lock);
+	c->rejoining = false;
+	pthread_mutex_unlock(&c->lock);
+	aps_client_log(c, 2, "joined job '%s' again as rank %u", c->job, c->rank);
+	/* Wake the loop: queued calls go now. */
+	uint64_t one = 1;
+	if (write(c->wake_fd, &one, sizeof(one)) < 0)
+		aps_client_log(c, 1, "cannot wake the I/O thread");
+}
+
+void aps_rejoin_begin(struct aps_client *c, const char *why)
+{
+	char text[APS_CLIENT_ERROR_MAX];
+
+	if (c->rejoining)
+		return;
+	snprintf(text, sizeof(text),
+	         "%.200s: nothing of this call was delivered; the client joins the job again", why);
+	aps_client_log(c, 1, "%s", text);
+	/* Only the calls in flight fail: with none, nothing was lost. */
+	pthread_mutex_lock(&c->lock);
+	bool any = c->active != NULL;
+	pthread_mutex_unlock(&c->lock);
+	if (any)
+		aps_client_fail_all(c, APS_ENOSESSION, text, false);
+	pthread_mutex_lock(&c->lock);
+	c->rejoining = true;
+	pthread_mutex_unlock(&c->lock);
+	c->reregistering = 0;
+	c->rejoin_deadline_ms = aps_client_now_ms() + c->timeout_ms;
+	c->next_hello_ms = 0; /* now */
+}
+
+int aps_rejoin_timers(struct aps_client *c, int64_t now)
+{
+	char text[APS_CLIENT_ERROR_MAX];
+
+	if (now >= c->rejoin_deadline_ms) {
+		snprintf(
+		        text, sizeof(text),
+		        "apsd at %.120s did not take job '%.64s' back within %d ms after it restarted",
+		        c->endpoint, c->job, c->timeout_ms);
+		pthread_mutex_lock(&c->lock);
+		c->rejoining = false;
+		pthread_mutex_unlock(&c->lock);
+		aps_client_fail_all(c, APS_ECONN, text, true);
+		return 0;
+	}
+	if (c->reregistering == 0 && now >= c->next_hello_ms) {
+		struct aps_msg hello = c->hello;
+		aps_client_send(c, &hello, NULL, NULL, 0);
+		c->next_hello_ms = now + c->heartbeat_ms;
+	}
+	int64_t next = c->reregistering == 0 && c->next_hello_ms < c->rejoin_deadline_ms
+	                       ? c->next_hello_ms
+	                       : c->rejoin_deadline_ms;
+	return next > now ? (int)(next - now) : 0;
+}
+
+/* After WELCOME: every tensor again, at the step this rank is at. */
+static void reregister(struct aps_client *c, const struct aps_msg *welcome)
+{
+	c->barrier_step = welcome->step;
+	c->reregistering = 0;
+	for (uint32_t id = 0; id < c->n_tensors; id++) {
+		const struct client_tensor *t = &c->tensors[id];
+		struct aps_msg m;
+		if (t->count == 0)
+			continue;
+		aps_client_msg(c, &m, APS_MSG_REGISTER);
+		snprintf(m.tensor_name, sizeof(m.tensor_name), "%s", t->name);
+		m.total_count = t->count;
+		snprintf(m.format, sizeof(m.format), "%s", t->format.name);
+		m.step = t->step;
+		m.flags = APS_MSG_FLAG_REJOIN;
+		if (aps_client_send(c, &m, NULL, NULL, 0) == 0)
+			c->reregistering++;
+	}
+	if (c->reregistering == 0)
+		finish_rejoin(c);
+}
+
+/* A REGISTERED of reregister(): the same id, and the step apsd has. */
+static void registered_again(struct aps_client *c, const struct aps_msg *m)
+{
+	char text[APS_CLIENT_ERROR_MAX];
+	struct client_tensor *t = m->tensor_id < c->n_tensors ? &c->tensors[m->tensor_id] : NULL;
+
+	if (t == NULL || strcmp(t->name, m->tensor_name) != 0) {
+		snprintf(text, sizeof(text),
+		         "joining again: apsd gave tensor '%.80s' id %u, which this client knows "
+		         "by another name: ranks registered different tensors; start the job again",
+		         m->tensor_name, m->tensor_id);
+		aps_client_fail_all(c, APS_EMISMATCH, text, true);
+		return;
+	}
+	pthread_mutex_lock(&c->lock);
+	t->step = m->step;
+	t->chunk_elems = m->chunk_count ? m->chunk_count : m->total_count;
+	pthread_mutex_unlock(&c->lock);
+	if (c->reregistering > 0 && --c->reregistering == 0)
+		finish_rejoin(c);
+}
+
+bool aps_rejoin_on_error(struct aps_client *c, const struct aps_msg *m)
+{
+	char text[APS_CLIENT_ERROR_MAX];
+
+	if (!c->rejoin)
+		return false;
+	if (m->error_code == APS_ENOSESSION) {
+		aps_rejoin_begin(c, m->error_text);
+		return true;
+	}
+	/* A HELLO said twice (no WELCOME within a heartbeat): the first one was enough. */
+	if (m->about_type == APS_MSG_HELLO && m->error_code == APS_EPROTO &&
+	    (!c->rejoining || c->reregistering > 0))
+		return true;
+	if (!c->rejoining)
+		return false;
+	/* The job refused this rank back (steps or options differ): for good. */
+	snprintf(text, sizeof(text), "joining again: %.200s", m->error_text);
+	pthread_mutex_lock(&c->lock);
+	c->rejoining = false;
+	pthread_mutex_unlock(&c->lock);
+	aps_client_fail_all(c, m->error_code, text, true);
+	return true;
+}
+
+void aps_rejoin_on_message(struct aps_client *c, const struct aps_msg *m)
+{
+	if (!c->rejoining)
+		return;
+	if (m->type == APS_MSG_WELCOME && c->reregistering == 0)
+		reregister(c, m);
+	else if (m->type == APS_MSG_REGISTERED)
+		registered_again(c, m);
+}
