@@ -83,9 +83,6 @@ def test_server_optimizer_stays_near_the_master_in_e4m3(apsd):
 
 def test_server_optimizer_checks_its_arguments(apsd):
     model = make_model()
-    # Both clients stay open to the end: a connection opened right after another closed
-    # may reuse its fd and be taken for it by the daemon's late disconnect event (a
-    # known defect of fd-matched disconnects, not of optimize mode).
     plain = aps.Client(apsd, 0, 1, job="plain")
     client = aps.Client(apsd, 0, 1, job="opt", optimizer="sgd,momentum=0.9")
     with pytest.raises(ValueError, match="all-reduce mode"):
