@@ -331,8 +331,12 @@ static int run(const struct args *a, aps_client *c)
 	for (int t = 0; t < a->n_sizes; t++) {
 		char name[32];
 		snprintf(name, sizeof(name), "layer%d.weight", t);
-		if ((ret = aps_client_register(c, name, a->sizes[t], &ids[t])) < 0)
+		if ((ret = aps_client_register(c, name, a->sizes[t], &ids[t])) < 0) {
+			/* e.g. apsd restarted (soak): under ASan a leak here would exit 1 */
+			for (int u = 0; u < t; u++)
+				free(xs[u]);
 			return fail(ret);
+		}
 		max = a->sizes[t] > max ? a->sizes[t] : max;
 		xs[t] = malloc(a->sizes[t] * sizeof(float));
 	}
