@@ -195,8 +195,9 @@ static void adam(const struct aps_optim_config *c, float *w, const float *g, flo
 {
 	float *m = state[0], *v = state[1];
 	const bool decoupled = c->kind == APS_OPTIM_ADAMW;
+	/* Branch-free, so that the loop vectorizes: adding 0 * w, scaling by 1 change nothing. */
 	const float wd = decoupled ? 0.0f : c->weight_decay;
-	const float decay = (float)(1.0 - (double)lr * c->weight_decay);
+	const float decay = decoupled ? (float)(1.0 - (double)lr * c->weight_decay) : 1.0f;
 	const float b1 = c->beta1, b2 = c->beta2;
 	const float a1 = (float)(1.0 - c->beta1), a2 = (float)(1.0 - c->beta2);
 	const double bc1 = 1.0 - pow(c->beta1, (double)t), bc2 = 1.0 - pow(c->beta2, (double)t);
@@ -204,9 +205,8 @@ static void adam(const struct aps_optim_config *c, float *w, const float *g, flo
 	const float eps = c->eps;
 
 	for (size_t i = 0; i < n; i++) {
-		float gi = wd != 0 ? g[i] + wd * w[i] : g[i];
-		if (decoupled)
-			w[i] = w[i] * decay;
+		float gi = g[i] + wd * w[i];
+		w[i] = w[i] * decay;
 		m[i] = m[i] * b1 + a1 * gi;
 		v[i] = v[i] * b2 + a2 * (gi * gi);
 		w[i] = w[i] + neg_step * (m[i] / (sqrtf(v[i]) / bc2_sqrt + eps));
