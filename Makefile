@@ -61,6 +61,16 @@ bench: build
 bench-allreduce: build
 	$(PYTHON) tests/bench/bench_allreduce.py --build $(BUILD)
 
+# All-reduce on emulated clusters (network namespaces shaped with tc, as root): apsd with
+# 1, 2, 4 shards in fp32/e5m2/e4m3/e3m0 against gloo at 1 and 10 Gbit/s (~15 min;
+# bench-cluster-quick ~2 min; docs/PERFORMANCE.md). Not part of `make test` or `make bench`.
+.PHONY: bench-cluster bench-cluster-quick
+bench-cluster: build
+	$(PYTHON) tests/bench/bench_cluster.py --build $(BUILD)
+
+bench-cluster-quick: build
+	$(PYTHON) tests/bench/bench_cluster.py --build $(BUILD) --quick
+
 install: build
 	meson install -C $(BUILD)
 

@@ -131,6 +131,13 @@ void aps_handle_hello(struct aps_server *srv, struct aps_session *s, const struc
 		         m->rank, aps_scaling_name((enum aps_scaling)m->scaling));
 		return refuse_hello(srv, s, m, APS_EMISMATCH, why);
 	}
+	if (job != NULL && job->departed[0] != '\0') {
+		snprintf(why, sizeof(why),
+		         "job '%.40s' cannot go on (%.100s); it ends when its last rank leaves: "
+		         "use another job name, or wait",
+		         m->job, job->departed);
+		return refuse_hello(srv, s, m, APS_EBUSY, why);
+	}
 	holder = job != NULL ? job->ranks[m->rank] : NULL;
 	if (holder != NULL) {
 		snprintf(why, sizeof(why), "rank %u of job '%s' is held by a live session", m->rank,
@@ -551,11 +558,12 @@ static void try_finish_barrier(struct aps_server *srv, struct aps_job *job)
 		r.step = job->barrier_step;
 		if (job->ranks[rank] == NULL)
 			continue;
-		aps_server_send(srv, &job->ranks[rank]->peer, &r, NULL);
+		/* A rank that is back learns its tensors' steps before the barrier returns. */
 		if (job->absent[rank]) {
 			job->absent[rank] = false;
 			send_steps(srv, job, job->ranks[rank]);
 		}
+		aps_server_send(srv, &job->ranks[rank]->peer, &r, NULL);
 	}
 	memset(job->barrier_has, 0, job->world_size * sizeof(*job->barrier_has));
 	job->barrier_arrived = 0;

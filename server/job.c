@@ -224,6 +224,22 @@ bool aps_job_busy(const struct aps_job *job)
 	return false;
 }
 
+void aps_job_forget_rank(struct aps_job *job, uint32_t rank)
+{
+	if (job->barrier_has[rank]) {
+		job->barrier_has[rank] = false;
+		job->barrier_arrived--;
+	}
+	/* Its exponent stays in exp_max: a larger max only lowers k (never an overflow). */
+	for (uint32_t i = 0; i < job->n_tensors; i++) {
+		struct aps_tensor *t = job->tensors[i];
+		if (t->exp_has[rank]) {
+			t->exp_has[rank] = false;
+			t->exp_arrived--;
+		}
+	}
+}
+
 uint32_t aps_job_members(const struct aps_job *job)
 {
 	uint32_t n = 0;

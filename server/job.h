@@ -125,6 +125,11 @@ void aps_jobs_free_all(struct aps_jobs *t);
 
 /* Live ranks of a job. */
 uint32_t aps_job_connected(const struct aps_job *job);
+/*
+ * An elastic job's rank was lost: its place in the open barrier and exponent
+ * exchanges is cleared, so that it can enter them again when it is back.
+ */
+void aps_job_forget_rank(struct aps_job *job, uint32_t rank);
 /* Ranks that take part in the job's rounds (all but the absent ones). */
 uint32_t aps_job_members(const struct aps_job *job);
 

@@ -99,6 +99,7 @@ void aps_server_rank_gone(struct aps_server *srv, struct aps_session *s, bool lo
 	if (job->elastic && aps_job_connected(job) > 0) {
 		/* The job goes on without it; rounds that waited for it finish now. */
 		job->absent[s->rank] = true;
+		aps_job_forget_rank(job, s->rank);
 		aps_log_info("server", "job shrinks job=%s members=%u", job->name,
 		             aps_job_members(job));
 		aps_job_recheck(srv, job);
@@ -238,8 +239,9 @@ static void on_message(void *ctx, struct aps_inmsg *in)
 		aps_server_send_error(srv, &in->peer, APS_ENOMEM, &m, "out of memory");
 		return;
 	}
-	s->conn = in->conn;
 	if (s->msgs_in == 0) {
+		/* A session is one connection (ZeroMQ gives each its own routing id). */
+		s->conn = in->conn;
 		s->joined_ms = now_ms(srv);
 		snprintf(s->address, sizeof(s->address), "%s", in->address);
 	}

@@ -118,7 +118,9 @@ typedef void (*aps_log_fn)(void *ctx, int level, const char *line);
 
 /** Options of aps_client_new; aps_client_opts_init sets the defaults. */
 struct aps_client_opts {
-	const char *endpoint; /* default "tcp://127.0.0.1:5555" */
+	const char *endpoint; /* default "tcp://127.0.0.1:5555"; several, comma-separated
+	                         ("tcp://a:5555,tcp://b:5555"): one apsd shard each, see
+	                         partition_bytes */
 	const char *job;      /* default "default" */
 	uint32_t rank;        /* 0 <= rank < world_size */
 	uint32_t world_size;  /* ranks in the job, >= 1 */
@@ -141,19 +143,27 @@ struct aps_client_opts {
 	const char *curve_server_key; /* the daemon's Z85 public key: encrypt and authenticate */
 	const char *curve_public_key; /* this worker's Z85 key pair (aps_curve_keypair), */
 	const char *curve_secret_key; /* whose public half is in the daemon's allowlist */
-	int32_t rejoin; /* 1: when apsd restarts (or does not know this session), the calls in
-	                   flight fail with APS_ENOSESSION, the client joins the job again and
-	                   registers its tensors at the steps it is at, and later calls go on.
-	                   Ranks whose steps differ (one got a result the others lost) get
-	                   APS_EMISMATCH. 0: APS_ENOSESSION for every later call */
-	const char *optimizer; /* NULL or "": all-reduce mode. Else optimize mode: the
-	                          daemon holds the weights and steps this optimizer,
-	                          "sgd[,momentum=M][,dampening=D][,nesterov=0|1]
-	                          [,weight_decay=W]" or "adam|adamw[,beta1=B1][,beta2=B2]
-	                          [,eps=E][,weight_decay=W]" (torch.optim's defaults);
-	                          every rank of the job names the same one; not with
-	                          rejoin (APS_EINVAL: a restarted apsd resumes the job
-	                          from its checkpoint, the workers restart too) */
+	int32_t rejoin; /* 1: when apsd restarts (or does not know this session), the client
+	                   joins the job again, registers its tensors at the steps it is at,
+	                   and sends the calls in flight again: they complete. Ranks whose
+	                   steps differ (a result reached some of them only) get
+	                   APS_EMISMATCH. 0: APS_ENOSESSION (or APS_ECONN after a BYE) */
+	uint64_t partition_bytes; /* several shards: tensors above this many fp32 bytes are cut
+	                             into partitions of this size, and partitions and smaller
+	                             tensors go to the shard with the fewest bytes so far, in
+	                             the order of registration (every rank must register in the
+	                             same order). Keep it a multiple of the daemons'
+	                             chunk_bytes for results bit-identical to one daemon.
+	                             0: 4 MiB (apsd's default chunk_bytes) */
+	const char *optimizer;    /* NULL or "": all-reduce mode. Else optimize mode: the
+	                             daemon holds the weights and steps this optimizer,
+	                             "sgd[,momentum=M][,dampening=D][,nesterov=0|1]
+	                             [,weight_decay=W]" or "adam|adamw[,beta1=B1][,beta2=B2]
+	                             [,eps=E][,weight_decay=W]" (torch.optim's defaults);
+	                             every rank of the job names the same one. One daemon
+	                             (no shards) and not with rejoin: APS_EINVAL (a
+	                             restarted apsd resumes the job from its checkpoint, the
+	                             workers restart too) */
 };
 
 /**
@@ -169,7 +179,8 @@ void aps_client_opts_init(struct aps_client_opts *o);
 size_t aps_client_opts_size(void);
 
 /**
- * Joins the job: connects, says HELLO and waits for the daemon's WELCOME.
+ * Joins the job: connects, says HELLO and waits for the daemon's WELCOME
+ * (with several endpoints: joins the job on every shard, in list order).
  * On success *out owns a client to free with aps_client_close. Returns 0,
  * APS_EINVAL, APS_EFORMAT, APS_ETIMEDOUT (no daemon answered), APS_EBUSY (the
  * rank is held by a live session), APS_EMISMATCH (the job's world size or
@@ -264,7 +275,7 @@ int aps_client_pull(aps_client *c, uint32_t tensor_id, float *weights, uint64_t 
  */
 int aps_client_tensor_updates(aps_client *c, uint32_t tensor_id, uint64_t *updates);
 
-/** Waits until every rank of the job has entered the barrier. */
+/** Waits until every rank of the job has entered the barrier (on every shard). */
 int aps_client_barrier(aps_client *c, int32_t timeout_ms);
 
 /** Says BYE, closes the connection and frees c. NULL is a no-op. Returns 0. */

@@ -9,6 +9,7 @@
 #include "common/err.h"
 #include "common/rules.h"
 #include "worker/api_error.h"
+#include "worker/sharded.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -254,9 +255,15 @@ int aps_client_new(aps_client **out, const struct aps_client_opts *o)
 {
 	struct aps_format fmt, down;
 	struct aps_client *c;
-	int ret = check_opts(o, &fmt, &down);
+	int ret;
 
-	if (ret < 0)
+	if (o != NULL && o->endpoint != NULL && strchr(o->endpoint, ',') != NULL &&
+	    o->optimizer != NULL && o->optimizer[0] != '\0')
+		return aps_api_fail(APS_EINVAL, "optimize mode serves one daemon, not several "
+		                                "shards: give one endpoint");
+	if (o != NULL && o->endpoint != NULL && strchr(o->endpoint, ',') != NULL)
+		return aps_sharded_new(out, o); /* checks o through each shard's client */
+	if ((ret = check_opts(o, &fmt, &down)) < 0)
 		return ret;
 	if (out == NULL)
 		return aps_api_fail(APS_EINVAL, "out is NULL");
@@ -331,6 +338,8 @@ int aps_request_wait_result(struct aps_request *r, uint32_t *tensor_id, uint64_t
 
 	if (r == NULL)
 		return aps_api_fail(APS_EINVAL, "request is NULL");
+	if (r->kind == REQ_SHARDED)
+		return aps_sharded_wait(r);
 	c = r->owner;
 	if (c->pid != getpid())
 		return aps_api_fail(APS_ECLOSED, "the request belongs to process %d", (int)c->pid);
@@ -365,6 +374,8 @@ int aps_request_done(const aps_request *r)
 	if (r->owner->pid != getpid())
 		return aps_api_fail(APS_ECLOSED, "the request belongs to process %d",
 		                    (int)r->owner->pid);
+	if (r->kind == REQ_SHARDED)
+		return aps_sharded_done(r);
 	pthread_mutex_lock(&r->owner->lock);
 	done = r->done;
 	pthread_mutex_unlock(&r->owner->lock);
@@ -390,6 +401,8 @@ int aps_client_close(aps_client *c)
 
 	if (c == NULL)
 		return 0;
+	if (c->sharded != NULL)
+		return aps_sharded_close(c);
 	if (c->pid != getpid()) {
 		/* A forked child: the parent's thread and socket are not ours to touch. */
 		for (uint32_t i = 0; i < c->n_tensors; i++)

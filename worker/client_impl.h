@@ -40,7 +40,8 @@ enum request_kind {
 	REQ_ALLREDUCE,
 	REQ_BROADCAST,
 	REQ_BARRIER,
-	REQ_PULL, /* optimize mode: the master weights into buf */
+	REQ_PULL,    /* optimize mode: the master weights into buf */
+	REQ_SHARDED, /* a call of a client with several shards: one request per part */
 };
 
 enum request_state {
@@ -57,6 +58,9 @@ struct aps_request {
 	uint32_t tensor_id;
 	uint64_t step;
 	char name[APS_MSG_NAME_MAX + 1]; /* REGISTER: the tensor's name */
+	char reg_format[16];             /* REGISTER: the format to ask for ("": by the rules) */
+	struct aps_request **parts;      /* REQ_SHARDED: the part requests (owned) */
+	uint32_t n_parts;
 	uint64_t count;
 	size_t chunk_elems;
 	float *buf;             /* the caller's: results are written here */
@@ -77,7 +81,9 @@ struct aps_request {
 	int64_t deadline_ms, next_heartbeat_ms;
 	uint32_t waiting[APS_CLIENT_WAITING_MAX]; /* from the daemon's heartbeat reply */
 	uint32_t n_waiting;
-	bool heard; /* the daemon answered a heartbeat of this request */
+	bool heard;      /* the daemon answered a heartbeat of this request */
+	bool reexchange; /* sent again after a rejoin: global mode exchanges its exponent
+	                    again but keeps its codes (the same max gives the same k) */
 	/* under c->lock: */
 	bool done;
 	int result;
@@ -120,7 +126,8 @@ struct aps_client {
 	bool rejoining;         /* HELLO sent again, queued calls wait */
 	uint32_t reregistering; /* REGISTERED still due */
 	int64_t rejoin_deadline_ms, next_hello_ms;
-	struct aps_msg hello; /* as first sent */
+	struct aps_msg hello;        /* as first sent */
+	struct aps_sharded *sharded; /* several endpoints: the shards' clients (sharded.c) */
 };
 
 int64_t aps_client_now_ms(void);
@@ -164,6 +171,21 @@ int aps_request_wait_result(struct aps_request *r, uint32_t *tensor_id, uint64_t
 
 /* The I/O thread's body. */
 void *aps_client_io_main(void *arg);
+
+/* aps_client_register asking for format (NULL: the client's rules decide). */
+int aps_client_register_as(aps_client *c, const char *name, uint64_t count, const char *format,
+                           uint32_t *tensor_id);
+
+/*
+ * aps_client_allreduce_start of one partition of a larger tensor: maxabs, when
+ * not NULL, is the whole tensor's max |x| (its values already checked finite),
+ * so that every partition gets the exponent the whole tensor would.
+ */
+int aps_client_allreduce_part(aps_client *c, uint32_t tensor_id, float *buf, uint64_t count,
+                              int32_t timeout_ms, const float *whole_max, aps_request **req);
+
+/* Starts a barrier; aps_request_wait ends it. */
+int aps_client_barrier_start(aps_client *c, int32_t timeout_ms, aps_request **req);
 
 /* Encodes r's data for the wire once its scale exponent is known. */
 int aps_request_encode(struct aps_client *c, struct aps_request *r);

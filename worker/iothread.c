@@ -139,7 +139,9 @@ static int send_simple(struct aps_client *c, struct aps_request *r)
 		struct aps_format f = c->format;
 		snprintf(m.tensor_name, sizeof(m.tensor_name), "%s", r->name);
 		m.total_count = r->count;
-		aps_rules_match(c->rules, r->name, &f); /* the client's rules ask per tensor */
+		if (r->reg_format[0] == '\0' || aps_format_parse(r->reg_format, &f) < 0)
+			aps_rules_match(c->rules, r->name,
+			                &f); /* the client's rules ask per tensor */
 		snprintf(m.format, sizeof(m.format), "%s", f.name);
 	}
 	return aps_client_send(c, &m, NULL, NULL, 0);
@@ -188,7 +190,7 @@ static int start_one(struct aps_client *c, struct aps_request *r, bool *exchange
 		activate(c, r, REQ_SENT);
 		return send_simple(c, r);
 	}
-	if (r->kind == REQ_ALLREDUCE && r->codes == NULL) {
+	if (r->kind == REQ_ALLREDUCE && (r->codes == NULL || r->reexchange)) {
 		activate(c, r, REQ_EXCHANGE);
 		*exchange = true;
 		return 0;
@@ -264,8 +266,11 @@ static void resync_step(struct aps_client *c, const struct aps_msg *m)
 {
 	pthread_mutex_lock(&c->lock);
 	if (m->tensor_id < c->n_tensors && c->tensors[m->tensor_id].busy == NULL &&
-	    strcmp(c->tensors[m->tensor_id].name, m->tensor_name) == 0)
-		c->tensors[m->tensor_id].step = m->step;
+	    strcmp(c->tensors[m->tensor_id].name, m->tensor_name) == 0) {
+		struct client_tensor *t = &c->tensors[m->tensor_id];
+		t->step = m->step;
+		aps_format_parse(m->format, &t->format); /* the policy may have moved it */
+	}
 	pthread_mutex_unlock(&c->lock);
 }
 
@@ -392,7 +397,9 @@ static void on_scales(struct aps_client *c, const struct aps_msg *m)
 		                       : aps_scale_from_global_exponent(&r->fmt, m->exponents[i]);
 		r->state = REQ_SENT;
 		r->deadline_ms = aps_client_now_ms() + r->timeout_ms;
-		if (aps_request_encode(c, r) < 0)
+		if (r->reexchange)
+			r->reexchange = false; /* codes of the first exchange: the same k */
+		else if (aps_request_encode(c, r) < 0)
 			finish(c, r, APS_ENOMEM, "out of memory for the codes");
 		else if (send_chunks(c, r) < 0)
 			finish(c, r, APS_ECONN, "send to the daemon failed");

@@ -3,13 +3,14 @@
  *
  * A daemon that restarted does not know this connection: it answers every
  * message with APS_ENOSESSION (or said BYE when it stopped). Then the calls
- * in flight fail with APS_ENOSESSION (nothing of their step was delivered),
- * calls queued meanwhile wait, and the client says its first HELLO again,
- * once per heartbeat until WELCOME or the call deadline. After WELCOME it
- * registers every tensor it had, in id order, each flagged REJOIN with the
- * step it is at: the daemon creates the tensors at those steps, and ranks at
- * different steps (a result some of them got was lost) get APS_EMISMATCH.
- * When every REGISTERED is back, the waiting calls go.
+ * in flight go back to the queue (nothing of their step was delivered to
+ * this rank), calls queued meanwhile wait, and the client says its first
+ * HELLO again, once per heartbeat until WELCOME or the call deadline. After
+ * WELCOME it registers every tensor it had, in id order, each flagged REJOIN
+ * with the step it is at: the daemon creates the tensors at those steps, and
+ * ranks at different steps (a result reached some of them only) get
+ * APS_EMISMATCH. When every REGISTERED is back, the calls go (again), so that
+ * every rank sends each step once to the new daemon.
  *
  * Tensor ids are the daemon's: ranks that registered the same tensors in the
  * same order get the same ids back. Ids that differ end the client
@@ -35,21 +36,46 @@ static void finish_rejoin(struct aps_client *c)
 		aps_client_log(c, 1, "cannot wake the I/O thread");
 }
 
+/*
+ * The calls in flight go back to the head of the queue, in the order they
+ * were started, to be sent again once the client has joined again: their
+ * codes are kept (the caller's buffer may already hold some result chunks),
+ * so what is sent again is what was sent before.
+ */
+static void requeue_active(struct aps_client *c)
+{
+	struct aps_request *again = NULL, *r = c->active, *next;
+
+	c->active = NULL;
+	for (; r != NULL; r = next) { /* active is newest first: this reverses it */
+		next = r->next;
+		r->state = REQ_NEW;
+		r->chunks_done = 0;
+		r->heard = false;
+		r->n_waiting = 0;
+		r->reexchange = r->kind == REQ_ALLREDUCE && r->codes != NULL &&
+		                c->scaling == APS_SCALING_GLOBAL && !aps_format_is_fp32(&r->fmt);
+		r->next = again;
+		again = r;
+	}
+	if (again == NULL)
+		return;
+	pthread_mutex_lock(&c->lock);
+	struct aps_request **tail = &again;
+	while (*tail != NULL)
+		tail = &(*tail)->next;
+	*tail = c->queue;
+	c->queue = again;
+	pthread_mutex_unlock(&c->lock);
+}
+
 void aps_rejoin_begin(struct aps_client *c, const char *why)
 {
-	char text[APS_CLIENT_ERROR_MAX];
-
 	if (c->rejoining)
 		return;
-	snprintf(text, sizeof(text),
-	         "%.200s: nothing of this call was delivered; the client joins the job again", why);
-	aps_client_log(c, 1, "%s", text);
-	/* Only the calls in flight fail: with none, nothing was lost. */
-	pthread_mutex_lock(&c->lock);
-	bool any = c->active != NULL;
-	pthread_mutex_unlock(&c->lock);
-	if (any)
-		aps_client_fail_all(c, APS_ENOSESSION, text, false);
+	aps_client_log(c, 1, "%.200s: joining job '%s' again; the calls in flight go again", why,
+	               c->job);
+	requeue_active(c);
 	pthread_mutex_lock(&c->lock);
 	c->rejoining = true;
 	pthread_mutex_unlock(&c->lock);

@@ -9,6 +9,7 @@
 #include "common/codec.h"
 #include "common/err.h"
 #include "worker/api_error.h"
+#include "worker/sharded.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -182,19 +183,33 @@ static int refuse_nonfinite(struct aps_request *r, size_t nonfinite)
 	return ret;
 }
 
-/* The gradient half of an all-reduce or of an optimizer step: checks, scale, codes. */
-static int start_reduce(aps_client *c, struct aps_request *r, aps_request **out)
+static bool optimize_mode(const struct aps_client *c)
 {
-	bool nonfinite;
+	return c->optimizer[0] != '\0';
+}
+
+/*
+ * The gradient half of an all-reduce, of a partition of one (whole_max: the
+ * whole tensor's max, scanned by the caller) or of an optimizer step: the
+ * scan, error feedback, the exponent and the codes; then r is queued.
+ */
+static int start_reduce(aps_client *c, struct aps_request *r, const float *whole_max,
+                        aps_request **out)
+{
+	bool nonfinite = false;
 	float maxabs;
 	uint64_t t0;
 
-	/* One pass finds the exponent's max and refuses inf and NaN. */
-	t0 = c->trace != NULL ? aps_trace_now() : 0;
-	maxabs = aps_codec_scan(r->src, r->count, &nonfinite);
-	aps_trace_stage(c->trace, "scan", t0, r->name, r->step, 0);
-	if (nonfinite)
-		return refuse_nonfinite(r, aps_codec_count_nonfinite_f32(r->src, r->count));
+	if (whole_max != NULL) {
+		maxabs = *whole_max; /* a partition: the caller scanned the whole tensor */
+	} else {
+		/* One pass finds the exponent's max and refuses inf and NaN. */
+		t0 = c->trace != NULL ? aps_trace_now() : 0;
+		maxabs = aps_codec_scan(r->src, r->count, &nonfinite);
+		aps_trace_stage(c->trace, "scan", t0, r->name, r->step, 0);
+		if (nonfinite)
+			return refuse_nonfinite(r, aps_codec_count_nonfinite_f32(r->src, r->count));
+	}
 	if (c->error_feedback && !aps_format_is_fp32(&r->fmt)) {
 		if (add_residual(c, r) < 0) {
 			free(r->corrected);
@@ -215,15 +230,10 @@ static int start_reduce(aps_client *c, struct aps_request *r, aps_request **out)
 	return submit(c, r, out);
 }
 
-static bool optimize_mode(const struct aps_client *c)
+int aps_client_allreduce_part(aps_client *c, uint32_t tensor_id, float *buf, uint64_t count,
+                              int32_t timeout_ms, const float *whole_max, aps_request **out)
 {
-	return c->optimizer[0] != '\0';
-}
-
-int aps_client_allreduce_start(aps_client *c, uint32_t tensor_id, float *buf, uint64_t count,
-                               int32_t timeout_ms, aps_request **out)
-{
-	struct aps_request *r;
+	struct aps_request *r = NULL; /* set by data_request when it returns 0 */
 	int ret;
 
 	if (out == NULL)
@@ -236,13 +246,21 @@ int aps_client_allreduce_start(aps_client *c, uint32_t tensor_id, float *buf, ui
 	ret = data_request(c, REQ_ALLREDUCE, tensor_id, buf, count, timeout_ms, &r);
 	if (ret < 0)
 		return ret;
-	return start_reduce(c, r, out);
+	return start_reduce(c, r, whole_max, out);
+}
+
+int aps_client_allreduce_start(aps_client *c, uint32_t tensor_id, float *buf, uint64_t count,
+                               int32_t timeout_ms, aps_request **out)
+{
+	if (c != NULL && c->sharded != NULL && aps_client_check(c) == 0)
+		return aps_sharded_allreduce_start(c, tensor_id, buf, count, timeout_ms, out);
+	return aps_client_allreduce_part(c, tensor_id, buf, count, timeout_ms, NULL, out);
 }
 
 int aps_client_step_start(aps_client *c, uint32_t tensor_id, const float *grad, float *weights,
                           uint64_t count, float lr, int32_t timeout_ms, aps_request **out)
 {
-	struct aps_request *r;
+	struct aps_request *r = NULL; /* set by data_request when it returns 0 */
 	int ret;
 
 	if (out == NULL || weights == NULL)
@@ -259,7 +277,7 @@ int aps_client_step_start(aps_client *c, uint32_t tensor_id, const float *grad, 
 	r->update = true;
 	r->weights = weights;
 	r->lr = lr;
-	return start_reduce(c, r, out);
+	return start_reduce(c, r, NULL, out);
 }
 
 int aps_client_step(aps_client *c, uint32_t tensor_id, const float *grad, float *weights,
@@ -274,16 +292,15 @@ int aps_client_step(aps_client *c, uint32_t tensor_id, const float *grad, float 
 int aps_client_pull(aps_client *c, uint32_t tensor_id, float *weights, uint64_t count,
                     int32_t timeout_ms, uint64_t *updates)
 {
-	struct aps_request *r;
-	int ret = data_request(c, REQ_PULL, tensor_id, weights, count, timeout_ms, &r);
+	struct aps_request *r = NULL; /* set by data_request when it returns 0 */
+	int ret;
 
-	if (ret < 0)
-		return ret;
-	if (!optimize_mode(c)) {
-		free(r);
+	if (c != NULL && !optimize_mode(c))
 		return aps_api_fail(APS_EINVAL, "the job is in all-reduce mode: the daemon holds "
 		                                "no weights");
-	}
+	ret = data_request(c, REQ_PULL, tensor_id, weights, count, timeout_ms, &r);
+	if (ret < 0)
+		return ret;
 	ret = submit(c, r, &r);
 	if (ret < 0)
 		return ret;
@@ -296,8 +313,9 @@ int aps_client_tensor_updates(aps_client *c, uint32_t tensor_id, uint64_t *updat
 
 	if (ret < 0)
 		return ret;
-	if (updates == NULL)
-		return aps_api_fail(APS_EINVAL, "updates is NULL");
+	if (updates == NULL || c->sharded != NULL)
+		return aps_api_fail(APS_EINVAL, "updates is NULL, or the client has several shards "
+		                                "(optimize mode serves one daemon)");
 	pthread_mutex_lock(&c->lock);
 	if (tensor_id < c->n_tensors && c->tensors[tensor_id].count > 0)
 		*updates = c->tensors[tensor_id].updates;
@@ -313,6 +331,8 @@ int aps_client_broadcast_start(aps_client *c, uint32_t tensor_id, float *buf, ui
 	struct aps_request *r = NULL; /* set by data_request when it returns 0 */
 	int ret;
 
+	if (c != NULL && c->sharded != NULL && aps_client_check(c) == 0)
+		return aps_sharded_broadcast_start(c, tensor_id, buf, count, timeout_ms, out);
 	if (out == NULL)
 		return aps_api_fail(APS_EINVAL, "request pointer is NULL");
 	ret = data_request(c, REQ_BROADCAST, tensor_id, buf, count, timeout_ms, &r);
@@ -345,7 +365,7 @@ int aps_client_broadcast(aps_client *c, uint32_t tensor_id, float *buf, uint64_t
 	return ret < 0 ? ret : aps_request_wait(r);
 }
 
-int aps_client_barrier(aps_client *c, int32_t timeout_ms)
+int aps_client_barrier_start(aps_client *c, int32_t timeout_ms, aps_request **out)
 {
 	struct aps_request *r;
 	int ret = aps_client_check(c);
@@ -354,12 +374,32 @@ int aps_client_barrier(aps_client *c, int32_t timeout_ms)
 		return ret;
 	if ((r = new_request(c, REQ_BARRIER, timeout_ms)) == NULL)
 		return aps_api_fail(APS_ENOMEM, "out of memory");
-	ret = submit(c, r, &r);
+	return submit(c, r, out);
+}
+
+int aps_client_barrier(aps_client *c, int32_t timeout_ms)
+{
+	aps_request *r;
+	int ret = aps_client_check(c);
+
+	if (ret < 0)
+		return ret;
+	if (c->sharded != NULL)
+		return aps_sharded_barrier(c, timeout_ms);
+	ret = aps_client_barrier_start(c, timeout_ms, &r);
 	return ret < 0 ? ret : aps_request_wait(r);
 }
 
-/* The I/O thread fills the table when REGISTERED arrives. */
 int aps_client_register(aps_client *c, const char *name, uint64_t count, uint32_t *tensor_id)
+{
+	if (c != NULL && c->sharded != NULL && aps_client_check(c) == 0)
+		return aps_sharded_register(c, name, count, tensor_id);
+	return aps_client_register_as(c, name, count, NULL, tensor_id);
+}
+
+/* The I/O thread fills the table when REGISTERED arrives. */
+int aps_client_register_as(aps_client *c, const char *name, uint64_t count, const char *format,
+                           uint32_t *tensor_id)
 {
 	struct aps_request *r;
 	int ret = aps_client_check(c);
@@ -375,6 +415,7 @@ int aps_client_register(aps_client *c, const char *name, uint64_t count, uint32_
 	if ((r = new_request(c, REQ_REGISTER, 0)) == NULL)
 		return aps_api_fail(APS_ENOMEM, "out of memory");
 	snprintf(r->name, sizeof(r->name), "%s", name);
+	snprintf(r->reg_format, sizeof(r->reg_format), "%s", format != NULL ? format : "");
 	r->count = count;
 	ret = submit(c, r, &r);
 	if (ret < 0)

@@ -26,7 +26,8 @@ struct args {
 	const char *endpoint, *job, *format, *tensors;
 	int rank, world, scaling, steps, warmup, timeout_ms;
 	bool blocking;
-	int64_t time_chunk; /* elements, 0: do not time the codec */
+	int64_t time_chunk;      /* elements, 0: do not time the codec */
+	int64_t partition_bytes; /* several endpoints: opts.partition_bytes (0: default) */
 };
 
 struct worker {
@@ -51,7 +52,8 @@ static void usage(void)
 	        "usage: bench_allreduce [--endpoint E] [--job NAME] [--rank R] [--world W]\n"
 	        "         [--format F] [--scaling none|local|global] [--tensors resnet50|N]\n"
 	        "         [--steps N] [--warmup N] [--blocking] [--time-chunk N] "
-	        "[--timeout_ms MS]\n");
+	        "[--timeout_ms MS]\n"
+	        "         [--partition-bytes N] (--endpoint A,B,...: one apsd shard each)\n");
 }
 
 static int parse_scaling(const char *s)
@@ -79,6 +81,7 @@ static int parse(struct args *a, int argc, char **argv)
 		                               { "blocking", 0, 0, 'b' },
 		                               { "time-chunk", 1, 0, 'c' },
 		                               { "timeout_ms", 1, 0, 'o' },
+		                               { "partition-bytes", 1, 0, 'p' },
 		                               { 0, 0, 0, 0 } };
 	int opt;
 
@@ -129,12 +132,16 @@ static int parse(struct args *a, int argc, char **argv)
 		case 'o':
 			a->timeout_ms = atoi(optarg);
 			break;
+		case 'p':
+			a->partition_bytes = bench_parse_size(optarg);
+			break;
 		default:
 			return -1;
 		}
 	}
 	if (optind != argc || a->world < 1 || a->rank < 0 || a->rank >= a->world ||
-	    a->scaling < 0 || a->steps < 1 || a->warmup < 0 || a->time_chunk < 0)
+	    a->scaling < 0 || a->steps < 1 || a->warmup < 0 || a->time_chunk < 0 ||
+	    a->partition_bytes < 0)
 		return -1;
 	return 0;
 }
@@ -152,6 +159,7 @@ static void connect_worker(struct worker *w, const struct args *a)
 	o.format = a->format;
 	o.scaling = a->scaling;
 	o.timeout_ms = a->timeout_ms;
+	o.partition_bytes = (uint64_t)a->partition_bytes;
 	w->rank = a->rank;
 	ret = aps_client_new(&w->c, &o);
 	if (ret < 0)

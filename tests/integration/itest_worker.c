@@ -24,14 +24,15 @@ struct args {
 	const char *endpoint, *job, *format, *downlink, *mode;
 	int rank, world, steps, jitter_ms, timeout_ms, sleep_ms;
 	enum aps_scaling scaling;
-	bool lowp;            /* the daemon runs with sum = lowp */
-	bool policy;          /* ask for the automatic precision policy */
-	bool unchecked;       /* the daemon chooses formats: compare ranks, not values */
-	bool ef;              /* error feedback; mode "drift" measures what it buys */
-	int wide;             /* this tensor's values spread over 24 binades (-1: none) */
-	bool async;           /* start every tensor of a step, then wait in reverse */
-	bool rejoin;          /* join again after apsd restarts; redo the step that failed */
-	uint64_t chunk_elems; /* the daemon's chunk_bytes / 4 (0: one chunk) */
+	bool lowp;                /* the daemon runs with sum = lowp */
+	bool policy;              /* ask for the automatic precision policy */
+	bool unchecked;           /* the daemon chooses formats: compare ranks, not values */
+	bool ef;                  /* error feedback; mode "drift" measures what it buys */
+	int wide;                 /* this tensor's values spread over 24 binades (-1: none) */
+	bool async;               /* start every tensor of a step, then wait in reverse */
+	bool rejoin;              /* join again after apsd restarts; redo the step that failed */
+	uint64_t chunk_elems;     /* the daemon's chunk_bytes / 4 (0: one chunk) */
+	uint64_t partition_bytes; /* several endpoints: opts.partition_bytes */
 	uint64_t seed;
 	uint64_t sizes[16];
 	int n_sizes;
@@ -415,6 +416,8 @@ static int parse(struct args *a, int argc, char **argv)
 			a->wide = atoi(v);
 		else if (!strcmp(k, "--chunk-elems"))
 			a->chunk_elems = strtoull(v, NULL, 10);
+		else if (!strcmp(k, "--partition-bytes"))
+			a->partition_bytes = strtoull(v, NULL, 10);
 		else
 			return -1;
 	}
@@ -449,6 +452,7 @@ int main(int argc, char **argv)
 	o.curve_secret_key = getenv("APS_CURVE_SECRET_KEY");
 	o.error_feedback = a.ef;
 	o.rejoin = a.rejoin;
+	o.partition_bytes = a.partition_bytes;
 	if ((ret = aps_client_new(&c, &o)) < 0)
 		return fail(ret);
 	ret = run(&a, c);

@@ -150,6 +150,25 @@ def test_a_new_connection_on_a_reused_descriptor_keeps_its_session(daemon):
     assert not bad, f"{len(bad)} of 320 workers failed: {bad[:3]}"
 
 
+def test_a_job_that_lost_a_rank_refuses_new_ranks(daemon):
+    # rank 1 dies, rank 0 lingers: a new rank 1 under the same job name is told
+    # at HELLO that the job cannot go on, instead of being welcomed and then
+    # refused every call
+    first = [start_worker(daemon.endpoint, r, 2, [7], steps=1,
+                          sleep_ms=(30000 if r == 0 else 0), timeout_ms=30000)
+             for r in range(2)]
+    daemon.wait_for_log("hello job=default rank=1")
+    time.sleep(0.3)
+    first[1].kill()
+    first[1].wait()
+    daemon.wait_for_log("rank lost job=default rank=1")
+    again = start_worker(daemon.endpoint, 1, 2, [7], steps=1, timeout_ms=5000)
+    out, _ = again.communicate(timeout=20)
+    assert again.returncode == 3 and "APS_EBUSY" in out and "cannot go on" in out, out
+    first[0].kill()
+    first[0].wait()
+
+
 def test_timeout_names_the_missing_rank(daemon):
     procs = [start_worker(daemon.endpoint, r, 2, [7], steps=1, timeout_ms=1500,
                           sleep_ms=(6000 if r == 1 else 0)) for r in range(2)]

@@ -2,6 +2,7 @@
 instead of failing it, and a rank that comes back takes part again from the
 job's next barrier. Real apsd, real worker processes (aps.Client)."""
 
+import concurrent.futures
 import json
 import os
 import signal
@@ -83,3 +84,40 @@ def test_without_elastic_a_lost_rank_fails_the_others(daemon):
         out, _ = p.communicate(timeout=30)
         assert p.returncode != 0 and "a peer rank was lost: rank 2" in out, out
     procs[2].wait()
+
+
+BARRIER_RANK = """
+import sys
+import aps
+c = aps.Client(sys.argv[1], 2, 3, job="e", timeout_ms=5000)
+print("joined", flush=True)
+c.barrier()
+print("barrier ok", flush=True)
+"""
+
+
+def test_a_rank_lost_inside_a_barrier_can_come_back(daemon_factory):
+    # rank 2 enters barrier 0 and is killed there; when it is back, the same
+    # barrier takes it (its old place was cleared) and completes with all three
+    import aps
+    daemon = daemon_factory(extra=("--elastic", "yes"))
+    clients = [aps.Client(daemon.endpoint, r, 3, job="e", timeout_ms=10000) for r in (0, 1)]
+    first = subprocess.Popen([sys.executable, "-c", BARRIER_RANK, daemon.endpoint], env=ENV,
+                             stdout=subprocess.PIPE, text=True)
+    assert first.stdout.readline().strip() == "joined"
+    daemon.wait_for_log("hello job=e rank=2")
+    time.sleep(0.3)  # rank 2 waits in barrier 0 for ranks 0 and 1
+    first.kill()
+    first.wait()
+    daemon.wait_for_log("job shrinks job=e members=2")
+    back = subprocess.Popen([sys.executable, "-c", BARRIER_RANK, daemon.endpoint], env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert back.stdout.readline().strip() == "joined"
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:  # ranks 0 and 1 enter too
+        entered = [pool.submit(c.barrier) for c in clients]
+        out, _ = back.communicate(timeout=20)
+        assert back.returncode == 0 and "barrier ok" in out, out
+        for f in entered:
+            f.result(timeout=20)
+    for c in clients:
+        c.close()

@@ -146,6 +146,8 @@ def test_optimize_mode_errors(daemon_factory, tmp_path):
         aps.Client(daemon.endpoint, 0, 2, optimizer="rmsprop")
     with pytest.raises(aps.ArgumentError, match="rejoin does not apply to optimize mode"):
         aps.Client(daemon.endpoint, 0, 2, optimizer="sgd", rejoin=True)
+    with pytest.raises(aps.ArgumentError, match="not several shards"):
+        aps.Client([daemon.endpoint, daemon.endpoint], 0, 2, optimizer="sgd")
     c0 = aps.Client(daemon.endpoint, 0, 2, optimizer="sgd,momentum=0.9")
     with pytest.raises(aps.Error, match="runs optimizer 'sgd,momentum=0.899999976"):
         aps.Client(daemon.endpoint, 1, 2, optimizer="adam")

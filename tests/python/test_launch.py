@@ -48,6 +48,17 @@ def test_launch_starts_apsd_and_prefixes_output(tmp_path):
     assert not aps.daemon.is_listening(endpoint), "the launcher left its apsd running"
 
 
+def test_launch_starts_every_shard_of_an_endpoint_list(tmp_path):
+    endpoints = [aps.daemon.free_endpoint() for _ in range(2)]
+    p = launch(tmp_path, "ok", ",".join(endpoints))
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    assert len(out.splitlines()) == 2, out
+    for e in endpoints:
+        assert f"started apsd at {e}" in err
+        assert not aps.daemon.is_listening(e), "the launcher left a shard running"
+
+
 def test_a_failed_worker_stops_the_others_and_sets_the_exit_status(tmp_path, apsd):
     start = time.monotonic()
     p = launch(tmp_path, "fail", apsd)

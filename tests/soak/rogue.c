@@ -7,13 +7,15 @@
  *   bitflip      a valid message with one to three header bits flipped
  *   bad_crc      a valid PUSH whose payload lost a bit on the way
  *   frames       three to five frames where at most two are allowed
- *   intruder     PUSH and BARRIER as a rank of a live job, without HELLO
- *   mismatch     HELLO to a live job with another world size
+ *   intruder     PUSH and BARRIER as a rank of a live job: from a connection that
+ *                never said HELLO, or from the rogue's own joined one
+ *   mismatch     HELLO to the rogue's own job with another world size, from the
+ *                connection that never said HELLO
  *   deep         as rank 0 of its own job: PUSH with an unknown tensor, a chunk
  *                past the end, a format that is not the registered one
  *
- * It never HELLOs as a rank of someone else's job with matching options, which
- * could take a rank that is still free. Usage:
+ * It never HELLOs to someone else's job: a HELLO can create a job, or take a
+ * rank that is still free. Usage:
  *   rogue ENDPOINT SECONDS SEED [JOB...]
  * Prints one line "rogue sent=N errors=N garbage=N ..." and exits 0 when at least
  * one ERROR came back (the daemon answered) and 1 otherwise.
@@ -46,7 +48,9 @@ static const char *const kind_names[N_KINDS] = { "garbage", "truncated", "bitfli
 	                                         "frames",  "intruder",  "mismatch", "deep" };
 
 struct rogue {
-	void *sock;
+	void *sock;     /* where send_frames sends: joined or stranger */
+	void *joined;   /* rank 0 of the rogue's own job */
+	void *stranger; /* never says HELLO: intruders, and HELLOs that do not match */
 	uint64_t rng;
 	const char *const *jobs; /* live jobs to intrude on */
 	int n_jobs;
@@ -79,10 +83,10 @@ static void send_frames(struct rogue *r, const uint8_t *hdr, size_t len, const u
 		zmq_send(r->sock, payload, payload_len, 0);
 }
 
-/* Reads every reply waiting and counts the ERRORs among them. */
-static void drain(struct rogue *r, int wait_ms)
+/* Reads every reply waiting on sock and counts the ERRORs among them. */
+static void drain_one(struct rogue *r, void *sock, int wait_ms)
 {
-	zmq_pollitem_t item = { .socket = r->sock, .events = ZMQ_POLLIN };
+	zmq_pollitem_t item = { .socket = sock, .events = ZMQ_POLLIN };
 	static uint8_t hdr[65536], payload[65536];
 	struct aps_msg_limits lim;
 
@@ -93,14 +97,14 @@ static void drain(struct rogue *r, int wait_ms)
 		struct aps_msg_fault fault;
 		int more = 0, payload_len = -1;
 		size_t more_len = sizeof(more);
-		int n = zmq_recv(r->sock, hdr, sizeof(hdr), 0);
+		int n = zmq_recv(sock, hdr, sizeof(hdr), 0);
 
 		if (n < 0)
 			return;
-		zmq_getsockopt(r->sock, ZMQ_RCVMORE, &more, &more_len);
+		zmq_getsockopt(sock, ZMQ_RCVMORE, &more, &more_len);
 		while (more) {
-			payload_len = zmq_recv(r->sock, payload, sizeof(payload), 0);
-			zmq_getsockopt(r->sock, ZMQ_RCVMORE, &more, &more_len);
+			payload_len = zmq_recv(sock, payload, sizeof(payload), 0);
+			zmq_getsockopt(sock, ZMQ_RCVMORE, &more, &more_len);
 		}
 		if (aps_msg_parse(&lim, hdr, (size_t)n, payload,
 		                  payload_len > 0 ? (size_t)payload_len : 0, payload_len >= 0, &m,
@@ -109,6 +113,16 @@ static void drain(struct rogue *r, int wait_ms)
 			r->errors++;
 		wait_ms = 0;
 	}
+}
+
+static void drain(struct rogue *r, int wait_ms)
+{
+	zmq_pollitem_t items[2] = { { .socket = r->joined, .events = ZMQ_POLLIN },
+		                    { .socket = r->stranger, .events = ZMQ_POLLIN } };
+
+	zmq_poll(items, 2, wait_ms);
+	drain_one(r, r->joined, 0);
+	drain_one(r, r->stranger, 0);
 }
 
 static void identity(struct aps_msg *m, enum aps_msg_type type, const char *job, uint32_t rank,
@@ -128,7 +142,7 @@ static void push(struct aps_msg *m, const char *job, uint32_t rank, uint8_t *pay
 	m->chunk_count = m->total_count = 64;
 	m->step = 0;
 	for (int i = 0; i < 64; i++)
-		payload[i] = (uint8_t)(i * 3);
+		payload[i] = (uint8_t)((i * 3) & 0x3f); /* finite e4m3 codes */
 	m->payload = payload;
 	m->payload_len = 64;
 }
@@ -201,17 +215,22 @@ static void one(struct rogue *r, enum kind k)
 	case INTRUDER:
 	case MISMATCH: {
 		const char *job = r->n_jobs > 0 ? r->jobs[next(r) % (uint64_t)r->n_jobs] : "soak";
+		bool stranger = next(r) % 2;
 		if (k == INTRUDER && next(r) % 2) {
 			push(&m, job, (uint32_t)(next(r) % 8), payload);
 		} else if (k == INTRUDER) {
 			identity(&m, APS_MSG_BARRIER, job, (uint32_t)(next(r) % 8), 8);
 		} else {
-			identity(&m, APS_MSG_HELLO, job, 0, 1000);
+			/* Its own job, so that it never creates a worker's job with it. */
+			identity(&m, APS_MSG_HELLO, r->own_job, 1, 1000);
 			strcpy(m.format, "e4m3");
+			stranger = true;
 		}
 		if ((len = pack(&m, hdr, sizeof(hdr))) == 0)
 			return;
+		r->sock = stranger ? r->stranger : r->joined;
 		send_frames(r, hdr, len, m.payload, m.payload_len);
+		r->sock = r->joined;
 		break;
 	}
 	case DEEP:
@@ -277,13 +296,19 @@ int main(int argc, char **argv)
 	r.n_jobs = argc - 4;
 	snprintf(r.own_job, sizeof(r.own_job), "rogue-%s", argv[3]);
 	ctx = zmq_ctx_new();
-	r.sock = zmq_socket(ctx, ZMQ_DEALER);
-	zmq_setsockopt(r.sock, ZMQ_LINGER, &linger, sizeof(linger));
-	zmq_setsockopt(r.sock, ZMQ_SNDHWM, &hwm, sizeof(hwm));
-	if (zmq_connect(r.sock, argv[1]) != 0) {
-		fprintf(stderr, "rogue: connect %s: %s\n", argv[1], zmq_strerror(zmq_errno()));
-		return 2;
+	r.joined = zmq_socket(ctx, ZMQ_DEALER);
+	r.stranger = zmq_socket(ctx, ZMQ_DEALER);
+	for (int i = 0; i < 2; i++) {
+		void *sock = i == 0 ? r.joined : r.stranger;
+		zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof(linger));
+		zmq_setsockopt(sock, ZMQ_SNDHWM, &hwm, sizeof(hwm));
+		if (zmq_connect(sock, argv[1]) != 0) {
+			fprintf(stderr, "rogue: connect %s: %s\n", argv[1],
+			        zmq_strerror(zmq_errno()));
+			return 2;
+		}
 	}
+	r.sock = r.joined;
 	join_own_job(&r);
 	end = now_s() + atof(argv[2]);
 	while (now_s() < end) {
@@ -298,7 +323,8 @@ int main(int argc, char **argv)
 		total += r.sent[k];
 	}
 	printf(" sent=%llu\n", (unsigned long long)total);
-	zmq_close(r.sock);
+	zmq_close(r.joined);
+	zmq_close(r.stranger);
 	zmq_ctx_term(ctx);
 	return r.errors > 0 ? 0 : 1;
 }

@@ -38,7 +38,8 @@ def rank_and_world(environ=None):
 
 
 def client_config(environ=None):
-    """The Client arguments the environment gives: endpoint, job, rank, world_size."""
+    """The Client arguments the environment gives: endpoint (APS_ENDPOINT, one
+    endpoint or a comma-separated list of shards), job, rank, world_size."""
     environ = os.environ if environ is None else environ
     rank, world_size = rank_and_world(environ)
     return {"endpoint": environ.get("APS_ENDPOINT") or DEFAULT_ENDPOINT,

@@ -79,6 +79,7 @@ class ClientOpts(ctypes.Structure):
         ("curve_public_key", ctypes.c_char_p),
         ("curve_secret_key", ctypes.c_char_p),
         ("rejoin", ctypes.c_int32),
+        ("partition_bytes", ctypes.c_uint64),
         ("optimizer", ctypes.c_char_p),
     ]
 

@@ -31,7 +31,6 @@ import threading
 import torch
 
 from aps._flags import AnyRankFlag
-from aps._lib import Error
 from aps._staging import HostStage
 
 DEFAULT_BUCKET_BYTES = 256 << 10
@@ -200,17 +199,7 @@ class DistributedOptimizer:
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        try:
-            finite = self.synchronize()
-        except Error as exc:
-            if getattr(exc, "name", None) != "APS_ENOSESSION":
-                raise
-            # apsd restarted mid-step (a client with rejoin=True): no rank got
-            # this step's gradients; the client has joined again.
-            self.last_step_skipped = True
-            self.skipped_steps += 1
-            log.warning("step skipped: %s (%d skipped so far)", exc, self.skipped_steps)
-            return loss
+        finite = self.synchronize()
         self.last_step_skipped = not finite
         if not finite:
             self.skipped_steps += 1

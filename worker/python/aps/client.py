@@ -73,9 +73,18 @@ class Client:
     error_feedback=True carries what quantization lost into the next step.
     trace="file.json" writes a Chrome-trace timeline of every call. CURVE keys
     (Z85 strings, see `apsctl keygen`) encrypt and authenticate the connection.
-    rejoin=True: when apsd restarts, the calls in flight raise aps.Error
-    APS_ENOSESSION (nothing of them was delivered), the client joins the job
-    again at the steps it is at, and later calls go on (docs/RELIABILITY.md).
+    rejoin=True: when apsd restarts, the client joins the job again at the
+    steps it is at and sends the calls in flight again, so they complete;
+    ranks at different steps (a result reached some only) get aps.Error
+    APS_EMISMATCH (docs/RELIABILITY.md).
+
+    Shards: endpoint may be a list of endpoints, or one string with commas
+    ("tcp://a:5555,tcp://b:5555"), each an independent apsd. Tensors larger
+    than partition_bytes (fp32 bytes, default 4 MiB) are cut into partitions;
+    partitions and smaller tensors go to the shard with the fewest bytes so far,
+    in the order tensors are first used, which must be the same on every rank.
+    Results are the bits one daemon would give when partition_bytes is a
+    multiple of the daemons' chunk_bytes.
 
     optimizer="sgd,momentum=0.9" (or "adam,beta2=0.99", "adamw,...") joins the
     job in optimize mode: the daemon holds the fp32 weights, initialised by
@@ -91,11 +100,12 @@ class Client:
                  job="default", downlink=None, timeout_ms=60000, policy=None, rules=None,
                  error_feedback=False, trace=None, curve_server_key=None,
                  curve_public_key=None, curve_secret_key=None, rejoin=False,
-                 optimizer=None):
+                 partition_bytes=None, optimizer=None):
         if scaling not in _SCALING:
             raise ValueError(f"scaling must be one of {sorted(_SCALING)}, not {scaling!r}")
         if policy not in (None, "auto"):
             raise ValueError(f"policy must be None or 'auto', not {policy!r}")
+        endpoint = _endpoint_list(endpoint)
         self._strings = [_check_str(endpoint, "endpoint"), _check_str(job, "job"),
                          _check_str(format, "format"),
                          _check_str(downlink, "downlink", allow_none=True),
@@ -119,6 +129,10 @@ class Client:
             raise ValueError(f"rank {rank} is not in a world of {world_size}")
         opts.scaling = _SCALING[scaling]
         opts.timeout_ms = _check_int(timeout_ms, "timeout_ms")
+        if partition_bytes is not None:
+            if _check_int(partition_bytes, "partition_bytes") < 32:
+                raise ValueError(f"partition_bytes must be at least 32, not {partition_bytes}")
+            opts.partition_bytes = partition_bytes
         opts.log = _LOG_CALLBACK
         self.endpoint, self.job, self.rank, self.world_size = endpoint, job, rank, world_size
         self.format, self.scaling, self.downlink = format, scaling, downlink
@@ -382,7 +396,6 @@ class Client:
             return bad
         return Deferred(bad, finish)
 
-
     def _step_batch(self, calls, lr, timeout):
         ids = [self._tensor_id(name, n) for name, _, _, n in calls]
         requests, error = [], None
@@ -401,6 +414,19 @@ class Client:
                 error = last_error(ret)
         if error is not None:
             raise error
+
+
+def _endpoint_list(endpoint):
+    """One endpoint string for the C client: a list or tuple is joined by commas."""
+    if isinstance(endpoint, (list, tuple)):
+        if not endpoint:
+            raise ValueError("endpoint list is empty")
+        for e in endpoint:
+            _check_str(e, "endpoint")
+            if "," in e:
+                raise ValueError(f"endpoint {e!r} holds a comma")
+        return ",".join(endpoint)
+    return endpoint
 
 
 def _packed_bytes(fmt, n):

@@ -3,7 +3,10 @@
     python3 -m aps.launch -n 4 train.py --epochs 3
 
 Starts apsd (found by aps.daemon.find_apsd) if nothing listens at the endpoint
-(--endpoint, else $APS_ENDPOINT, else tcp://127.0.0.1:5555), then N copies of
+(--endpoint, else $APS_ENDPOINT, else tcp://127.0.0.1:5555; a comma-separated
+list names several shards, and each local one that is not listening is
+started; --shards S without an endpoint starts S local shards on free ports),
+then N copies of
 the script with APS_ENDPOINT, APS_JOB, RANK/WORLD_SIZE/LOCAL_RANK and
 APS_RANK/APS_WORLD_SIZE set (aps.Client.from_env reads them) and
 OMP_NUM_THREADS=1 unless set. Each output line gets a "[rank k] " prefix.
@@ -107,6 +110,9 @@ def _parse(argv):
     ap.add_argument("--endpoint", help="apsd endpoint (default $APS_ENDPOINT or "
                     f"{_env.DEFAULT_ENDPOINT})")
     ap.add_argument("--job", help="job name (default $APS_JOB or launch-PID)")
+    ap.add_argument("--shards", type=int, default=0,
+                    help="without an endpoint: start this many local apsd shards on free "
+                    "ports and give the workers their list")
     ap.add_argument("--no-daemon", action="store_true",
                     help="never start apsd: fail if none is listening")
     ap.add_argument("script", help="Python script each worker runs")
@@ -114,6 +120,8 @@ def _parse(argv):
     args = ap.parse_args(argv)
     if args.nproc < 1:
         ap.error("-n must be at least 1")
+    if args.shards < 0 or (args.shards and args.endpoint):
+        ap.error("--shards wants a count and no --endpoint")
     return args
 
 
@@ -134,12 +142,19 @@ def _on_sigterm(_signum, _frame):
 
 def main(argv=None):
     args = _parse(argv)
-    endpoint = args.endpoint or os.environ.get("APS_ENDPOINT") or _env.DEFAULT_ENDPOINT
+    if args.shards:
+        endpoint = ",".join(daemon.free_endpoint() for _ in range(args.shards))
+    else:
+        endpoint = args.endpoint or os.environ.get("APS_ENDPOINT") or _env.DEFAULT_ENDPOINT
     job = args.job or os.environ.get("APS_JOB") or f"launch-{os.getpid()}"
     signal.signal(signal.SIGTERM, _on_sigterm)
-    apsd = _ensure_daemon(endpoint, not args.no_daemon)
+    shards = []
     workers = None
     try:
+        for one in endpoint.split(","):
+            d = _ensure_daemon(one.strip(), not args.no_daemon)
+            if d is not None:
+                shards.append(d)
         workers = Workers([sys.executable, args.script, *args.args], args.nproc, endpoint, job)
         status = workers.wait()
     except KeyboardInterrupt:
@@ -148,8 +163,8 @@ def main(argv=None):
     finally:
         if workers is not None:
             workers.stop()
-        if apsd is not None:
-            apsd.stop()
+        for d in shards:
+            d.stop()
     return status
 
 

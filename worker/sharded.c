@@ -1,0 +1,410 @@
+/*
+ * The parent client of several apsd shards. It holds no socket: each shard
+ * is an ordinary client (client.c) with its own connection and I/O thread,
+ * and each shard's apsd is independent. A tensor is registered as one tensor
+ * per partition on the partition's shard ("name" when it is not cut, else
+ * "name#i"); a call starts one request per partition and the parent request
+ * waits for all of them. Scaling stays per tensor: each partition is scaled
+ * by the whole tensor's max |x| (local mode), and in global mode each rank
+ * sends the whole tensor's exponent for every partition, so every shard
+ * takes the same max and every partition gets the same k. A barrier is a
+ * barrier on every shard. What this file does not own: the assignment
+ * (shards.c), the wire (iothread.c).
+ */
+#include "worker/sharded.h"
+
+#include "common/codec.h"
+#include "common/err.h"
+#include "common/rules.h"
+#include "worker/api_error.h"
+#include "worker/client_impl.h"
+#include "worker/shards.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define PART_SUFFIX_MAX 11 /* "#" and up to 10 digits */
+#define DETAIL_MAX      512
+
+struct sharded_tensor {
+	char name[APS_MSG_NAME_MAX + 1];
+	uint64_t count;
+	uint32_t first, n_parts; /* its parts: parts[first .. first + n_parts) */
+};
+
+struct aps_sharded {
+	uint32_t n;
+	aps_client *shard[APS_SHARDS_MAX];
+	struct aps_shard_map map;
+	struct aps_format format; /* the uplink format the client asks for */
+	char rules[APS_RULES_MAX];
+	bool whole_max; /* partitions scale by the whole tensor's max (not with error feedback) */
+	struct sharded_tensor *tensors;
+	uint32_t n_tensors;
+	struct aps_shard_part *parts;
+	uint32_t *part_ids; /* each part's tensor id on its shard */
+	uint32_t n_parts;
+};
+
+/* The calling thread's last error of code without its "<strerror>: " head. */
+static const char *detail_of(int code)
+{
+	const char *last = aps_last_error(), *name = aps_strerror(code);
+	size_t skip = strlen(name);
+
+	if (strncmp(last, name, skip) == 0 && last[skip] == ':' && last[skip + 1] == ' ')
+		last += skip + 2;
+	return last;
+}
+
+/* Records the calling thread's last error of code again, behind prefix. */
+static int refail(int code, const char *prefix)
+{
+	char detail[DETAIL_MAX];
+
+	snprintf(detail, sizeof(detail), "%s", detail_of(code));
+	return aps_api_fail(code, "%s%s", prefix, detail);
+}
+
+static int join_shard(struct aps_sharded *sh, const struct aps_client_opts *o, uint32_t i,
+                      const char *endpoint)
+{
+	const char *path = o->trace != NULL ? o->trace : getenv("APS_TRACE");
+	struct aps_client_opts one = *o;
+	char trace[1024], prefix[320];
+	int ret;
+
+	one.endpoint = endpoint;
+	one.trace = "";
+	if (path != NULL && path[0] != '\0') { /* one timeline per shard's client */
+		snprintf(trace, sizeof(trace), "%s.shard%u", path, i);
+		one.trace = trace;
+	}
+	ret = aps_client_new(&sh->shard[i], &one);
+	if (ret < 0) {
+		snprintf(prefix, sizeof(prefix), "shard %u (%.255s): ", i, endpoint);
+		return refail(ret, prefix);
+	}
+	return 0;
+}
+
+static void free_sharded(struct aps_client *c)
+{
+	struct aps_sharded *sh = c->sharded;
+
+	for (uint32_t i = 0; i < sh->n; i++)
+		aps_client_close(sh->shard[i]);
+	free(sh->tensors);
+	free(sh->parts);
+	free(sh->part_ids);
+	free(sh);
+	free(c);
+}
+
+static int setup(struct aps_client *c, const struct aps_client_opts *o,
+                 char (*eps)[APS_SHARDS_ENDPOINT_MAX], uint32_t n)
+{
+	struct aps_sharded *sh = c->sharded;
+	int ret;
+
+	c->pid = getpid();
+	c->rank = o->rank;
+	c->world_size = o->world_size;
+	snprintf(c->endpoint, sizeof(c->endpoint), "%.255s", o->endpoint);
+	if (aps_shards_init(&sh->map, n, o->partition_bytes) < 0)
+		return aps_api_fail(APS_EINVAL, "%u shards: at most %d", n, APS_SHARDS_MAX);
+	sh->whole_max = o->error_feedback == 0;
+	snprintf(sh->rules, sizeof(sh->rules), "%s", o->rules != NULL ? o->rules : "");
+	for (uint32_t i = 0; i < n; i++) {
+		if ((ret = join_shard(sh, o, i, eps[i])) < 0)
+			return ret;
+		sh->n = i + 1;
+	}
+	/* every shard's client accepted o, so the format parses */
+	aps_format_parse(o->format, &sh->format);
+	return 0;
+}
+
+int aps_sharded_new(aps_client **out, const struct aps_client_opts *o)
+{
+	char(*eps)[APS_SHARDS_ENDPOINT_MAX] = malloc(APS_SHARDS_MAX * sizeof(*eps));
+	struct aps_client *c = calloc(1, sizeof(*c));
+	uint32_t n = 0;
+	int ret;
+
+	if (eps == NULL || c == NULL || (c->sharded = calloc(1, sizeof(*c->sharded))) == NULL) {
+		ret = aps_api_fail(APS_ENOMEM, "out of memory");
+	} else if (out == NULL) {
+		ret = aps_api_fail(APS_EINVAL, "out is NULL");
+	} else if (aps_shards_parse(o->endpoint, eps, APS_SHARDS_MAX, &n) < 0) {
+		ret = aps_api_fail(APS_EINVAL,
+		                   "endpoint list '%.200s': 1 to %d endpoints of 1 to %d bytes, "
+		                   "separated by commas",
+		                   o->endpoint, APS_SHARDS_MAX, APS_SHARDS_ENDPOINT_MAX - 1);
+	} else {
+		ret = setup(c, o, eps, n);
+	}
+	free(eps);
+	if (ret < 0) {
+		if (c != NULL && c->sharded != NULL)
+			free_sharded(c);
+		else
+			free(c);
+		return ret;
+	}
+	*out = c;
+	return aps_api_ok();
+}
+
+static struct sharded_tensor *find_tensor(struct aps_sharded *sh, const char *name, uint32_t *id)
+{
+	for (uint32_t i = 0; i < sh->n_tensors; i++) {
+		if (strcmp(sh->tensors[i].name, name) == 0) {
+			*id = i;
+			return &sh->tensors[i];
+		}
+	}
+	return NULL;
+}
+
+/* Room for one more tensor of n parts; false when out of memory. */
+static bool grow(struct aps_sharded *sh, uint32_t n)
+{
+	struct sharded_tensor *t = realloc(sh->tensors, (sh->n_tensors + 1) * sizeof(*t));
+	struct aps_shard_part *p;
+	uint32_t *ids;
+
+	if (t == NULL)
+		return false;
+	sh->tensors = t;
+	if ((p = realloc(sh->parts, (sh->n_parts + n) * sizeof(*p))) == NULL)
+		return false;
+	sh->parts = p;
+	if ((ids = realloc(sh->part_ids, (sh->n_parts + n) * sizeof(*ids))) == NULL)
+		return false;
+	sh->part_ids = ids;
+	return true;
+}
+
+static int register_parts(struct aps_sharded *sh, const char *name, uint32_t first, uint32_t n,
+                          const struct aps_format *f)
+{
+	char part[APS_MSG_NAME_MAX + PART_SUFFIX_MAX + 1], prefix[64];
+	int ret;
+
+	for (uint32_t i = 0; i < n; i++) {
+		const struct aps_shard_part *p = &sh->parts[first + i];
+		if (n > 1)
+			snprintf(part, sizeof(part), "%s#%u", name, i);
+		else
+			snprintf(part, sizeof(part), "%s", name);
+		ret = aps_client_register_as(sh->shard[p->shard], part, p->count, f->name,
+		                             &sh->part_ids[first + i]);
+		if (ret < 0) {
+			snprintf(prefix, sizeof(prefix), "shard %u: ", p->shard);
+			return refail(ret, prefix);
+		}
+	}
+	return 0;
+}
+
+int aps_sharded_register(aps_client *c, const char *name, uint64_t count, uint32_t *tensor_id)
+{
+	struct aps_sharded *sh = c->sharded;
+	struct aps_shard_map before = sh->map;
+	struct sharded_tensor *t;
+	struct aps_format f = sh->format;
+	uint32_t n, id;
+	int ret;
+
+	if (name == NULL || name[0] == '\0' || strlen(name) > APS_MSG_NAME_MAX || count == 0 ||
+	    tensor_id == NULL)
+		return aps_api_fail(APS_EINVAL,
+		                    "a tensor needs a name of 1 to %d bytes, a count of at least 1 "
+		                    "and an id pointer",
+		                    APS_MSG_NAME_MAX);
+	if ((t = find_tensor(sh, name, &id)) != NULL) {
+		if (t->count != count)
+			return aps_api_fail(
+			        APS_EMISMATCH, "tensor '%.200s' has %llu elements, not %llu", name,
+			        (unsigned long long)t->count, (unsigned long long)count);
+		*tensor_id = id;
+		return aps_api_ok();
+	}
+	n = aps_shards_n_parts(&sh->map, count);
+	if (n > 1 && strlen(name) > APS_MSG_NAME_MAX - PART_SUFFIX_MAX)
+		return aps_api_fail(APS_EINVAL,
+		                    "tensor '%.200s' is cut into %u partitions: its name "
+		                    "may have at most %d bytes",
+		                    name, n, APS_MSG_NAME_MAX - PART_SUFFIX_MAX);
+	if (!grow(sh, n))
+		return aps_api_fail(APS_ENOMEM, "out of memory");
+	aps_rules_match(sh->rules, name, &f); /* the bytes it will take, for the balance */
+	aps_shards_assign(&sh->map, count, f.bits, sh->parts + sh->n_parts);
+	if ((ret = register_parts(sh, name, sh->n_parts, n, &f)) < 0) {
+		sh->map = before;
+		return ret;
+	}
+	t = &sh->tensors[sh->n_tensors];
+	snprintf(t->name, sizeof(t->name), "%s", name);
+	t->count = count;
+	t->first = sh->n_parts;
+	t->n_parts = n;
+	sh->n_parts += n;
+	*tensor_id = sh->n_tensors++;
+	return aps_api_ok();
+}
+
+static int tensor_of(struct aps_sharded *sh, uint32_t id, const float *buf, uint64_t count,
+                     const struct sharded_tensor **out)
+{
+	const struct sharded_tensor *t;
+
+	if (id >= sh->n_tensors)
+		return aps_api_fail(APS_EINVAL, "tensor id %u is not registered", id);
+	t = &sh->tensors[id];
+	if (buf == NULL || count != t->count)
+		return aps_api_fail(APS_EINVAL,
+		                    "tensor '%.200s' has %llu elements, the call passes %llu%s",
+		                    t->name, (unsigned long long)t->count,
+		                    (unsigned long long)count, buf == NULL ? " and no buffer" : "");
+	*out = t;
+	return 0;
+}
+
+static struct aps_request *new_parent(struct aps_client *c, uint32_t n)
+{
+	struct aps_request *r = calloc(1, sizeof(*r));
+
+	if (r == NULL)
+		return NULL;
+	r->parts = calloc(n, sizeof(*r->parts));
+	if (r->parts == NULL) {
+		free(r);
+		return NULL;
+	}
+	r->owner = c;
+	r->kind = REQ_SHARDED;
+	return r;
+}
+
+/* Ends a call whose part failed to start: waits for the parts already started. */
+static int abandon(struct aps_request *r, int code)
+{
+	char detail[DETAIL_MAX];
+
+	snprintf(detail, sizeof(detail), "%s", detail_of(code));
+	aps_sharded_wait(r);
+	return aps_api_fail(code, "%s", detail);
+}
+
+static int start_parts(struct aps_client *c, const struct sharded_tensor *t, float *buf,
+                       int32_t timeout_ms, const float *maxabs, aps_request **out)
+{
+	struct aps_sharded *sh = c->sharded;
+	struct aps_request *r = new_parent(c, t->n_parts);
+	int ret;
+
+	if (r == NULL)
+		return aps_api_fail(APS_ENOMEM, "out of memory");
+	for (uint32_t i = 0; i < t->n_parts; i++) {
+		const struct aps_shard_part *p = &sh->parts[t->first + i];
+		aps_client *one = sh->shard[p->shard];
+		uint32_t id = sh->part_ids[t->first + i];
+		if (maxabs == NULL) /* a broadcast */
+			ret = aps_client_broadcast_start(one, id, buf + p->offset, p->count,
+			                                 timeout_ms, &r->parts[i]);
+		else
+			ret = aps_client_allreduce_part(one, id, buf + p->offset, p->count,
+			                                timeout_ms, sh->whole_max ? maxabs : NULL,
+			                                &r->parts[i]);
+		if (ret < 0)
+			return abandon(r, ret);
+		r->n_parts = i + 1;
+	}
+	*out = r;
+	return aps_api_ok();
+}
+
+int aps_sharded_allreduce_start(aps_client *c, uint32_t tensor_id, float *buf, uint64_t count,
+                                int32_t timeout_ms, aps_request **out)
+{
+	const struct sharded_tensor *t = NULL;
+	bool nonfinite;
+	float maxabs;
+	int ret;
+
+	if (out == NULL)
+		return aps_api_fail(APS_EINVAL, "request pointer is NULL");
+	if ((ret = tensor_of(c->sharded, tensor_id, buf, count, &t)) < 0)
+		return ret;
+	maxabs = aps_codec_scan(buf, count, &nonfinite); /* one pass: the max, and inf or NaN */
+	if (nonfinite)
+		return aps_api_fail(APS_ENONFINITE,
+		                    "tensor '%.200s' holds %zu NaN or inf values; nothing was sent",
+		                    t->name, aps_codec_count_nonfinite_f32(buf, count));
+	return start_parts(c, t, buf, timeout_ms, &maxabs, out);
+}
+
+int aps_sharded_broadcast_start(aps_client *c, uint32_t tensor_id, float *buf, uint64_t count,
+                                int32_t timeout_ms, aps_request **out)
+{
+	const struct sharded_tensor *t = NULL;
+	int ret;
+
+	if (out == NULL)
+		return aps_api_fail(APS_EINVAL, "request pointer is NULL");
+	if ((ret = tensor_of(c->sharded, tensor_id, buf, count, &t)) < 0)
+		return ret;
+	return start_parts(c, t, buf, timeout_ms, NULL, out);
+}
+
+int aps_sharded_barrier(aps_client *c, int32_t timeout_ms)
+{
+	struct aps_sharded *sh = c->sharded;
+	struct aps_request *r = new_parent(c, sh->n);
+	int ret;
+
+	if (r == NULL)
+		return aps_api_fail(APS_ENOMEM, "out of memory");
+	for (uint32_t i = 0; i < sh->n; i++) {
+		if ((ret = aps_client_barrier_start(sh->shard[i], timeout_ms, &r->parts[i])) < 0)
+			return abandon(r, ret);
+		r->n_parts = i + 1;
+	}
+	return aps_sharded_wait(r);
+}
+
+int aps_sharded_wait(struct aps_request *r)
+{
+	char detail[DETAIL_MAX] = "";
+	int result = 0;
+
+	for (uint32_t i = 0; i < r->n_parts; i++) {
+		int ret = aps_request_wait(r->parts[i]);
+		if (ret < 0 && result == 0) {
+			result = ret;
+			snprintf(detail, sizeof(detail), "%s", detail_of(ret));
+		}
+	}
+	free(r->parts);
+	free(r);
+	return result < 0 ? aps_api_fail(result, "%s", detail) : aps_api_ok();
+}
+
+int aps_sharded_done(const struct aps_request *r)
+{
+	for (uint32_t i = 0; i < r->n_parts; i++) {
+		if (aps_request_done(r->parts[i]) != 1)
+			return 0;
+	}
+	return 1;
+}
+
+int aps_sharded_close(aps_client *c)
+{
+	free_sharded(c);
+	return 0;
+}
