@@ -235,6 +235,9 @@ static void step_mismatch(struct aps_server *srv, struct aps_job *job, const str
 	         "tensor '%.80s': rank %u is at step %llu, the others at step %llu (a result "
 	         "some ranks got was lost, as when apsd restarts mid-round): start the job again",
 	         t->name, m->rank, (unsigned long long)m->step, (unsigned long long)t->round.step);
+	/* For good: ranks that join later are refused at HELLO, not left to time out. */
+	if (job->departed[0] == '\0')
+		snprintf(job->departed, sizeof(job->departed), "%s", text);
 	aps_server_error_job(srv, job, APS_EMISMATCH, text);
 }
 

@@ -333,10 +333,10 @@ static int run(const struct args *a, aps_client *c)
 		char name[32];
 		snprintf(name, sizeof(name), "layer%d.weight", t);
 		if ((ret = aps_client_register(c, name, a->sizes[t], &ids[t])) < 0) {
-			/* e.g. apsd restarted (soak): under ASan a leak here would exit 1 */
-			for (int u = 0; u < t; u++)
-				free(xs[u]);
-			return fail(ret);
+			ret = fail(ret);
+			while (t-- > 0)
+				free(xs[t]);
+			return ret;
 		}
 		max = a->sizes[t] > max ? a->sizes[t] : max;
 		xs[t] = malloc(a->sizes[t] * sizeof(float));

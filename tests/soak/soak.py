@@ -185,9 +185,12 @@ class Job:
         self.report["results_verified"] += text.count("ok step=")
         if rank == 0:
             self.report["rounds"] += text.count("ok step=")
-        if code == 1 or "MISMATCH step=" in text or "OVERFLOW" in text:
+        if "MISMATCH step=" in text or "OVERFLOW step=" in text:
             self.report["wrong_results"] += 1
             self.report["wrong_samples"].append(text[-400:])
+        if "Sanitizer" in text:  # an ASan/UBSan build reports at exit (status 1 too)
+            self.report["sanitizer_reports"] += 1
+            self.report["sanitizer_samples"].append(text[-1500:])
         for name in ERROR_NAME.findall(text):
             self.report["errors"][name] = self.report["errors"].get(name, 0) + 1
         if self.killed and rank != self.killed[0] and "APS_EPEERLOST" in text:
@@ -209,7 +212,8 @@ def run(args):
     report = {"seconds": args.seconds, "jobs": args.jobs, "ranks_per_job": args.ranks,
               "rounds": 0, "results_verified": 0, "wrong_results": 0, "wrong_samples": [],
               "hung_workers": 0, "unprovoked_failures": 0, "lost_rank_misnamed": 0,
-              "restarts_survived": 0, "rejoin_refused": 0,
+              "restarts_survived": 0, "rejoin_refused": 0, "sanitizer_reports": 0,
+              "sanitizer_samples": [],
               "faults": {"worker_kill9": 0, "daemon_sigterm": 0, "daemon_sigkill": 0},
               "errors": {}, "detect_s": [], "daemon_restart_s": [], "rogue": [],
               "rss_kib": [], "tmp": tmp}
@@ -265,10 +269,11 @@ def run(args):
         for job in jobs:  # did the rejoin job go on across the restart, and make progress?
             for mark in [x for x in job.survival if now - x[1] > 4.0]:
                 job.survival.remove(mark)
-                inc, _, before = mark
+                inc, when, before = mark
                 if job.incarnation == inc and job.results_so_far() > before:
                     report["restarts_survived"] += 1
-                    job.restarted_daemon = None  # a later failure has another cause
+                    if job.restarted_daemon == when:  # no later restart: a later
+                        job.restarted_daemon = None  # failure has another cause
         rss = rss_kib(daemon.proc.pid)
         if rss is not None:
             report["rss_kib"].append((round(now - daemon.started, 1), rss))
@@ -288,6 +293,9 @@ def run(args):
         job.stop()
     report["final_exit"] = daemon.stop(signal.SIGTERM)
     report["daemon_exits"] = daemon.exits
+    report["daemon_sanitizer_reports"] = sum(
+        pathlib.Path(tmp, f"apsd{i}.log").read_text(errors="replace").count("Sanitizer")
+        for i in range(1, daemon.incarnation + 1))
     return report
 
 
@@ -314,6 +322,7 @@ def summarize(args, report):
     checks = {
         "rounds completed": report["rounds"] > 0,
         "no wrong result": report["wrong_results"] == 0,
+        "no sanitizer report from a worker": report["sanitizer_reports"] == 0,
         "no hung worker": report["hung_workers"] == 0,
         "lost ranks named": report["lost_rank_misnamed"] == 0,
         f"kill -9 detected within {bound:.0f} s": bool(detect) and max(detect) <= bound,
@@ -323,6 +332,9 @@ def summarize(args, report):
         "the rejoin job went on across a daemon restart": report["restarts_survived"] >= 1,
         "no failure without an injected cause": report["unprovoked_failures"] == 0,
         "daemon ends with exit 0": report["final_exit"] == 0,
+        "every SIGTERM ended the daemon with exit 0":
+            all(code == 0 for name, code in report["daemon_exits"] if name == "SIGTERM"),
+        "no sanitizer report from the daemon": report["daemon_sanitizer_reports"] == 0,
     }
     if not args.no_rss_check:
         checks["RSS within 5 % after warm-up"] = ratio is not None and ratio <= 1.05
