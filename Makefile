@@ -40,7 +40,8 @@ fuzz: deps
 	@tests/fuzz/run-fuzz.sh $(FUZZ_SECONDS)
 
 # Fashion-MNIST trained by apsd and 4 workers in fp32, e4m3 and e3m0, without
-# scaling and with APS: a table and build/demo/fashion_mnist.png (~2 min).
+# scaling and with APS, and e4m3 APS with SGD on apsd (optimize mode): a table and
+# build/demo/fashion_mnist.png (~3 min).
 demo: build
 	@PYTHONPATH=worker/python $(PYTHON) worker/examples/fashion_mnist_demo.py
 

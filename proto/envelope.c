@@ -48,6 +48,9 @@ void aps_envelope_from_msg(const struct aps_msg *m, uint32_t payload_crc, Aps__E
 	env->exponents = (int32_t *)m->exponents;
 	env->n_tensor_ids = m->n_tensor_ids;
 	env->tensor_ids = (uint32_t *)m->tensor_ids;
+	env->optimizer = (char *)m->optimizer;
+	env->lr = m->lr;
+	env->updates = m->updates;
 }
 
 static void copy_string(char *dst, size_t cap, const char *src)
@@ -94,4 +97,7 @@ void aps_envelope_to_msg(const Aps__Envelope *env, struct aps_msg *m)
 	        copy_list(m->exponents, env->exponents, env->n_exponents, sizeof(m->exponents[0]));
 	m->n_tensor_ids = copy_list(m->tensor_ids, env->tensor_ids, env->n_tensor_ids,
 	                            sizeof(m->tensor_ids[0]));
+	copy_string(m->optimizer, sizeof(m->optimizer), env->optimizer);
+	m->lr = env->lr;
+	m->updates = env->updates;
 }

@@ -14,20 +14,23 @@
 #include <stdint.h>
 
 #define APS_PROTO_VERSION_MAJOR 1
-#define APS_PROTO_VERSION_MINOR 3
+#define APS_PROTO_VERSION_MINOR 4
 
-#define APS_MSG_JOB_MAX  64  /* bytes of a job name, NUL excluded */
-#define APS_MSG_NAME_MAX 255 /* bytes of a tensor name, NUL excluded */
-#define APS_MSG_TEXT_MAX 255 /* bytes of an error text, NUL excluded */
-#define APS_MSG_LIST_MAX 256 /* entries of waiting_for and of exponents */
+#define APS_MSG_JOB_MAX   64  /* bytes of a job name, NUL excluded */
+#define APS_MSG_NAME_MAX  255 /* bytes of a tensor name, NUL excluded */
+#define APS_MSG_TEXT_MAX  255 /* bytes of an error text, NUL excluded */
+#define APS_MSG_LIST_MAX  256 /* entries of waiting_for and of exponents */
+#define APS_MSG_OPTIM_MAX 127 /* bytes of an optimizer spec, NUL excluded */
 
 /* Envelope.flags bits (aps.proto); every other bit is rejected. */
 #define APS_MSG_FLAG_SKIP        (1u << 0) /* PUSH/RESULT: no data, no payload frame */
 #define APS_MSG_FLAG_LOWP_SUM    (1u << 1) /* sum in the low-precision format */
 #define APS_MSG_FLAG_POLICY_AUTO (1u << 2) /* HELLO: the automatic precision policy */
+#define APS_MSG_FLAG_UPDATE      (1u << 3) /* optimize mode: PUSH a gradient, RESULT an update */
 #define APS_MSG_FLAG_REJOIN      (1u << 4) /* REGISTER: step is where this rank is */
-#define APS_MSG_FLAGS_KNOWN \
-	(APS_MSG_FLAG_SKIP | APS_MSG_FLAG_LOWP_SUM | APS_MSG_FLAG_POLICY_AUTO | APS_MSG_FLAG_REJOIN)
+#define APS_MSG_FLAGS_KNOWN                                                     \
+	(APS_MSG_FLAG_SKIP | APS_MSG_FLAG_LOWP_SUM | APS_MSG_FLAG_POLICY_AUTO | \
+	 APS_MSG_FLAG_UPDATE | APS_MSG_FLAG_REJOIN)
 
 /* aps_msg.scaling when the sender states no mode (the job's default). */
 #define APS_MSG_SCALING_UNSET (-1)
@@ -46,7 +49,9 @@
 	X(BYE, 10)          \
 	X(ERROR, 11)        \
 	X(EXPONENTS, 12)    \
-	X(SCALES, 13)
+	X(SCALES, 13)       \
+	X(PULL, 14)         \
+	X(WEIGHTS, 15)
 
 enum aps_msg_type {
 	APS_MSG_UNSPECIFIED = 0,
@@ -88,6 +93,9 @@ struct aps_msg {
 	int32_t exponents[APS_MSG_LIST_MAX]; /* EXPONENTS/SCALES: one per tensor_ids[i] */
 	uint32_t n_tensor_ids;
 	uint32_t tensor_ids[APS_MSG_LIST_MAX];
+	char optimizer[APS_MSG_OPTIM_MAX + 1]; /* HELLO/WELCOME: "" all-reduce, else optimize */
+	float lr;                              /* PUSH with APS_MSG_FLAG_UPDATE */
+	uint64_t updates; /* REGISTERED, WEIGHTS: the tensor's optimizer updates */
 	/*
 	 * Frame 1, borrowed: NULL when the message has no payload frame. Packing
 	 * writes payload_len and the CRC32C of these bytes into the header.

@@ -63,6 +63,8 @@ static const struct type_rule rules[APS_MSG_TYPE_COUNT] = {
 	[APS_MSG_ERROR] = { false, true, NEED_ERROR, PAYLOAD_NONE },
 	[APS_MSG_EXPONENTS] = { true, false, ID | NEED_IDS, PAYLOAD_NONE },
 	[APS_MSG_SCALES] = { false, true, ID | NEED_IDS, PAYLOAD_NONE },
+	[APS_MSG_PULL] = { true, false, ID, PAYLOAD_NONE },
+	[APS_MSG_WEIGHTS] = { false, true, DAT, PAYLOAD_FP32 },
 };
 
 #undef ID
@@ -173,6 +175,24 @@ static int check_version_and_type(struct check *c, const Aps__Envelope *env)
 	return 0;
 }
 
+/* Optimize mode (1.4): the spec only on HELLO/WELCOME, a learning rate only on a PUSH. */
+static int check_optimizer(struct check *c, const Aps__Envelope *env)
+{
+	int type = (int)env->type;
+
+	if (strlen(env->optimizer) > APS_MSG_OPTIM_MAX || !ascii_only(env->optimizer, '!'))
+		return fail(c, APS_MSG_FAULT_BAD_OPTIMIZER,
+		            "optimizer is not 1..%d visible ASCII bytes", APS_MSG_OPTIM_MAX);
+	if (env->optimizer[0] != '\0' && type != APS_MSG_HELLO && type != APS_MSG_WELCOME)
+		return fail(c, APS_MSG_FAULT_BAD_OPTIMIZER, "optimizer on a %s", c->what);
+	if (!isfinite(env->lr) || env->lr < 0)
+		return fail(c, APS_MSG_FAULT_BAD_OPTIMIZER,
+		            "learning rate %g is not finite and >= 0", (double)env->lr);
+	if (env->lr != 0 && type != APS_MSG_PUSH)
+		return fail(c, APS_MSG_FAULT_BAD_OPTIMIZER, "learning rate on a %s", c->what);
+	return 0;
+}
+
 /* What struct aps_msg cannot hold: long strings, long lists, unknown enums. */
 static int check_envelope(struct check *c, const Aps__Envelope *env)
 {
@@ -201,7 +221,7 @@ static int check_envelope(struct check *c, const Aps__Envelope *env)
 	if ((unsigned)env->scaling > (unsigned)APS__SCALING_MODE__SCALING_GLOBAL)
 		return fail(c, APS_MSG_FAULT_BAD_SCALE, "scaling mode %d is unknown",
 		            (int)env->scaling);
-	return 0;
+	return check_optimizer(c, env);
 }
 
 static bool anonymous(const struct aps_msg *m)

@@ -37,7 +37,8 @@
 	X(UNEXPECTED_PAYLOAD, "unexpected_payload", "payload frame on a type without data") \
 	X(BAD_LENGTH, "bad_length", "payload length differs from header or count")          \
 	X(BAD_CRC, "bad_crc", "payload CRC32C differs from the header")                     \
-	X(NONFINITE, "nonfinite", "inf or NaN inside a payload")
+	X(NONFINITE, "nonfinite", "inf or NaN inside a payload")                            \
+	X(BAD_OPTIMIZER, "bad_optimizer", "optimizer spec or learning rate out of range")
 
 enum aps_msg_fault_kind {
 	APS_MSG_FAULT_NONE = 0,

@@ -140,6 +140,14 @@ static const struct key keys[] = {
 	          "tensor moves back up soon)" },
 	{ KEY(chunk_bytes), .type = KEY_SIZE, .min = KIB, .max = GIB, .def = "4M",
 	  .help = "large tensors travel in chunks of this many fp32 bytes (suffixes k, M, G)" },
+	{ KEY(checkpoint_dir), .type = KEY_STRING, .def = "", .unset = "automatic DIR",
+	  .help = "where optimize-mode jobs write checkpoints and resume from (default: "
+	          "$STATE_DIRECTORY under systemd, else no checkpoints)" },
+	{ KEY(checkpoint_steps), .type = KEY_INT, .min = 0, .max = 1000000000, .def = "100",
+	  .help = "optimize mode: a checkpoint every N optimizer steps (0: only when the daemon "
+	          "stops and when a job ends)" },
+	{ KEY(checkpoint_keep), .type = KEY_INT, .min = 1, .max = 1000, .def = "2",
+	  .help = "checkpoint files kept per job, newest first" },
 };
 
 #define NKEYS (sizeof(keys) / sizeof(keys[0]))

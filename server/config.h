@@ -65,6 +65,9 @@ struct aps_config {
 	int small_tensor_elems;
 	double flush_up, flush_down, error_up, error_down;
 	int window_up, window_down;
+	char checkpoint_dir[APS_CONFIG_ENDPOINT_MAX + 1]; /* "" : $STATE_DIRECTORY, or off */
+	int checkpoint_steps;                             /* 0: only at stop and job end */
+	int checkpoint_keep;                              /* files kept per job */
 };
 
 struct aps_config_error {

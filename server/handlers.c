@@ -30,7 +30,7 @@ static bool lowp_needs_global(bool lowp, const struct aps_msg *m)
 
 /* The job's options as a HELLO states them; "" when they agree with the job. */
 static bool options_differ(const struct aps_job *job, bool job_policy_auto, const struct aps_msg *m,
-                           char *why, size_t len)
+                           const char *spec, char *why, size_t len)
 {
 	const char *down = job->downlink_auto ? "" : job->downlink.name;
 
@@ -53,12 +53,17 @@ static bool options_differ(const struct aps_job *job, bool job_policy_auto, cons
 	else if (m->format[0] != '\0' && strcmp(down, m->format) != 0)
 		snprintf(why, len, "job '%s' uses downlink '%s', rank %u asks for '%s'", job->name,
 		         down[0] ? down : "auto", m->rank, m->format);
+	else if (strcmp(job->optim_spec, spec) != 0)
+		snprintf(why, len, "job '%s' runs optimizer '%s', rank %u asks for '%s'", job->name,
+		         job->optim_spec[0] ? job->optim_spec : "(none: all-reduce)", m->rank,
+		         spec[0] ? spec : "(none: all-reduce)");
 	else
 		return false;
 	return true;
 }
 
-static int create_job(struct aps_server *srv, const struct aps_msg *m, struct aps_job **out)
+static int create_job(struct aps_server *srv, const struct aps_msg *m,
+                      const struct aps_optim_config *optim, struct aps_job **out)
 {
 	struct aps_job *job;
 	int ret;
@@ -82,9 +87,11 @@ static int create_job(struct aps_server *srv, const struct aps_msg *m, struct ap
 		aps_format_parse(m->format, &job->downlink);
 	}
 	srv->counters.jobs_started++;
-	aps_log_info("server", "job started job=%s world_size=%u scaling=%s downlink=%s", job->name,
-	             job->world_size, aps_scaling_name(job->scaling),
-	             job->downlink_auto ? "auto" : job->downlink.name);
+	aps_log_info("server", "job started job=%s world_size=%u scaling=%s downlink=%s mode=%s%s",
+	             job->name, job->world_size, aps_scaling_name(job->scaling),
+	             job->downlink_auto ? "auto" : job->downlink.name,
+	             optim->kind == APS_OPTIM_NONE ? "allreduce" : "optimize ", m->optimizer);
+	aps_optimize_job_start(srv, job, optim);
 	*out = job;
 	return 0;
 }
@@ -100,12 +107,22 @@ void aps_handle_hello(struct aps_server *srv, struct aps_session *s, const struc
 {
 	struct aps_job *job = aps_jobs_find(&srv->jobs, m->job);
 	struct aps_session *holder;
-	char why[APS_MSG_TEXT_MAX + 1];
+	char why[APS_MSG_TEXT_MAX + 1], spec[APS_OPTIM_SPEC_MAX] = "";
+	struct aps_optim_config optim;
 	struct aps_msg w;
 
 	if (s->job != NULL)
 		return refuse_hello(srv, s, m, APS_EPROTO, "this connection already joined a job");
-	if (job != NULL && options_differ(job, srv->opts.policy.automatic, m, why, sizeof(why)))
+	if (aps_optimize_parse_hello(m, &optim, why, sizeof(why)) < 0)
+		return refuse_hello(srv, s, m, APS_EINVAL, why);
+	if (optim.kind != APS_OPTIM_NONE)
+		aps_optim_describe(&optim, spec, sizeof(spec));
+	if (optim.kind != APS_OPTIM_NONE && srv->opts.lowp)
+		return refuse_hello(srv, s, m, APS_EMISMATCH,
+		                    "this daemon sums in low precision (sum = lowp): optimize mode "
+		                    "needs the fp32 sum");
+	if (job != NULL &&
+	    options_differ(job, srv->opts.policy.automatic, m, spec, why, sizeof(why)))
 		return refuse_hello(srv, s, m, APS_EMISMATCH, why);
 	if (job == NULL && lowp_needs_global(srv->opts.lowp, m)) {
 		snprintf(why, sizeof(why),
@@ -127,7 +144,7 @@ void aps_handle_hello(struct aps_server *srv, struct aps_session *s, const struc
 		         m->job);
 		return refuse_hello(srv, s, m, APS_EBUSY, why);
 	}
-	if (job == NULL && create_job(srv, m, &job) < 0) {
+	if (job == NULL && create_job(srv, m, &optim, &job) < 0) {
 		snprintf(why, sizeof(why), "cannot start job '%s': %u jobs is the limit", m->job,
 		         srv->opts.max_jobs);
 		return refuse_hello(srv, s, m, APS_ERANGE, why);
@@ -141,6 +158,7 @@ void aps_handle_hello(struct aps_server *srv, struct aps_session *s, const struc
 	w.scaling = (int)job->scaling;
 	if (!job->downlink_auto)
 		snprintf(w.format, sizeof(w.format), "%s", job->downlink.name);
+	snprintf(w.optimizer, sizeof(w.optimizer), "%s", job->optim_spec);
 	aps_server_send(srv, &s->peer, &w, NULL);
 }
 
@@ -152,7 +170,7 @@ static void init_tensor(struct aps_job *job, struct aps_tensor *t, struct aps_tr
 
 	t->round.trace = trace;
 	t->round.label = t->name;
-	t->round.measure_error = job->policy.automatic;
+	t->round.measure_error = job->policy.automatic && job->optim.kind == APS_OPTIM_NONE;
 	if (aps_format_parse(requested[0] ? requested : "fp32", &f) < 0)
 		aps_format_parse("fp32", &f);
 	aps_policy_init(&job->policy, t->name, t->count, &f, &t->policy);
@@ -197,6 +215,7 @@ static void send_registered(struct aps_server *srv, struct aps_job *job, struct 
 	r.total_count = t->count;
 	r.chunk_count = t->round.chunk_elems; /* the chunk size every rank must use */
 	r.step = t->round.step;               /* the next step: where a rank that is back starts */
+	r.updates = t->opt.updates;           /* optimize mode: what a checkpoint restored */
 	snprintf(r.format, sizeof(r.format), "%s", t->policy.current.name);
 	aps_server_send(srv, &s->peer, &r, NULL);
 }
@@ -230,14 +249,19 @@ void aps_handle_register(struct aps_server *srv, struct aps_session *s, const st
 
 	if (t != NULL && t->count != m->total_count)
 		return registration_mismatch(srv, job, t, m);
-	if (t == NULL && m->total_count > (srv->opts.max_job_bytes - job->tensor_bytes) / 4) {
+	/* fp32 bytes per element: the sum, and in optimize mode weights, view and state */
+	uint64_t per =
+	        4 *
+	        (1 + (job->optim.kind != APS_OPTIM_NONE ? 2 + aps_optim_slots(&job->optim) : 0));
+	if (t == NULL && m->total_count > (srv->opts.max_job_bytes - job->tensor_bytes) / per) {
 		srv->counters.bad_state++;
-		aps_server_send_error(srv, &s->peer, APS_ERANGE, m,
-		                      "cannot register tensor '%.80s' (%llu elements): job '%s' "
-		                      "would hold %llu fp32 bytes, max_job_bytes is %llu",
-		                      m->tensor_name, (unsigned long long)m->total_count, job->name,
-		                      (unsigned long long)(job->tensor_bytes + m->total_count * 4),
-		                      (unsigned long long)srv->opts.max_job_bytes);
+		aps_server_send_error(
+		        srv, &s->peer, APS_ERANGE, m,
+		        "cannot register tensor '%.80s' (%llu elements): job '%s' "
+		        "would hold %llu fp32 bytes, max_job_bytes is %llu",
+		        m->tensor_name, (unsigned long long)m->total_count, job->name,
+		        (unsigned long long)(job->tensor_bytes + m->total_count * per),
+		        (unsigned long long)srv->opts.max_job_bytes);
 		return;
 	}
 	bool rejoin = (m->flags & APS_MSG_FLAG_REJOIN) != 0;
@@ -251,6 +275,8 @@ void aps_handle_register(struct aps_server *srv, struct aps_session *s, const st
 			init_tensor(job, t, srv->opts.trace, m->format);
 			t->round.step = rejoin ? m->step : 0; /* where workers that rejoin are */
 		}
+		if (ret == 0)
+			ret = aps_optimize_register(srv, job, t);
 		if (ret < 0) {
 			aps_server_send_error(srv, &s->peer, ret, m,
 			                      "cannot register tensor '%.80s': %s", m->tensor_name,
@@ -281,6 +307,8 @@ static void fan_out(struct aps_server *srv, struct aps_job *job, struct aps_tens
 	r.scaling = (int)job->scaling;
 	r.flushed = res->stats.flushed;
 	r.flags = res->lowp_sum ? APS_MSG_FLAG_LOWP_SUM : 0;
+	if (type == APS_MSG_RESULT && job->optim.kind != APS_OPTIM_NONE)
+		r.flags |= APS_MSG_FLAG_UPDATE; /* the payload is added to the weights */
 	snprintf(r.next_format, sizeof(r.next_format), "%s", next_format);
 	uint64_t t0 = srv->opts.trace != NULL ? aps_trace_now() : 0;
 	uint8_t hdr[APS_SERVER_HEADER_MAX];
@@ -356,7 +384,10 @@ static void finish_chunk(struct aps_server *srv, struct aps_job *job, struct aps
 	}
 	note_result(srv, job, t, &res, flushed);
 	fan_out(srv, job, t, step, &res, broadcast ? APS_MSG_BROADCAST : APS_MSG_RESULT,
-	        res.step_done && !broadcast ? decide_format(srv, job, t, step) : "");
+	        res.step_done && !broadcast && job->optim.kind == APS_OPTIM_NONE
+	                ? decide_format(srv, job, t, step)
+	                : "");
+	aps_optimize_chunk_done(srv, job, t, &res, broadcast);
 	aps_sbuf_unref(res.payload);
 	if (!res.step_done)
 		return;
@@ -438,6 +469,8 @@ void aps_handle_push(struct aps_server *srv, struct aps_session *s, const struct
 		srv->counters.bad_state++;
 		return;
 	}
+	if (!aps_optimize_check_push(srv, s, t, m))
+		return;
 	if (contribution_of(in, m, &c) < 0) {
 		aps_server_send_error(srv, &s->peer, APS_ENOMEM, m, "out of memory");
 		return;

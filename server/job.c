@@ -63,6 +63,7 @@ static void free_tensor(struct aps_tensor *tensor)
 	if (tensor == NULL)
 		return;
 	aps_round_fini(&tensor->round);
+	aps_optim_tensor_fini(&tensor->opt);
 	free(tensor->registered);
 	free(tensor->exp_has);
 	free(tensor);
@@ -73,6 +74,7 @@ static void free_job(struct aps_job *job)
 	for (uint32_t i = 0; i < job->n_tensors; i++)
 		free_tensor(job->tensors[i]);
 	free(job->tensors);
+	aps_ckpt_free(&job->resume);
 	free(job->ranks);
 	free(job->barrier_has);
 	free(job->absent);
@@ -198,6 +200,11 @@ void aps_job_abort_rounds(struct aps_job *job)
 {
 	for (uint32_t i = 0; i < job->n_tensors; i++) {
 		struct aps_tensor *t = job->tensors[i];
+		/* Optimize mode: chunks already stepped cannot be taken back. */
+		if (t->opt.ready && t->round.kind == APS_ROUND_ALLREDUCE &&
+		    t->round.chunks_finished > 0)
+			t->opt.torn = true;
+		t->opt.lr_rank = UINT32_MAX;
 		aps_round_abort(&t->round);
 		memset(t->exp_has, 0, job->world_size * sizeof(*t->exp_has));
 		t->exp_arrived = 0;

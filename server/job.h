@@ -10,6 +10,8 @@
 #include "common/format.h"
 #include "common/scale.h"
 #include "proto/frame.h"
+#include "server/checkpoint.h"
+#include "server/optimizer.h"
 #include "server/policy.h"
 #include "server/round.h"
 #include "server/zbridge.h"
@@ -58,6 +60,8 @@ struct aps_tensor {
 	bool *exp_has; /* world_size: the rank sent its exponent */
 	uint32_t exp_arrived;
 	int32_t exp_max;
+	struct aps_optim_tensor opt;          /* optimize mode: weights and state */
+	const struct aps_optim_config *optim; /* the job's, for the round's transform */
 };
 
 struct aps_job {
@@ -80,11 +84,16 @@ struct aps_job {
 	bool *absent;
 	struct aps_tensor **tensors;
 	uint32_t n_tensors, cap_tensors;
-	uint64_t tensor_bytes; /* fp32 bytes of its tensors: what max_job_bytes bounds */
+	uint64_t tensor_bytes; /* fp32 bytes of its tensors (optimize mode: with weights and
+	                          state): what max_job_bytes bounds */
 	uint64_t barrier_step;
 	bool *barrier_has;
 	uint32_t barrier_arrived;
 	uint64_t rounds_completed;
+	struct aps_optim_config optim;       /* kind APS_OPTIM_NONE: all-reduce mode */
+	char optim_spec[APS_OPTIM_SPEC_MAX]; /* canonical, "" in all-reduce mode */
+	struct aps_ckpt resume;              /* loaded at start; tensors taken at REGISTER */
+	uint64_t last_ckpt_step;             /* step of the last checkpoint queued */
 	/*
 	 * Why the first rank that was lost or left did so, "" while every rank is
 	 * there: no later round of the job can complete, so every later

@@ -16,11 +16,13 @@
 
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 struct daemon {
 	struct aps_config cfg;
 	struct aps_format downlink;
-	char summary[512];
+	char summary[1024];
 	char stats_path[256];
 	struct aps_server *srv;
 	struct aps_stats *stats;
@@ -113,6 +115,17 @@ static void watch_signals(struct daemon *d, uv_loop_t *loop)
 	uv_signal_start(&d->sighup, on_reload, SIGHUP);
 }
 
+/* checkpoint_dir, else systemd's StateDirectory= (/var/lib/apsd), else none. */
+static const char *checkpoint_dir(const struct aps_config *cfg)
+{
+	const char *state = getenv("STATE_DIRECTORY");
+
+	if (cfg->checkpoint_dir[0] != '\0')
+		return cfg->checkpoint_dir;
+	/* StateDirectory= may list several, separated by ':': the first is ours. */
+	return state != NULL && state[0] != '\0' && strchr(state, ':') == NULL ? state : NULL;
+}
+
 static struct aps_server_opts server_opts(struct daemon *d)
 {
 	const struct aps_config *cfg = &d->cfg;
@@ -136,6 +149,9 @@ static struct aps_server_opts server_opts(struct daemon *d)
 		.chunk_elems = (size_t)(cfg->chunk_bytes / sizeof(float)) & ~(size_t)7,
 		.summary = d->summary,
 		.trace = d->trace,
+		.checkpoint_dir = checkpoint_dir(cfg),
+		.checkpoint_steps = (uint64_t)cfg->checkpoint_steps,
+		.checkpoint_keep = (unsigned)cfg->checkpoint_keep,
 	};
 }
 

@@ -101,10 +101,16 @@ static json_t *jobs(const struct aps_server *srv)
 
 	for (const struct aps_job *j = srv->jobs.jobs; j != NULL; j = j->next) {
 		uint64_t step = 0;
+		json_t *o;
 		for (uint32_t i = 0; i < j->n_tensors; i++)
 			step = j->tensors[i]->round.step > step ? j->tensors[i]->round.step : step;
-		json_array_append_new(
-		        a,
+		o = json_pack("{s:s, s:s, s:I}", "mode",
+		              j->optim.kind == APS_OPTIM_NONE ? "allreduce" : "optimize",
+		              "optimizer", j->optim_spec, "last_checkpoint_step",
+		              (json_int_t)j->last_ckpt_step);
+		json_array_append_new(a, o);
+		json_object_update_new(
+		        o,
 		        json_pack("{s:s, s:i, s:i, s:s, s:s, s:b, s:i, s:I, s:I, s:o}", "name",
 		                  j->name, "world_size", (int)j->world_size, "connected",
 		                  (int)aps_job_connected(j), "scaling",
@@ -141,9 +147,10 @@ static json_t *tensor(const struct aps_job *j, const struct aps_tensor *t)
 	const struct aps_tensor_stats *st = &t->stats;
 	double ratio = st->bytes_in ? (double)st->elements_in * 4.0 / (double)st->bytes_in : 0.0;
 
-	json_t *o = json_pack("{s:s, s:s, s:f, s:I}", "policy_format", t->policy.current.name,
-	                      "reason", t->policy.reason, "rel_error", st->rel_error,
-	                      "format_switches", (json_int_t)t->policy.switches);
+	json_t *o =
+	        json_pack("{s:s, s:s, s:f, s:I, s:I}", "policy_format", t->policy.current.name,
+	                  "reason", t->policy.reason, "rel_error", st->rel_error, "format_switches",
+	                  (json_int_t)t->policy.switches, "updates", (json_int_t)t->opt.updates);
 
 	json_object_update_new(
 	        o, json_pack("{s:s, s:s, s:i, s:I, s:s, s:s, s:i, s:i, s:f, s:I, s:I, "

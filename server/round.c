@@ -353,6 +353,8 @@ int aps_round_finish_chunk(struct aps_round *r, uint32_t chunk, const struct aps
 	scaling = result_format(r, chunk, down, scaling, res);
 	if (r->kind == APS_ROUND_ALLREDUCE && !r->lowp)
 		aps_codec_divide(acc, n, (float)r->chunks[chunk].summed);
+	if (r->transform != NULL)
+		r->transform(r->transform_ctx, r->kind, res->offset, acc, n);
 	ret = encode(acc, n, scaling, res);
 	aps_trace_stage(r->trace, "quantize", t0, r->label, r->step, chunk);
 	if (ret == 0 && r->measure_error && r->kind == APS_ROUND_ALLREDUCE)

@@ -115,6 +115,7 @@ void aps_server_rank_gone(struct aps_server *srv, struct aps_session *s, bool lo
 	if (aps_job_connected(job) == 0) {
 		aps_log_info("server", "job ended job=%s rounds=%llu", job->name,
 		             (unsigned long long)job->rounds_completed);
+		aps_optimize_checkpoint(srv, job, "job ended");
 		aps_jobs_remove(&srv->jobs, job);
 	}
 }
@@ -197,6 +198,9 @@ static void dispatch(struct aps_server *srv, struct aps_session *s, const struct
 	case APS_MSG_BYE:
 		aps_handle_bye(srv, s, m);
 		break;
+	case APS_MSG_PULL:
+		aps_handle_pull(srv, s, m);
+		break;
 	default:
 		aps_server_send_error(srv, &s->peer, APS_EPROTO, m, "%s is not served yet",
 		                      aps_msg_type_name(m->type));
@@ -273,6 +277,22 @@ static int init_downlink(struct aps_server *srv)
 	return aps_format_parse(d, &srv->default_downlink) < 0 ? APS_ECONFIG : 0;
 }
 
+static void on_checkpoint(void *ctx, const struct aps_ckpt *ck, int ret, const char *why,
+                          double seconds)
+{
+	struct aps_server *srv = ctx;
+
+	if (ret < 0) {
+		srv->counters.checkpoint_failures++;
+		aps_log_error("checkpoint", "failed job=%s step=%llu reason=\"%s\"", ck->job,
+		              (unsigned long long)ck->step, why);
+		return;
+	}
+	srv->counters.checkpoints++;
+	aps_log_info("checkpoint", "written job=%s step=%llu tensors=%u seconds=%.3f", ck->job,
+	             (unsigned long long)ck->step, ck->n_tensors, seconds);
+}
+
 int aps_server_new(struct aps_server **out, uv_loop_t *loop, const struct aps_server_opts *o)
 {
 	static const struct aps_zbridge_ops ops = { on_message, on_disconnect };
@@ -292,9 +312,13 @@ int aps_server_new(struct aps_server **out, uv_loop_t *loop, const struct aps_se
 	srv->limits.max_ranks = o->max_ranks;
 	srv->limits.max_tensors = o->max_tensors;
 	ret = init_downlink(srv);
+	if (ret == 0 && o->checkpoint_dir != NULL && o->checkpoint_dir[0] != '\0')
+		ret = aps_ckpt_queue_new(&srv->ckpt, loop, o->checkpoint_dir, o->checkpoint_keep,
+		                         on_checkpoint, srv);
 	if (ret == 0)
 		ret = aps_zbridge_new(&srv->bridge, loop, &zo, &ops, srv);
 	if (ret < 0) {
+		aps_ckpt_queue_free(srv->ckpt);
 		free(srv);
 		return ret;
 	}
@@ -309,6 +333,8 @@ void aps_server_stop(struct aps_server *srv)
 	if (srv->stopping)
 		return;
 	srv->stopping = true;
+	for (struct aps_job *job = srv->jobs.jobs; job != NULL; job = job->next)
+		aps_optimize_checkpoint(srv, job, "stopping");
 	for (struct aps_session *s = srv->jobs.sessions; s != NULL; s = s->next) {
 		if (s->job == NULL)
 			continue;
@@ -329,6 +355,7 @@ void aps_server_free(struct aps_server *srv)
 		return;
 	aps_server_stop(srv);
 	aps_jobs_free_all(&srv->jobs);
+	aps_ckpt_queue_free(srv->ckpt);
 	free(srv);
 }
 

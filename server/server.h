@@ -25,7 +25,11 @@
 	X(bad_state, "messages the job refused: unknown tensor, wrong step, duplicate")      \
 	X(refused_hello, "HELLOs refused: rank taken, world size or options differ, limits") \
 	X(refused_incomplete, "collective calls refused: the job lost a rank")               \
-	X(policy_switches, "format changes decided by the precision policy")
+	X(policy_switches, "format changes decided by the precision policy")                 \
+	X(updates, "optimizer updates applied (optimize mode, one per tensor and step)")     \
+	X(checkpoints, "checkpoints written")                                                \
+	X(checkpoint_failures, "checkpoints that could not be written")                      \
+	X(resumed, "jobs resumed from a checkpoint")
 
 struct aps_server_counters {
 #define APS_SERVER_COUNTER_FIELD(name, text) uint64_t name;
@@ -55,6 +59,9 @@ struct aps_server_opts {
 	const char *curve_secret;        /* Z85; NULL: no CURVE */
 	const char *const *curve_allow;  /* Z85 public keys of the workers let in */
 	size_t n_curve_allow;
+	const char *checkpoint_dir; /* NULL or "": no checkpoints */
+	uint64_t checkpoint_steps;  /* every this many updates; 0: only at stop and job end */
+	unsigned checkpoint_keep;   /* files kept per job */
 };
 
 struct aps_server;

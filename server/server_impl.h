@@ -5,6 +5,7 @@
 #ifndef APS_SERVER_SERVER_IMPL_H
 #define APS_SERVER_SERVER_IMPL_H
 
+#include "server/ckpt_queue.h"
 #include "server/job.h"
 #include "server/latency.h"
 #include "server/server.h"
@@ -23,6 +24,7 @@ struct aps_server {
 	struct aps_latency latency;                  /* of steps: first push to last result */
 	uint64_t started_ms;
 	bool stopping;
+	struct aps_ckpt_queue *ckpt; /* NULL: no checkpoint_dir */
 };
 
 #define APS_SERVER_HEADER_MAX 4096 /* bytes of a header frame the daemon packs */
@@ -55,6 +57,27 @@ void aps_handle_barrier(struct aps_server *srv, struct aps_session *s, const str
 void aps_handle_exponents(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m);
 void aps_handle_heartbeat(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m);
 void aps_handle_bye(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m);
+void aps_handle_pull(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m);
+
+/*
+ * Optimize mode (optimize.c). A HELLO's optimizer: 0 with *cfg set (kind
+ * NONE for all-reduce), or APS_EINVAL with why.
+ */
+int aps_optimize_parse_hello(const struct aps_msg *m, struct aps_optim_config *cfg, char *why,
+                             size_t why_len);
+/* A new job in optimize mode: its settings, and its newest checkpoint if there is one. */
+void aps_optimize_job_start(struct aps_server *srv, struct aps_job *job,
+                            const struct aps_optim_config *cfg);
+/* A new tensor of an optimize job: its state, resumed when the checkpoint has it. */
+int aps_optimize_register(struct aps_server *srv, struct aps_job *job, struct aps_tensor *t);
+/* A PUSH or BROADCAST agrees with the job's mode; false after an ERROR to s. */
+bool aps_optimize_check_push(struct aps_server *srv, struct aps_session *s, struct aps_tensor *t,
+                             const struct aps_msg *m);
+/* A chunk's result was encoded: the workers' view follows it; a finished step counts. */
+void aps_optimize_chunk_done(struct aps_server *srv, struct aps_job *job, struct aps_tensor *t,
+                             const struct aps_round_result *res, bool broadcast);
+/* Queues a checkpoint of job (when checkpoints are on and it has weights). */
+void aps_optimize_checkpoint(struct aps_server *srv, struct aps_job *job, const char *why);
 /* Elastic jobs, after a rank left: finishes what no longer waits for it. */
 void aps_job_recheck(struct aps_server *srv, struct aps_job *job);
 

@@ -109,7 +109,7 @@ static void expect_flag_error(const char *want, char *a, char *b, char *c)
 static void test_config_defaults(void **state)
 {
 	struct aps_config cfg;
-	char line[512];
+	char line[1024];
 
 	(void)state;
 	aps_config_defaults(&cfg);
@@ -132,7 +132,8 @@ static void test_config_defaults(void **state)
 	              "curve_secret_key_file= curve_allow_file= elastic=no insecure=no "
 	              "policy=off rules= schedule_steps=0 schedule_format=fp32 "
 	              "small_tensor_elems=1024 flush_up=0.5 flush_down=0.05 error_up=0.35 "
-	              "error_down=0.1 window_up=3 window_down=50 chunk_bytes=4M");
+	              "error_down=0.1 window_up=3 window_down=50 chunk_bytes=4M checkpoint_dir= "
+	              "checkpoint_steps=100 checkpoint_keep=2");
 }
 
 static void test_config_valid_file(void **state)
@@ -618,7 +619,7 @@ static char *read_deploy_example(void)
 {
 	const char *dir = getenv("APS_SOURCE_DIR");
 	char path[512];
-	char *text = calloc(1, 16384);
+	char *text = calloc(1, 32768);
 	FILE *f;
 
 	snprintf(path, sizeof(path), "%s/../deploy/apsd.conf", dir != NULL ? dir : ".");
@@ -626,7 +627,7 @@ static char *read_deploy_example(void)
 	if (f == NULL)
 		fail_msg("cannot open %s (set APS_SOURCE_DIR to tests/)", path);
 	assert_non_null(text);
-	assert_true(fread(text, 1, 16383, f) > 0);
+	assert_true(fread(text, 1, 32767, f) > 0);
 	fclose(f);
 	return text;
 }
@@ -636,8 +637,8 @@ static void test_config_deploy_example(void **state)
 {
 	struct aps_config_error err;
 	struct aps_config cfg;
-	char *text = read_deploy_example(), *enabled = calloc(1, 16384), *out = enabled;
-	char want[512], got[512];
+	char *text = read_deploy_example(), *enabled = calloc(1, 32768), *out = enabled;
+	char want[1024], got[1024];
 
 	(void)state;
 	assert_non_null(enabled);

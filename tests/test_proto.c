@@ -46,7 +46,7 @@ static const struct aps_msg_limits *limits(bool from_server)
 static bool sent_by_server(enum aps_msg_type type)
 {
 	return type == APS_MSG_WELCOME || type == APS_MSG_REGISTERED || type == APS_MSG_RESULT ||
-	       type == APS_MSG_ERROR || type == APS_MSG_SCALES;
+	       type == APS_MSG_ERROR || type == APS_MSG_SCALES || type == APS_MSG_WEIGHTS;
 }
 
 static void set_chunk(struct aps_msg *m, const char *format, const void *payload, size_t n,
@@ -84,7 +84,15 @@ static void make_valid(struct aps_msg *m, enum aps_msg_type type)
 		m->scale_exp = -5;
 		m->flushed = 9;
 		break;
+	case APS_MSG_HELLO:
+	case APS_MSG_WELCOME:
+		strcpy(m->optimizer, "sgd,momentum=0.9");
+		break;
+	case APS_MSG_PULL:
+		m->tensor_id = 3;
+		break;
 	case APS_MSG_BROADCAST:
+	case APS_MSG_WEIGHTS:
 		m->rank = 0;
 		set_chunk(m, "fp32", values, BCAST, sizeof(values));
 		m->chunk_offset = 0;
@@ -185,6 +193,9 @@ static void assert_msg_equal(const struct aps_msg *a, const struct aps_msg *b)
 	assert_memory_equal(a->exponents, b->exponents, sizeof(a->exponents));
 	assert_int_equal(a->n_tensor_ids, b->n_tensor_ids);
 	assert_memory_equal(a->tensor_ids, b->tensor_ids, sizeof(a->tensor_ids));
+	assert_string_equal(a->optimizer, b->optimizer);
+	assert_true(a->lr == b->lr);
+	assert_int_equal(a->updates, b->updates);
 	assert_ptr_equal(a->payload, b->payload);
 	assert_int_equal(a->payload_len, b->payload_len);
 }
@@ -260,7 +271,7 @@ static void test_proto_rejects_version_mismatch(void **state)
 	make_valid(&m, APS_MSG_HELLO);
 	m.version_major = APS_PROTO_VERSION_MAJOR + 1;
 	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_VERSION);
-	assert_non_null(strstr(fault.text, "HELLO: protocol version 2.3"));
+	assert_non_null(strstr(fault.text, "HELLO: protocol version 2.4"));
 	m.version_major = 0;
 	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_VERSION);
 	/* Another minor is compatible; an ERROR is read from any version. */
@@ -274,7 +285,7 @@ static void test_proto_rejects_version_mismatch(void **state)
 
 static void test_proto_rejects_bad_type(void **state)
 {
-	static const int bad[] = { 0, 14, 99, -1 };
+	static const int bad[] = { 0, 16, 99, -1 };
 	struct aps_msg m;
 
 	(void)state;
@@ -293,6 +304,38 @@ static void test_proto_rejects_bad_type(void **state)
 	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_TYPE);
 	make_valid(&m, APS_MSG_PUSH); /* and only workers send PUSH */
 	expect_fault(parse_msg(&m, true), APS_MSG_FAULT_BAD_TYPE);
+	make_valid(&m, APS_MSG_WEIGHTS); /* only the daemon sends WEIGHTS, */
+	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_TYPE);
+	make_valid(&m, APS_MSG_PULL); /* only workers PULL */
+	expect_fault(parse_msg(&m, true), APS_MSG_FAULT_BAD_TYPE);
+}
+
+/* Optimize mode (1.4): the optimizer only on HELLO/WELCOME, a finite lr >= 0 only on PUSH. */
+static void test_proto_rejects_bad_optimizer_fields(void **state)
+{
+	struct aps_msg m;
+
+	(void)state;
+	make_valid(&m, APS_MSG_PUSH);
+	m.flags = APS_MSG_FLAG_UPDATE;
+	m.lr = 0.125f;
+	expect_ok(parse_msg(&m, false));
+	assert_true(parsed.lr == 0.125f && parsed.flags == APS_MSG_FLAG_UPDATE);
+	m.lr = -1.0f;
+	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_OPTIMIZER);
+	m.lr = NAN;
+	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_OPTIMIZER);
+	m.lr = INFINITY;
+	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_OPTIMIZER);
+	make_valid(&m, APS_MSG_BARRIER);
+	m.lr = 1.0f;
+	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_OPTIMIZER);
+	make_valid(&m, APS_MSG_REGISTER);
+	strcpy(m.optimizer, "sgd");
+	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_OPTIMIZER);
+	make_valid(&m, APS_MSG_HELLO);
+	strcpy(m.optimizer, "sgd momentum");
+	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_OPTIMIZER);
 }
 
 static void test_proto_rejects_bad_exponent_lists(void **state)
@@ -821,6 +864,7 @@ int main(void)
 		cmocka_unit_test(test_proto_pack_reports_short_buffer),
 		cmocka_unit_test(test_proto_rejects_version_mismatch),
 		cmocka_unit_test(test_proto_rejects_bad_type),
+		cmocka_unit_test(test_proto_rejects_bad_optimizer_fields),
 		cmocka_unit_test(test_proto_rejects_bad_exponent_lists),
 		cmocka_unit_test(test_proto_pack_refuses_overlong_lists),
 		cmocka_unit_test(test_proto_next_format_belongs_to_results),

@@ -155,6 +155,15 @@ struct aps_client_opts {
 	                             same order). Keep it a multiple of the daemons'
 	                             chunk_bytes for results bit-identical to one daemon.
 	                             0: 4 MiB (apsd's default chunk_bytes) */
+	const char *optimizer;    /* NULL or "": all-reduce mode. Else optimize mode: the
+	                             daemon holds the weights and steps this optimizer,
+	                             "sgd[,momentum=M][,dampening=D][,nesterov=0|1]
+	                             [,weight_decay=W]" or "adam|adamw[,beta1=B1][,beta2=B2]
+	                             [,eps=E][,weight_decay=W]" (torch.optim's defaults);
+	                             every rank of the job names the same one. One daemon
+	                             (no shards) and not with rejoin: APS_EINVAL (a
+	                             restarted apsd resumes the job from its checkpoint, the
+	                             workers restart too) */
 };
 
 /**
@@ -229,6 +238,42 @@ int aps_request_done(const aps_request *req);
 /** Broadcast from rank 0: every rank's buf[0..count) receives rank 0's values. */
 int aps_client_broadcast(aps_client *c, uint32_t tensor_id, float *buf, uint64_t count,
                          int32_t timeout_ms);
+
+/**
+ * Optimize mode: one optimizer step of a tensor. Sends grad[0..count) (quantized
+ * like an all-reduce) with the learning rate lr; the daemon averages the
+ * gradients of every rank, updates its fp32 master weights and answers with
+ * the update, which is added to weights[0..count) in place. weights must hold
+ * what the daemon believes the workers hold: rank 0's broadcast values at
+ * first, then only changed by these steps; then after every step
+ * |weights - master| is at most half a quantization step of the update's
+ * format at the update's scale, plus fp32 rounding. grad is only read. Errors
+ * as aps_client_allreduce, plus APS_EINVAL when the client is not in
+ * optimize mode or lr is not finite and >= 0.
+ */
+int aps_client_step(aps_client *c, uint32_t tensor_id, const float *grad, float *weights,
+                    uint64_t count, float lr, int32_t timeout_ms);
+
+/** Starts an optimizer step; see aps_client_step and aps_client_allreduce_start. */
+int aps_client_step_start(aps_client *c, uint32_t tensor_id, const float *grad, float *weights,
+                          uint64_t count, float lr, int32_t timeout_ms, aps_request **req);
+
+/**
+ * Optimize mode: copies the daemon's fp32 master weights of a tensor into
+ * weights[0..count) and, when updates is not NULL, the number of optimizer
+ * updates they have had. Any rank, any time (not between a step's start and
+ * its wait on the same tensor: APS_EBUSY). Errors: APS_EINVAL, APS_EPROTO (the
+ * job is in all-reduce mode, or no weights yet), APS_ETIMEDOUT, APS_ECLOSED.
+ */
+int aps_client_pull(aps_client *c, uint32_t tensor_id, float *weights, uint64_t count,
+                    int32_t timeout_ms, uint64_t *updates);
+
+/**
+ * Optimize mode: the optimizer updates the tensor had when it was registered:
+ * 0 for a new job, the checkpoint's count when the daemon resumed the job.
+ * Returns 0 or APS_EINVAL.
+ */
+int aps_client_tensor_updates(aps_client *c, uint32_t tensor_id, uint64_t *updates);
 
 /** Waits until every rank of the job has entered the barrier (on every shard). */
 int aps_client_barrier(aps_client *c, int32_t timeout_ms);

@@ -124,6 +124,14 @@ static int check_opts(const struct aps_client_opts *o, struct aps_format *fmt,
 		return aps_api_fail(APS_EINVAL, "timeout_ms and heartbeat_ms must be positive");
 	if (aps_rules_check(o->rules, why, sizeof(why)) < 0)
 		return aps_api_fail(APS_EINVAL, "rules: %s", why);
+	if (o->optimizer != NULL && strlen(o->optimizer) > APS_MSG_OPTIM_MAX)
+		return aps_api_fail(APS_EINVAL, "optimizer is longer than %d bytes",
+		                    APS_MSG_OPTIM_MAX);
+	/* The workers' weights would not be what a restarted daemon resumes from its checkpoint. */
+	if (o->optimizer != NULL && o->optimizer[0] != '\0' && o->rejoin)
+		return aps_api_fail(APS_EINVAL,
+		                    "rejoin does not apply to optimize mode: after apsd restarts, "
+		                    "restart the workers (the job resumes from its checkpoint)");
 	return 0;
 }
 
@@ -146,6 +154,8 @@ static void copy_opts(struct aps_client *c, const struct aps_client_opts *o,
 	c->error_feedback = o->error_feedback != 0;
 	c->rejoin = o->rejoin != 0;
 	snprintf(c->rules, sizeof(c->rules), "%s", o->rules != NULL ? o->rules : "");
+	snprintf(c->optimizer, sizeof(c->optimizer), "%s",
+	         o->optimizer != NULL ? o->optimizer : "");
 	aps_msg_limits_init(&c->limits);
 	c->limits.from_server = true;
 }
@@ -173,7 +183,14 @@ static int await_welcome(struct aps_client *c)
 			return aps_api_fail(APS_EPROTO, "bad message from apsd: %s", fault.text);
 		if (m.type == APS_MSG_ERROR)
 			return aps_api_fail(m.error_code, "%s", m.error_text);
+		if (m.type == APS_MSG_WELCOME && c->optimizer[0] != '\0' && m.optimizer[0] == '\0')
+			return aps_api_fail(
+			        APS_EPROTO,
+			        "apsd at %s does not serve optimize mode (protocol %u.%u, "
+			        "optimize mode needs 1.4)",
+			        c->endpoint, m.version_major, m.version_minor);
 		if (m.type == APS_MSG_WELCOME) {
+			snprintf(c->optimizer, sizeof(c->optimizer), "%s", m.optimizer);
 			c->barrier_step =
 			        m.step; /* a rank back in an elastic job joins the next one */
 			return 0;
@@ -188,6 +205,7 @@ static int hello(struct aps_client *c, const struct aps_client_opts *o)
 	aps_client_msg(c, &m, APS_MSG_HELLO);
 	m.scaling = (int)c->scaling;
 	m.flags = c->policy_auto ? APS_MSG_FLAG_POLICY_AUTO : 0;
+	snprintf(m.optimizer, sizeof(m.optimizer), "%s", c->optimizer);
 	if (o->downlink != NULL && strcmp(o->downlink, "auto") != 0)
 		snprintf(m.format, sizeof(m.format), "%s", o->downlink);
 	c->hello = m; /* said again if apsd restarts (rejoin) */
@@ -239,6 +257,10 @@ int aps_client_new(aps_client **out, const struct aps_client_opts *o)
 	struct aps_client *c;
 	int ret;
 
+	if (o != NULL && o->endpoint != NULL && strchr(o->endpoint, ',') != NULL &&
+	    o->optimizer != NULL && o->optimizer[0] != '\0')
+		return aps_api_fail(APS_EINVAL, "optimize mode serves one daemon, not several "
+		                                "shards: give one endpoint");
 	if (o != NULL && o->endpoint != NULL && strchr(o->endpoint, ',') != NULL)
 		return aps_sharded_new(out, o); /* checks o through each shard's client */
 	if ((ret = check_opts(o, &fmt, &down)) < 0)
@@ -293,10 +315,10 @@ void aps_request_finish_locked(struct aps_client *c, struct aps_request *r, int 
 	r->result = result;
 	snprintf(r->error, sizeof(r->error), "%s", text != NULL ? text : "");
 	r->done = true;
-	if (r->kind == REQ_ALLREDUCE || r->kind == REQ_BROADCAST) {
+	if (r->kind == REQ_ALLREDUCE || r->kind == REQ_BROADCAST || r->kind == REQ_PULL) {
 		struct client_tensor *t = &c->tensors[r->tensor_id];
 		t->busy = NULL;
-		if (result == 0)
+		if (result == 0 && r->kind != REQ_PULL)
 			t->step++;
 	}
 	pthread_cond_broadcast(&c->done_cv);
@@ -309,7 +331,7 @@ static void free_request(struct aps_request *r)
 	free(r);
 }
 
-int aps_request_wait_tensor(struct aps_request *r, uint32_t *tensor_id)
+int aps_request_wait_result(struct aps_request *r, uint32_t *tensor_id, uint64_t *updates)
 {
 	struct aps_client *c;
 	int result;
@@ -332,13 +354,15 @@ int aps_request_wait_tensor(struct aps_request *r, uint32_t *tensor_id)
 		aps_api_ok();
 	if (result == 0 && tensor_id != NULL)
 		*tensor_id = r->tensor_id;
+	if (result == 0 && updates != NULL)
+		*updates = r->step; /* a pull: the update count of the weights it brought */
 	free_request(r);
 	return result;
 }
 
 int aps_request_wait(aps_request *r)
 {
-	return aps_request_wait_tensor(r, NULL);
+	return aps_request_wait_result(r, NULL, NULL);
 }
 
 int aps_request_done(const aps_request *r)

@@ -31,6 +31,7 @@ struct client_tensor {
 	float *residual;          /* error feedback: what the last quantization lost */
 	size_t chunk_elems;       /* from REGISTERED: every rank uses the daemon's */
 	uint64_t step;            /* the next call's step */
+	uint64_t updates;         /* optimize mode: the daemon's update count at REGISTERED */
 	struct aps_request *busy; /* the call in flight on this tensor, or NULL */
 };
 
@@ -39,6 +40,7 @@ enum request_kind {
 	REQ_ALLREDUCE,
 	REQ_BROADCAST,
 	REQ_BARRIER,
+	REQ_PULL,    /* optimize mode: the master weights into buf */
 	REQ_SHARDED, /* a call of a client with several shards: one request per part */
 };
 
@@ -62,6 +64,9 @@ struct aps_request {
 	uint64_t count;
 	size_t chunk_elems;
 	float *buf;             /* the caller's: results are written here */
+	bool update;            /* optimize-mode step: results are added to weights */
+	float *weights;         /* the caller's weights (update) */
+	float lr;               /* update: the learning rate sent with the gradient */
 	float *corrected;       /* error feedback: buf plus the tensor's residual (owned) */
 	float *residual;        /* error feedback: the tensor's residual (the tensor's) */
 	const float *src;       /* what is quantized: buf or corrected */
@@ -98,6 +103,7 @@ struct aps_client {
 	void *log_ctx;
 	struct aps_trace *trace; /* NULL: no timeline */
 	bool policy_auto, error_feedback;
+	char optimizer[APS_MSG_OPTIM_MAX + 1]; /* the job's, as WELCOME says; "": all-reduce */
 	char rules[512];
 	struct aps_msg_limits limits;
 	pthread_t io;
@@ -159,8 +165,9 @@ int aps_client_enqueue(struct aps_client *c, struct aps_request *r);
 void aps_request_finish_locked(struct aps_client *c, struct aps_request *r, int result,
                                const char *text);
 
-/* Waits for r, frees it, and writes the tensor id it registered (if not NULL). */
-int aps_request_wait_tensor(struct aps_request *r, uint32_t *tensor_id);
+/* Waits for r, frees it, and writes the tensor id it registered and the update
+ * count of the weights it pulled (each if not NULL). */
+int aps_request_wait_result(struct aps_request *r, uint32_t *tensor_id, uint64_t *updates);
 
 /* The I/O thread's body. */
 void *aps_client_io_main(void *arg);

@@ -23,7 +23,7 @@
 static void describe(const struct aps_request *r, char *buf, size_t len)
 {
 	static const char *const kinds[] = { "registering", "all-reduce of", "broadcast of",
-		                             "barrier" };
+		                             "barrier", "pull of" };
 
 	if (r->kind == REQ_BARRIER)
 		snprintf(buf, len, "barrier %llu", (unsigned long long)r->step);
@@ -107,6 +107,10 @@ static int send_chunks(struct aps_client *c, struct aps_request *r)
 		m.total_count = r->count;
 		m.scale_exp = r->scale_exp;
 		m.flushed = i == 0 ? r->flushed : 0;
+		if (r->update) {
+			m.flags |= APS_MSG_FLAG_UPDATE;
+			m.lr = r->lr;
+		}
 		if (r->codes == NULL) { /* a broadcast's non-root asks for its chunks */
 			if (aps_client_send(c, &m, NULL, NULL, 0) < 0)
 				return APS_ECONN;
@@ -163,9 +167,25 @@ static int send_exponents(struct aps_client *c, struct aps_request **batch, uint
 	return 0;
 }
 
+/* Optimize mode: asks for the master weights, answered in chunks of the daemon's size. */
+static int send_pull(struct aps_client *c, struct aps_request *r)
+{
+	size_t per = r->chunk_elems ? r->chunk_elems : r->count;
+	struct aps_msg m;
+
+	r->chunks = (uint32_t)((r->count + per - 1) / per);
+	aps_client_msg(c, &m, APS_MSG_PULL);
+	m.tensor_id = r->tensor_id;
+	return aps_client_send(c, &m, NULL, NULL, 0);
+}
+
 static int start_one(struct aps_client *c, struct aps_request *r, bool *exchange)
 {
 	*exchange = false;
+	if (r->kind == REQ_PULL) {
+		activate(c, r, REQ_SENT);
+		return send_pull(c, r);
+	}
 	if (r->kind == REQ_REGISTER || r->kind == REQ_BARRIER) {
 		activate(c, r, REQ_SENT);
 		return send_simple(c, r);
@@ -229,6 +249,8 @@ static struct aps_request *find(struct aps_client *c, enum request_kind kind, ui
 	for (struct aps_request *r = c->active; r != NULL; r = r->next) {
 		if (r->kind != kind)
 			continue;
+		if (kind == REQ_PULL && r->tensor_id == tensor_id)
+			return r; /* a pull has no step: one at a time per tensor */
 		if (kind == REQ_BARRIER ? r->step == step
 		                        : r->tensor_id == tensor_id && r->step == step)
 			return r;
@@ -277,6 +299,7 @@ static void on_registered(struct aps_client *c, const struct aps_msg *m)
 	snprintf(t->name, sizeof(t->name), "%s", m->tensor_name);
 	t->count = m->total_count;
 	t->chunk_elems = m->chunk_count ? m->chunk_count : m->total_count;
+	t->updates = m->updates;
 	if (aps_format_parse(m->format, &t->format) < 0)
 		t->format = c->format;
 	t->step = m->step; /* 0, unless the job went on while this rank was away */
@@ -306,6 +329,7 @@ static void on_result(struct aps_client *c, const struct aps_msg *m)
 	struct aps_request *r = find(c, kind, m->tensor_id, m->step);
 	struct aps_format f;
 	float *out;
+	int ret;
 
 	if (r == NULL) {
 		aps_client_log(c, 3, "ignored a result for tensor %u step %llu", m->tensor_id,
@@ -315,11 +339,19 @@ static void on_result(struct aps_client *c, const struct aps_msg *m)
 	if (m->total_count != r->count || m->chunk_offset + m->chunk_count > r->count ||
 	    aps_format_parse(m->format, &f) < 0 || m->payload == NULL)
 		return finish(c, r, APS_EPROTO, "a result does not match its tensor");
-	out = r->buf + m->chunk_offset;
+	if (r->update != ((m->flags & APS_MSG_FLAG_UPDATE) != 0) && m->type == APS_MSG_RESULT)
+		return finish(c, r, APS_EPROTO, "a result is not the kind the call expects");
 	uint64_t t0 = c->trace != NULL ? aps_trace_now() : 0;
-	if (aps_codec_dequantize(&f, m->payload, m->payload_len, m->chunk_count, m->scale_exp,
-	                         out) < 0)
+	/* Optimize mode: the update is added, exactly as the daemon adds it to its view. */
+	if (r->update)
+		ret = aps_codec_accumulate(&f, m->payload, m->payload_len, m->chunk_count,
+		                           m->scale_exp, r->weights + m->chunk_offset);
+	else
+		ret = aps_codec_dequantize(&f, m->payload, m->payload_len, m->chunk_count,
+		                           m->scale_exp, r->buf + m->chunk_offset);
+	if (ret < 0)
 		return finish(c, r, APS_EPROTO, "a result chunk is too short");
+	out = r->buf + m->chunk_offset;
 	/* The paper's lowp sum arrives as the sum: the mean is ours to take, in fp32. */
 	if (m->flags & APS_MSG_FLAG_LOWP_SUM)
 		aps_codec_divide(out, m->chunk_count, (float)c->world_size);
@@ -332,6 +364,23 @@ static void on_result(struct aps_client *c, const struct aps_msg *m)
 		return;
 	aps_trace_stage(c->trace, "wait", r->sent_ns, r->name, r->step, r->chunks);
 	finish(c, r, 0, NULL);
+}
+
+/* Optimize mode: one chunk of the master weights a pull asked for. */
+static void on_weights(struct aps_client *c, const struct aps_msg *m)
+{
+	struct aps_request *r = find(c, REQ_PULL, m->tensor_id, 0);
+
+	if (r == NULL)
+		return;
+	if (m->total_count != r->count || m->chunk_offset + m->chunk_count > r->count ||
+	    m->payload == NULL || m->payload_len != m->chunk_count * sizeof(float))
+		return finish(c, r, APS_EPROTO, "weights that do not match their tensor");
+	memcpy(r->buf + m->chunk_offset, m->payload, m->payload_len);
+	r->step = m->updates; /* what aps_client_pull reports */
+	r->deadline_ms = aps_client_now_ms() + r->timeout_ms;
+	if (++r->chunks_done == r->chunks)
+		finish(c, r, 0, NULL);
 }
 
 /* Global mode: the shared exponents; each waiting tensor encodes and sends. */
@@ -385,6 +434,8 @@ static struct aps_request *about(struct aps_client *c, const struct aps_msg *m)
 		return find(c, REQ_ALLREDUCE, m->tensor_id, m->step);
 	case APS_MSG_BROADCAST:
 		return find(c, REQ_BROADCAST, m->tensor_id, m->step);
+	case APS_MSG_PULL:
+		return find(c, REQ_PULL, m->tensor_id, 0);
 	case APS_MSG_BARRIER:
 		return find(c, REQ_BARRIER, 0, m->step);
 	case APS_MSG_REGISTER:
@@ -426,6 +477,9 @@ static void on_message(struct aps_client *c, const struct aps_msg *m)
 		break;
 	case APS_MSG_SCALES:
 		on_scales(c, m);
+		break;
+	case APS_MSG_WEIGHTS:
+		on_weights(c, m);
 		break;
 	case APS_MSG_BARRIER: {
 		struct aps_request *r = find(c, REQ_BARRIER, 0, m->step);

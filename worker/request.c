@@ -11,6 +11,7 @@
 #include "worker/api_error.h"
 #include "worker/sharded.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,7 +46,7 @@ static int submit(struct aps_client *c, struct aps_request *r, aps_request **out
 		ret = aps_api_fail(c->pending, "%s", c->pending_text);
 		c->pending = 0;
 	} else {
-		if (r->kind == REQ_ALLREDUCE || r->kind == REQ_BROADCAST)
+		if (r->kind == REQ_ALLREDUCE || r->kind == REQ_BROADCAST || r->kind == REQ_PULL)
 			c->tensors[r->tensor_id].busy = r;
 		aps_client_enqueue(c, r);
 	}
@@ -182,29 +183,32 @@ static int refuse_nonfinite(struct aps_request *r, size_t nonfinite)
 	return ret;
 }
 
-int aps_client_allreduce_part(aps_client *c, uint32_t tensor_id, float *buf, uint64_t count,
-                              int32_t timeout_ms, const float *whole_max, aps_request **out)
+static bool optimize_mode(const struct aps_client *c)
 {
-	struct aps_request *r = NULL; /* set by data_request when it returns 0 */
+	return c->optimizer[0] != '\0';
+}
+
+/*
+ * The gradient half of an all-reduce, of a partition of one (whole_max: the
+ * whole tensor's max, scanned by the caller) or of an optimizer step: the
+ * scan, error feedback, the exponent and the codes; then r is queued.
+ */
+static int start_reduce(aps_client *c, struct aps_request *r, const float *whole_max,
+                        aps_request **out)
+{
 	bool nonfinite = false;
 	float maxabs;
 	uint64_t t0;
-	int ret;
 
-	if (out == NULL)
-		return aps_api_fail(APS_EINVAL, "request pointer is NULL");
-	ret = data_request(c, REQ_ALLREDUCE, tensor_id, buf, count, timeout_ms, &r);
-	if (ret < 0)
-		return ret;
 	if (whole_max != NULL) {
 		maxabs = *whole_max; /* a partition: the caller scanned the whole tensor */
 	} else {
 		/* One pass finds the exponent's max and refuses inf and NaN. */
 		t0 = c->trace != NULL ? aps_trace_now() : 0;
-		maxabs = aps_codec_scan(buf, count, &nonfinite);
+		maxabs = aps_codec_scan(r->src, r->count, &nonfinite);
 		aps_trace_stage(c->trace, "scan", t0, r->name, r->step, 0);
 		if (nonfinite)
-			return refuse_nonfinite(r, aps_codec_count_nonfinite_f32(buf, count));
+			return refuse_nonfinite(r, aps_codec_count_nonfinite_f32(r->src, r->count));
 	}
 	if (c->error_feedback && !aps_format_is_fp32(&r->fmt)) {
 		if (add_residual(c, r) < 0) {
@@ -226,12 +230,99 @@ int aps_client_allreduce_part(aps_client *c, uint32_t tensor_id, float *buf, uin
 	return submit(c, r, out);
 }
 
+int aps_client_allreduce_part(aps_client *c, uint32_t tensor_id, float *buf, uint64_t count,
+                              int32_t timeout_ms, const float *whole_max, aps_request **out)
+{
+	struct aps_request *r = NULL; /* set by data_request when it returns 0 */
+	int ret;
+
+	if (out == NULL)
+		return aps_api_fail(APS_EINVAL, "request pointer is NULL");
+	if (c != NULL && optimize_mode(c))
+		return aps_api_fail(APS_EINVAL,
+		                    "the job is in optimize mode (%s): use "
+		                    "aps_client_step",
+		                    c->optimizer);
+	ret = data_request(c, REQ_ALLREDUCE, tensor_id, buf, count, timeout_ms, &r);
+	if (ret < 0)
+		return ret;
+	return start_reduce(c, r, whole_max, out);
+}
+
 int aps_client_allreduce_start(aps_client *c, uint32_t tensor_id, float *buf, uint64_t count,
                                int32_t timeout_ms, aps_request **out)
 {
 	if (c != NULL && c->sharded != NULL && aps_client_check(c) == 0)
 		return aps_sharded_allreduce_start(c, tensor_id, buf, count, timeout_ms, out);
 	return aps_client_allreduce_part(c, tensor_id, buf, count, timeout_ms, NULL, out);
+}
+
+int aps_client_step_start(aps_client *c, uint32_t tensor_id, const float *grad, float *weights,
+                          uint64_t count, float lr, int32_t timeout_ms, aps_request **out)
+{
+	struct aps_request *r = NULL; /* set by data_request when it returns 0 */
+	int ret;
+
+	if (out == NULL || weights == NULL)
+		return aps_api_fail(APS_EINVAL, "request or weights pointer is NULL");
+	if (c != NULL && !optimize_mode(c))
+		return aps_api_fail(APS_EINVAL, "the job is in all-reduce mode: name an optimizer "
+		                                "in the client's options to step on the daemon");
+	if (!isfinite(lr) || lr < 0)
+		return aps_api_fail(APS_EINVAL, "learning rate %g is not finite and >= 0",
+		                    (double)lr);
+	ret = data_request(c, REQ_ALLREDUCE, tensor_id, (float *)grad, count, timeout_ms, &r);
+	if (ret < 0)
+		return ret;
+	r->update = true;
+	r->weights = weights;
+	r->lr = lr;
+	return start_reduce(c, r, NULL, out);
+}
+
+int aps_client_step(aps_client *c, uint32_t tensor_id, const float *grad, float *weights,
+                    uint64_t count, float lr, int32_t timeout_ms)
+{
+	aps_request *r;
+	int ret = aps_client_step_start(c, tensor_id, grad, weights, count, lr, timeout_ms, &r);
+
+	return ret < 0 ? ret : aps_request_wait(r);
+}
+
+int aps_client_pull(aps_client *c, uint32_t tensor_id, float *weights, uint64_t count,
+                    int32_t timeout_ms, uint64_t *updates)
+{
+	struct aps_request *r = NULL; /* set by data_request when it returns 0 */
+	int ret;
+
+	if (c != NULL && !optimize_mode(c))
+		return aps_api_fail(APS_EINVAL, "the job is in all-reduce mode: the daemon holds "
+		                                "no weights");
+	ret = data_request(c, REQ_PULL, tensor_id, weights, count, timeout_ms, &r);
+	if (ret < 0)
+		return ret;
+	ret = submit(c, r, &r);
+	if (ret < 0)
+		return ret;
+	return aps_request_wait_result(r, NULL, updates);
+}
+
+int aps_client_tensor_updates(aps_client *c, uint32_t tensor_id, uint64_t *updates)
+{
+	int ret = aps_client_check(c);
+
+	if (ret < 0)
+		return ret;
+	if (updates == NULL || c->sharded != NULL)
+		return aps_api_fail(APS_EINVAL, "updates is NULL, or the client has several shards "
+		                                "(optimize mode serves one daemon)");
+	pthread_mutex_lock(&c->lock);
+	if (tensor_id < c->n_tensors && c->tensors[tensor_id].count > 0)
+		*updates = c->tensors[tensor_id].updates;
+	else
+		ret = aps_api_fail(APS_EINVAL, "tensor id %u is not registered", tensor_id);
+	pthread_mutex_unlock(&c->lock);
+	return ret < 0 ? ret : aps_api_ok();
 }
 
 int aps_client_broadcast_start(aps_client *c, uint32_t tensor_id, float *buf, uint64_t count,
@@ -329,5 +420,5 @@ int aps_client_register_as(aps_client *c, const char *name, uint64_t count, cons
 	ret = submit(c, r, &r);
 	if (ret < 0)
 		return ret;
-	return aps_request_wait_tensor(r, tensor_id);
+	return aps_request_wait_result(r, tensor_id, NULL);
 }

@@ -3,7 +3,9 @@
 on Fashion-MNIST five times, the gradients travelling as fp32, e4m3 and e3m0,
 the low-precision formats without scaling and with APS. Prints progress, then
 a table (test accuracy, gradient bytes each worker sends per step, wall
-time), and writes a plot of test accuracy against step.
+time), and writes a plot of test accuracy against step. A sixth run moves
+the optimizer to apsd (optimize mode: the daemon holds the fp32 weights,
+workers push e4m3 gradients and receive e4m3 updates; --no-server skips it).
 
     make demo                     (about 2 minutes: an MLP, 1200 steps)
     make demo-long                (about 10 minutes: a CNN, 2000 steps)
@@ -44,6 +46,10 @@ from aps import daemon  # noqa: E402
 RUNS = [("fp32", "fp32", "none"), ("e4m3 none", "e4m3", "none"),
         ("e4m3 APS", "e4m3", "local"), ("e3m0 none", "e3m0", "none"),
         ("e3m0 APS", "e3m0", "local")]
+# Optimize mode (issue 10): the same SGD with momentum, run by apsd on its fp32 weights;
+# gradients up and updates down in e4m3 with APS. (label, format, scaling, run name, options)
+SERVER_RUNS = [("e4m3 APS, SGD on apsd", "e4m3", "local", "e4m3-local-server",
+                ["--server-optimizer"])]
 PRESETS = {
     "default": ["--model", "mlp", "--steps", "1200", "--eval-every", "50"],
     "long": ["--model", "cnn", "--steps", "2000", "--eval-every", "100"],
@@ -85,6 +91,8 @@ def parse_args(argv=None):
     ap.add_argument("--tuned", default=TUNED, metavar="FLAGS",
                     help=f"--hybrid: apsd flags of the 'auto, tuned' run (default: {TUNED!r}; "
                     "empty: no such run)")
+    ap.add_argument("--no-server", action="store_true",
+                    help="skip the optimize-mode run (SGD on apsd)")
     ap.add_argument("train_args", nargs="*",
                     help="more options for train_fashion_mnist.py (after --)")
     return ap.parse_args(argv)
@@ -317,6 +325,10 @@ def main(argv=None):
             print(f"\n== {label}", flush=True)
             results.append(run_one(label, fmt, scaling, args, endpoint, out_dir,
                                    PRESETS[preset_name]))
+        for label, fmt, scaling, name, extra in [] if args.no_server else SERVER_RUNS:
+            print(f"\n== {label}", flush=True)
+            results.append(run_one(label, fmt, scaling, args, endpoint, out_dir,
+                                   PRESETS[preset_name], name, extra))
     finally:
         if apsd is not None:
             apsd.stop()

@@ -23,9 +23,14 @@ client counts bytes in the format it asked for; with --stats (the daemon's
 stats socket) rank 0 reports the bytes the daemon received instead, and each
 tensor's final format. The printed "gradients flushed" is always measured in
 --format.
+
+Optimize mode: --server-optimizer moves SGD (--lr, --momentum) to apsd, which
+holds the fp32 weights (aps.torch.ServerOptimizer): gradients go up in
+--format, APS-quantized updates come down in the same format.
 """
 
 import argparse
+import contextlib
 import json
 import pathlib
 import socket
@@ -64,6 +69,10 @@ def parse_args(argv=None):
                     "'grad.4.*=fp32' (a parameter P travels as grad.P)")
     ap.add_argument("--error-feedback", action="store_true",
                     help="carry each tensor's quantization residual into the next step")
+    ap.add_argument("--downlink", help="format of results (or, with --server-optimizer, of "
+                    "updates): fp32, fp16, bf16; default the uplink format")
+    ap.add_argument("--server-optimizer", action="store_true",
+                    help="optimize mode: apsd holds the weights and runs SGD with momentum")
     ap.add_argument("--stats", help="the daemon's stats socket: rank 0 reads every tensor's "
                     "format, bytes and flushed share there after the last step")
     ap.add_argument("--out", help="rank 0 writes the history here (JSON)")
@@ -139,11 +148,21 @@ class Batches:
         return self.images[idx], self.labels[idx]
 
 
+def no_sync(opt):
+    """A backward pass whose gradients stay local: ServerOptimizer sends only in step()."""
+    return opt.no_sync() if hasattr(opt, "no_sync") else contextlib.nullcontext()
+
+
 def train(args, client):
     torch.manual_seed(args.seed)
     model = make_model(args.model, args.hidden)
-    sgd = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
-    opt = aps.torch.DistributedOptimizer(sgd, client, named_parameters=model.named_parameters())
+    if args.server_optimizer:
+        opt = aps.torch.ServerOptimizer(model, client, "sgd", lr=args.lr,
+                                        momentum=args.momentum)
+    else:
+        sgd = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+        opt = aps.torch.DistributedOptimizer(sgd, client,
+                                             named_parameters=model.named_parameters())
     train_x, train_y = (torch.from_numpy(a[:args.train_size]) for a in fashion_mnist.load("train"))
     test_x, test_y = (torch.from_numpy(a[:args.eval_size]) for a in fashion_mnist.load("test"))
     batches = Batches(train_x, train_y, args.batch, client.rank, client.world_size, args.seed)
@@ -158,7 +177,7 @@ def train(args, client):
                 break
         x, y = batches.next()
         if step % args.eval_every == 0:
-            with opt.no_sync():  # look at this rank's gradients before they travel
+            with no_sync(opt):  # look at this rank's gradients before they travel
                 F.cross_entropy(model(x), y).backward()
             flushed.append(flushed_fraction(model, args.format, args.scaling))
             opt.zero_grad()
@@ -177,7 +196,8 @@ def train(args, client):
               "history": history, "accuracy": history[-1][1] if history else None,
               "bytes_per_step": client.bytes_pushed / max(args.steps, 1),
               "flushed": float(np.mean(flushed)) if flushed else None,
-              "skipped_steps": opt.skipped_steps}
+              "skipped_steps": getattr(opt, "skipped_steps", 0),
+              "server_optimizer": args.server_optimizer}
     if args.stats and client.rank == 0:
         # every rank has pushed every step once rank 0 holds the last results
         tensors = daemon_tensors(args.stats, client.job)
@@ -194,7 +214,10 @@ def main(argv=None):
     torch.set_num_threads(1)
     with aps.Client.from_env(format=args.format, scaling=args.scaling,
                              policy="auto" if args.policy == "auto" else None, rules=args.rules,
-                             error_feedback=args.error_feedback) as client:
+                             error_feedback=args.error_feedback, downlink=args.downlink,
+                             optimizer=aps.torch.optimizer_spec(
+                                 "sgd", momentum=args.momentum)
+                             if args.server_optimizer else None) as client:
         result = train(args, client)
     if client.rank == 0:
         print(f"{result['label']}: test accuracy {result['accuracy']:.1f}% after "

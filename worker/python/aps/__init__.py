@@ -10,7 +10,7 @@ client of the apsd daemon, and PyTorch helpers.
     with aps.Client.from_env(format="e4m3") as client:   # rank and world from the launcher
         client.allreduce("grad", x)                        # x becomes the mean over ranks
 
-aps.torch (DistributedOptimizer, broadcast_parameters, allreduce_hook) is
+aps.torch (DistributedOptimizer, ServerOptimizer, broadcast_parameters, allreduce_hook) is
 imported on first use, so that `import aps` does not load PyTorch.
 """
 

@@ -80,6 +80,7 @@ class ClientOpts(ctypes.Structure):
         ("curve_secret_key", ctypes.c_char_p),
         ("rejoin", ctypes.c_int32),
         ("partition_bytes", ctypes.c_uint64),
+        ("optimizer", ctypes.c_char_p),
     ]
 
 
@@ -144,6 +145,12 @@ _SIGNATURES = {
     "aps_client_close": (ctypes.c_int, [_P]),
 }
 _SIGNATURES["aps_client_opts_size"] = (ctypes.c_size_t, [])
+_SIGNATURES["aps_client_step_start"] = (ctypes.c_int, [_P, ctypes.c_uint32, _P, _P, _U64,
+                                                       ctypes.c_float, _I32, ctypes.POINTER(_P)])
+_SIGNATURES["aps_client_pull"] = (ctypes.c_int, [_P, ctypes.c_uint32, _P, _U64, _I32,
+                                                 ctypes.POINTER(_U64)])
+_SIGNATURES["aps_client_tensor_updates"] = (ctypes.c_int, [_P, ctypes.c_uint32,
+                                                           ctypes.POINTER(_U64)])
 _SIGNATURES["aps_curve_keypair"] = (ctypes.c_int, [ctypes.c_char_p, ctypes.c_char_p])
 for _name, (_restype, _argtypes) in _SIGNATURES.items():
     _fn = getattr(lib, _name)

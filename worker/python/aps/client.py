@@ -86,6 +86,12 @@ class Client:
     Results are the bits one daemon would give when partition_bytes is a
     multiple of the daemons' chunk_bytes.
 
+    optimizer="sgd,momentum=0.9" (or "adam,beta2=0.99", "adamw,...") joins the
+    job in optimize mode: the daemon holds the fp32 weights, initialised by
+    rank 0's broadcast of each tensor, and steps that optimizer; use step(),
+    pull() and updates() instead of allreduce() (aps.torch.ServerOptimizer
+    does it for a model).
+
     Raises aps.Error (e.g. APS_ETIMEDOUT when no daemon answers, APS_EBUSY when
     the rank is taken) or aps.ArgumentError for bad options.
     """
@@ -94,7 +100,7 @@ class Client:
                  job="default", downlink=None, timeout_ms=60000, policy=None, rules=None,
                  error_feedback=False, trace=None, curve_server_key=None,
                  curve_public_key=None, curve_secret_key=None, rejoin=False,
-                 partition_bytes=None):
+                 partition_bytes=None, optimizer=None):
         if scaling not in _SCALING:
             raise ValueError(f"scaling must be one of {sorted(_SCALING)}, not {scaling!r}")
         if policy not in (None, "auto"):
@@ -107,11 +113,13 @@ class Client:
                          _check_str(trace, "trace", allow_none=True),
                          _check_str(curve_server_key, "curve_server_key", allow_none=True),
                          _check_str(curve_public_key, "curve_public_key", allow_none=True),
-                         _check_str(curve_secret_key, "curve_secret_key", allow_none=True)]
+                         _check_str(curve_secret_key, "curve_secret_key", allow_none=True),
+                         _check_str(optimizer, "optimizer", allow_none=True)]
         opts = ClientOpts()
         lib.aps_client_opts_init(ctypes.byref(opts))
         (opts.endpoint, opts.job, opts.format, opts.downlink, opts.rules, opts.trace,
-         opts.curve_server_key, opts.curve_public_key, opts.curve_secret_key) = self._strings
+         opts.curve_server_key, opts.curve_public_key, opts.curve_secret_key,
+         opts.optimizer) = self._strings
         opts.policy_auto = 1 if policy == "auto" else 0
         opts.error_feedback = 1 if error_feedback else 0
         opts.rejoin = 1 if rejoin else 0
@@ -128,6 +136,7 @@ class Client:
         opts.log = _LOG_CALLBACK
         self.endpoint, self.job, self.rank, self.world_size = endpoint, job, rank, world_size
         self.format, self.scaling, self.downlink = format, scaling, downlink
+        self.optimizer = optimizer
         self.timeout_ms = timeout_ms
         self.bytes_pushed = 0  # packed uplink bytes of every all-reduce so far
         self._lock = threading.Lock()
@@ -213,6 +222,64 @@ class Client:
             check(lib.aps_client_broadcast(self._c, tid, addr, n, timeout))
             return x
         return self._submit(run, f"broadcast of {name!r}")
+
+    # -- optimize mode --------------------------------------------------------
+
+    def step(self, name, grad, weights, lr, timeout_ms=None):
+        """Optimize mode: sends grad (float32, any shape) as this rank's gradient
+        of tensor name with learning rate lr; the daemon averages every rank's,
+        steps its optimizer and the update is added to weights in place
+        (weights must hold what this tensor's broadcast and earlier steps made
+        of it). Returns weights."""
+        return self.step_async(name, grad, weights, lr, timeout_ms).wait()
+
+    def step_async(self, name, grad, weights, lr, timeout_ms=None):
+        """As step, queued on the I/O thread; returns a Handle."""
+        return self.step_many_async([(name, grad, weights)], lr, timeout_ms)
+
+    def step_many_async(self, items, lr, timeout_ms=None):
+        """Steps each (name, grad, weights) of items, all in flight together, as
+        one queued call; returns a Handle whose wait() returns None."""
+        lr = float(lr)
+        if not math.isfinite(lr) or lr < 0:
+            raise ValueError(f"learning rate {lr} is not finite and >= 0")
+        calls = []
+        for name, grad, weights in items:
+            name, gaddr, n = self._prepare(name, grad)
+            waddr, wn = float32_buffer(weights, f"weights of {name!r}")
+            if wn != n:
+                raise ValueError(f"tensor {name!r}: gradient of {n} elements, weights of {wn}")
+            calls.append((name, gaddr, waddr, n))
+        timeout = self._call_timeout(timeout_ms)
+        return self._submit(lambda: self._step_batch(calls, lr, timeout),
+                            f"optimizer step of {len(calls)} tensors")
+
+    def pull(self, name, out, timeout_ms=None):
+        """Optimize mode: copies the daemon's fp32 master weights of tensor name
+        into out (float32, in place); returns the number of optimizer updates
+        they have had."""
+        name, addr, n = self._prepare(name, out)
+        timeout = self._call_timeout(timeout_ms)
+
+        def run():
+            updates = ctypes.c_uint64()
+            check(lib.aps_client_pull(self._c, self._tensor_id(name, n), addr, n, timeout,
+                                      ctypes.byref(updates)))
+            return updates.value
+        return self._submit(run, f"pull of {name!r}").wait()
+
+    def updates(self, name, like):
+        """Optimize mode: the optimizer updates tensor name had when it was
+        registered (0 for a new job, the checkpoint's count when the daemon
+        resumed it). like: a float32 array of the tensor's size (registers it)."""
+        name, _, n = self._prepare(name, like)
+
+        def run():
+            value = ctypes.c_uint64()
+            check(lib.aps_client_tensor_updates(self._c, self._tensor_id(name, n),
+                                                ctypes.byref(value)))
+            return value.value
+        return self._submit(run, f"updates of {name!r}").wait()
 
     def barrier(self, timeout_ms=None):
         """Returns once every rank of the job has entered the barrier."""
@@ -328,6 +395,25 @@ class Client:
                 raise first
             return bad
         return Deferred(bad, finish)
+
+    def _step_batch(self, calls, lr, timeout):
+        ids = [self._tensor_id(name, n) for name, _, _, n in calls]
+        requests, error = [], None
+        for (name, gaddr, waddr, n), tid in zip(calls, ids):
+            req = ctypes.c_void_p()
+            ret = lib.aps_client_step_start(self._c, tid, gaddr, waddr, n, lr, timeout,
+                                            ctypes.byref(req))
+            if ret < 0:
+                error = last_error(ret)
+                break
+            requests.append(req)
+            self.bytes_pushed += self._ids[name][1]
+        for req in requests:  # every started request must be waited for
+            ret = lib.aps_request_wait(req)
+            if ret < 0 and error is None:
+                error = last_error(ret)
+        if error is not None:
+            raise error
 
 
 def _endpoint_list(endpoint):

@@ -9,6 +9,11 @@
         loss_fn(model(x), y).backward()                   # gradients leave as they are ready
         opt.step()                                        # mean over ranks, then SGD
 
+or, with the optimizer on the daemon (apsd holds the weights, optimize mode):
+
+    client = aps.Client.from_env(format="e4m3", optimizer="sgd,momentum=0.9")
+    opt = aps.torch.ServerOptimizer(model, client, "sgd", lr=0.1, momentum=0.9)
+
 or, for a DDP script (torch.distributed initialised, e.g. gloo with a world of 1
 per process): ddp_model.register_comm_hook(client, aps.torch.allreduce_hook).
 
@@ -20,10 +25,11 @@ import torch
 
 from aps._flags import AnyRankFlag
 from aps._optimizer import DEFAULT_BUCKET_BYTES, DistributedOptimizer
+from aps._server_optimizer import ServerOptimizer, optimizer_spec
 from aps._staging import HostStage
 
-__all__ = ["DEFAULT_BUCKET_BYTES", "DistributedOptimizer", "HostStage", "allreduce_hook",
-           "broadcast_parameters"]
+__all__ = ["DEFAULT_BUCKET_BYTES", "DistributedOptimizer", "HostStage", "ServerOptimizer",
+           "allreduce_hook", "broadcast_parameters", "optimizer_spec"]
 
 
 def _named_tensors(source):

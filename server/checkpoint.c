@@ -1,0 +1,486 @@
+/*
+ * Checkpoint file I/O. A file is, little-endian:
+ *   "APSCKPT1", u64 file length, u64 step, string job, string optimizer,
+ *   u32 tensors, then per tensor: string name, u64 count, u64 updates,
+ *   u64 state_t, u32 arrays, arrays * count fp32 values;
+ *   and last a u32 CRC32C of every byte before it.
+ * (a string is a u32 length and its bytes). A file whose length, CRC or
+ * structure is wrong is refused as a whole: a torn write (the daemon killed
+ * mid-write before the rename, or a disk that lost the tail) never yields
+ * half-old weights. This module never touches the daemon's state.
+ */
+#include "server/checkpoint.h"
+
+#include "common/crc32c.h"
+#include "common/err.h"
+#include "common/log.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static const char magic[8] = { 'A', 'P', 'S', 'C', 'K', 'P', 'T', '1' };
+
+void aps_ckpt_free(struct aps_ckpt *ck)
+{
+	if (ck == NULL)
+		return;
+	for (uint32_t i = 0; ck->tensors != NULL && i < ck->n_tensors; i++) {
+		for (uint32_t a = 0; a < APS_CKPT_ARRAYS_MAX; a++)
+			free(ck->tensors[i].arrays[a]);
+	}
+	free(ck->tensors);
+	memset(ck, 0, sizeof(*ck));
+}
+
+static size_t escape_job(const char *job, char *buf, size_t len)
+{
+	static const char hex[] = "0123456789ABCDEF";
+	size_t used = 0;
+
+	for (const unsigned char *p = (const unsigned char *)job; *p && used + 4 < len; p++) {
+		bool plain = (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') ||
+		             (*p >= '0' && *p <= '9') || *p == '_' || *p == '-';
+		if (plain) {
+			buf[used++] = (char)*p;
+			continue;
+		}
+		buf[used++] = '%';
+		buf[used++] = hex[*p >> 4];
+		buf[used++] = hex[*p & 15];
+	}
+	buf[used] = '\0';
+	return used;
+}
+
+int aps_ckpt_path(const char *dir, const char *job, uint64_t step, char *buf, size_t len)
+{
+	char esc[3 * APS_MSG_JOB_MAX + 1];
+	int n;
+
+	escape_job(job, esc, sizeof(esc));
+	n = snprintf(buf, len, "%s/%s.%020" PRIu64 ".ckpt", dir, esc, step);
+	return n < 0 || (size_t)n >= len ? APS_ERANGE : 0;
+}
+
+/* Sequential output with a running CRC; the first failure sticks. */
+struct out {
+	int fd;
+	uint32_t crc;
+	uint64_t len;
+	int err; /* errno of the first failure */
+};
+
+static void put(struct out *o, const void *data, size_t n)
+{
+	const char *p = data;
+
+	if (o->err != 0)
+		return;
+	o->crc = aps_crc32c(o->crc, data, n);
+	o->len += n;
+	while (n > 0) {
+		ssize_t w = write(o->fd, p, n);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0) {
+			o->err = w < 0 ? errno : EIO;
+			return;
+		}
+		p += w;
+		n -= (size_t)w;
+	}
+}
+
+static void put_u32(struct out *o, uint32_t v)
+{
+	put(o, &v, sizeof(v)); /* the daemon runs on little-endian hosts (x86-64, arm64) */
+}
+
+static void put_u64(struct out *o, uint64_t v)
+{
+	put(o, &v, sizeof(v));
+}
+
+static void put_str(struct out *o, const char *s)
+{
+	put_u32(o, (uint32_t)strlen(s));
+	put(o, s, strlen(s));
+}
+
+static uint64_t file_length(const struct aps_ckpt *ck)
+{
+	uint64_t n = sizeof(magic) + 8 + 8 + 4 + strlen(ck->job) + 4 + strlen(ck->optimizer) + 4;
+
+	for (uint32_t i = 0; i < ck->n_tensors; i++) {
+		const struct aps_ckpt_tensor *t = &ck->tensors[i];
+		n += 4 + strlen(t->name) + 8 * 3 + 4 + (uint64_t)t->n_arrays * t->count * 4;
+	}
+	return n + 4;
+}
+
+static void put_all(struct out *o, const struct aps_ckpt *ck)
+{
+	put(o, magic, sizeof(magic));
+	put_u64(o, file_length(ck));
+	put_u64(o, ck->step);
+	put_str(o, ck->job);
+	put_str(o, ck->optimizer);
+	put_u32(o, ck->n_tensors);
+	for (uint32_t i = 0; i < ck->n_tensors; i++) {
+		const struct aps_ckpt_tensor *t = &ck->tensors[i];
+		put_str(o, t->name);
+		put_u64(o, t->count);
+		put_u64(o, t->updates);
+		put_u64(o, t->state_t);
+		put_u32(o, t->n_arrays);
+		for (uint32_t a = 0; a < t->n_arrays; a++)
+			put(o, t->arrays[a], t->count * sizeof(float));
+	}
+	uint32_t crc = o->crc;
+	put_u32(o, crc);
+}
+
+static int sys_fail(char *why, size_t why_len, const char *what, const char *path, int err)
+{
+	snprintf(why, why_len, "%s %s: %s", what, path, strerror(err));
+	return APS_ESYS;
+}
+
+static int sync_dir(const char *dir, char *why, size_t why_len)
+{
+	int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	int ret = 0;
+
+	if (fd < 0)
+		return sys_fail(why, why_len, "cannot open", dir, errno);
+	if (fsync(fd) < 0)
+		ret = sys_fail(why, why_len, "cannot fsync", dir, errno);
+	close(fd);
+	return ret;
+}
+
+/* The temporary file, written and synced; removed on failure. */
+static int write_tmp(const char *tmp, const struct aps_ckpt *ck, char *why, size_t why_len)
+{
+	struct out o = { .fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640) };
+
+	if (o.fd < 0)
+		return sys_fail(why, why_len, "cannot create", tmp, errno);
+	put_all(&o, ck);
+	if (o.err == 0 && fsync(o.fd) < 0)
+		o.err = errno;
+	if (close(o.fd) < 0 && o.err == 0)
+		o.err = errno;
+	if (o.err == 0)
+		return 0;
+	unlink(tmp);
+	return sys_fail(why, why_len, "cannot write", tmp, o.err);
+}
+
+static int cmp_desc(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* The step of NAME when it is PREFIX + 20 digits + ".ckpt". */
+static bool step_of(const char *name, const char *prefix, uint64_t *step)
+{
+	size_t plen = strlen(prefix);
+	const char *d = name + plen;
+
+	if (strncmp(name, prefix, plen) != 0 || strlen(d) != 20 + 5 || strcmp(d + 20, ".ckpt") != 0)
+		return false;
+	*step = 0;
+	for (int i = 0; i < 20; i++) {
+		if (d[i] < '0' || d[i] > '9')
+			return false;
+		*step = *step * 10 + (uint64_t)(d[i] - '0');
+	}
+	return true;
+}
+
+/* Steps of job's files in dir, newest first, *n of them; NULL when none or on error. */
+static uint64_t *list_steps(const char *dir, const char *job, size_t *n, int *err)
+{
+	char prefix[3 * APS_MSG_JOB_MAX + 2];
+	uint64_t *steps = NULL, step;
+	size_t cap = 0;
+	DIR *d = opendir(dir);
+	struct dirent *e;
+
+	*n = 0;
+	*err = d == NULL ? errno : 0;
+	if (d == NULL)
+		return NULL;
+	escape_job(job, prefix, sizeof(prefix) - 1);
+	strcat(prefix, ".");
+	while ((e = readdir(d)) != NULL) {
+		if (!step_of(e->d_name, prefix, &step))
+			continue;
+		if (*n == cap) {
+			uint64_t *grown = realloc(steps, (cap ? 2 * cap : 8) * sizeof(*steps));
+			if (grown == NULL)
+				break;
+			steps = grown;
+			cap = cap ? 2 * cap : 8;
+		}
+		steps[(*n)++] = step;
+	}
+	closedir(d);
+	if (*n > 1)
+		qsort(steps, *n, sizeof(*steps), cmp_desc);
+	return steps;
+}
+
+/* Temporary files of job's writes that never finished (the daemon was killed). */
+static void remove_torn(const char *dir, const char *job)
+{
+	char prefix[3 * APS_MSG_JOB_MAX + 2], path[APS_CKPT_PATH_MAX + 300];
+	DIR *d = opendir(dir);
+	struct dirent *e;
+	size_t len;
+
+	if (d == NULL)
+		return;
+	escape_job(job, prefix, sizeof(prefix) - 1);
+	strcat(prefix, ".");
+	while ((e = readdir(d)) != NULL) {
+		len = strlen(e->d_name);
+		if (strncmp(e->d_name, prefix, strlen(prefix)) != 0 || len < 9 ||
+		    strcmp(e->d_name + len - 9, ".ckpt.tmp") != 0)
+			continue;
+		snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+		unlink(path);
+	}
+	closedir(d);
+}
+
+/* After a write of job: its newest keep files stay; no other write of job runs. */
+static void prune(const char *dir, const char *job, unsigned keep)
+{
+	char path[APS_CKPT_PATH_MAX];
+	size_t n = 0;
+	int err = 0;
+	uint64_t *steps = list_steps(dir, job, &n, &err);
+
+	for (size_t i = keep; i < n; i++) {
+		if (aps_ckpt_path(dir, job, steps[i], path, sizeof(path)) == 0)
+			unlink(path);
+	}
+	free(steps);
+	remove_torn(dir, job);
+}
+
+int aps_ckpt_write(const char *dir, const struct aps_ckpt *ck, unsigned keep, char *why,
+                   size_t why_len)
+{
+	char path[APS_CKPT_PATH_MAX], tmp[APS_CKPT_PATH_MAX + 8];
+	int ret;
+
+	if (aps_ckpt_path(dir, ck->job, ck->step, path, sizeof(path)) < 0) {
+		snprintf(why, why_len, "checkpoint path under %.200s is too long", dir);
+		return APS_ESYS;
+	}
+	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+	ret = write_tmp(tmp, ck, why, why_len);
+	if (ret < 0)
+		return ret;
+	if (rename(tmp, path) < 0) {
+		ret = sys_fail(why, why_len, "cannot rename to", path, errno);
+		unlink(tmp);
+		return ret;
+	}
+	ret = sync_dir(dir, why, why_len);
+	if (ret == 0)
+		prune(dir, ck->job, keep ? keep : 1);
+	return ret;
+}
+
+/* Bounds-checked input over a whole file; the first overrun sticks. */
+struct in {
+	const uint8_t *p;
+	size_t left;
+	bool bad;
+};
+
+static const uint8_t *take(struct in *in, uint64_t n)
+{
+	const uint8_t *p = in->p;
+
+	if (in->bad || n > in->left) {
+		in->bad = true;
+		return NULL;
+	}
+	in->p += n;
+	in->left -= (size_t)n;
+	return p;
+}
+
+static uint32_t get_u32(struct in *in)
+{
+	const uint8_t *p = take(in, 4);
+	uint32_t v = 0;
+
+	if (p != NULL)
+		memcpy(&v, p, 4);
+	return v;
+}
+
+static uint64_t get_u64(struct in *in)
+{
+	const uint8_t *p = take(in, 8);
+	uint64_t v = 0;
+
+	if (p != NULL)
+		memcpy(&v, p, 8);
+	return v;
+}
+
+static void get_str(struct in *in, char *buf, size_t cap)
+{
+	uint32_t n = get_u32(in);
+	const uint8_t *p = n < cap ? take(in, n) : NULL;
+
+	if (p == NULL) {
+		in->bad = true;
+		buf[0] = '\0';
+		return;
+	}
+	memcpy(buf, p, n);
+	buf[n] = '\0';
+}
+
+static int get_tensor(struct in *in, struct aps_ckpt_tensor *t)
+{
+	get_str(in, t->name, sizeof(t->name));
+	t->count = get_u64(in);
+	t->updates = get_u64(in);
+	t->state_t = get_u64(in);
+	t->n_arrays = get_u32(in);
+	if (in->bad || t->n_arrays < 1 || t->n_arrays > APS_CKPT_ARRAYS_MAX || t->count == 0 ||
+	    t->count > in->left / 4 / t->n_arrays)
+		return APS_EPROTO;
+	for (uint32_t a = 0; a < t->n_arrays; a++) {
+		t->arrays[a] = malloc(t->count * sizeof(float));
+		if (t->arrays[a] == NULL)
+			return APS_ENOMEM;
+		memcpy(t->arrays[a], take(in, t->count * 4), t->count * 4);
+	}
+	return 0;
+}
+
+static int parse(const uint8_t *buf, size_t len, struct aps_ckpt *ck, char *why, size_t why_len)
+{
+	struct in in = { buf, len - 4, false };
+	uint32_t crc;
+	int ret = 0;
+
+	memcpy(&crc, buf + len - 4, 4);
+	if (memcmp(buf, magic, sizeof(magic)) != 0 || aps_crc32c(0, buf, len - 4) != crc) {
+		snprintf(why, why_len, "bad magic or CRC32C (a torn or corrupt file)");
+		return APS_EPROTO;
+	}
+	take(&in, sizeof(magic));
+	if (get_u64(&in) != len) {
+		snprintf(why, why_len, "length differs from its header");
+		return APS_EPROTO;
+	}
+	ck->step = get_u64(&in);
+	get_str(&in, ck->job, sizeof(ck->job));
+	get_str(&in, ck->optimizer, sizeof(ck->optimizer));
+	ck->n_tensors = get_u32(&in);
+	if (!in.bad && ck->n_tensors <= in.left / 32)
+		ck->tensors = calloc(ck->n_tensors ? ck->n_tensors : 1, sizeof(*ck->tensors));
+	if (ck->tensors == NULL)
+		ret = in.bad ? APS_EPROTO : APS_ENOMEM;
+	for (uint32_t i = 0; ret == 0 && i < ck->n_tensors; i++)
+		ret = get_tensor(&in, &ck->tensors[i]);
+	if (ret == 0 && (in.bad || in.left != 0))
+		ret = APS_EPROTO;
+	if (ret < 0)
+		snprintf(why, why_len, "%s", ret == APS_ENOMEM ? "out of memory" : "bad structure");
+	return ret;
+}
+
+static int read_whole(const char *path, uint8_t **out, size_t *len, char *why, size_t why_len)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	struct stat st;
+	size_t got = 0;
+
+	if (fd < 0)
+		return sys_fail(why, why_len, "cannot open", path, errno);
+	if (fstat(fd, &st) < 0 || st.st_size < (off_t)(sizeof(magic) + 8 + 4) ||
+	    (*out = malloc((size_t)st.st_size)) == NULL) {
+		close(fd);
+		snprintf(why, why_len, "too short or too large to read");
+		return APS_EPROTO;
+	}
+	while (got < (size_t)st.st_size) {
+		ssize_t r = read(fd, *out + got, (size_t)st.st_size - got);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			break;
+		got += (size_t)r;
+	}
+	close(fd);
+	*len = got;
+	return 0;
+}
+
+int aps_ckpt_read(const char *path, struct aps_ckpt *out, char *why, size_t why_len)
+{
+	struct aps_ckpt ck = { 0 };
+	uint8_t *buf = NULL;
+	size_t len = 0;
+	int ret = read_whole(path, &buf, &len, why, why_len);
+
+	if (ret == 0)
+		ret = parse(buf, len, &ck, why, why_len);
+	free(buf);
+	if (ret < 0) {
+		aps_ckpt_free(&ck);
+		return ret;
+	}
+	*out = ck;
+	return 0;
+}
+
+int aps_ckpt_load_newest(const char *dir, const char *job, struct aps_ckpt *out, char *path,
+                         size_t path_len)
+{
+	char why[256];
+	size_t n = 0;
+	int err = 0, ret = 0;
+	uint64_t *steps = list_steps(dir, job, &n, &err);
+
+	if (steps == NULL && err != 0 && err != ENOENT) {
+		aps_log_error("checkpoint", "cannot list dir=%s reason=\"%s\"", dir, strerror(err));
+		return APS_ESYS;
+	}
+	for (size_t i = 0; i < n; i++) {
+		if (aps_ckpt_path(dir, job, steps[i], path, path_len) < 0)
+			continue;
+		if (aps_ckpt_read(path, out, why, sizeof(why)) == 0) {
+			if (strcmp(out->job, job) == 0) {
+				ret = 1;
+				break;
+			}
+			snprintf(why, sizeof(why), "written for job '%.64s'", out->job);
+			aps_ckpt_free(out);
+		}
+		aps_log_warn("checkpoint", "skipped path=%s reason=\"%s\"", path, why);
+	}
+	free(steps);
+	return ret;
+}

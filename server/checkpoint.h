@@ -1,0 +1,63 @@
+/*
+ * Checkpoint files of optimize-mode jobs: the master weights and the
+ * optimizer state of every tensor of one job, written atomically (temporary
+ * file, fsync, rename, fsync of the directory) with a CRC32C over the whole
+ * file, and read back from the newest file that is complete and intact.
+ * Plain file I/O, no libuv: the daemon runs writes on its thread pool
+ * (server/ckpt_queue.c). File layout in docs/OPERATIONS.md, "Checkpoints".
+ */
+#ifndef APS_SERVER_CHECKPOINT_H
+#define APS_SERVER_CHECKPOINT_H
+
+#include "proto/frame.h"
+#include "server/optimizer.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define APS_CKPT_ARRAYS_MAX (1 + APS_OPTIM_SLOTS_MAX) /* weights, then the state */
+#define APS_CKPT_PATH_MAX   512
+
+struct aps_ckpt_tensor {
+	char name[APS_MSG_NAME_MAX + 1];
+	uint64_t count;
+	uint64_t updates, state_t;
+	uint32_t n_arrays;                  /* 1 + the optimizer's state slots */
+	float *arrays[APS_CKPT_ARRAYS_MAX]; /* each count floats, owned */
+};
+
+struct aps_ckpt {
+	char job[APS_MSG_JOB_MAX + 1];
+	char optimizer[APS_OPTIM_SPEC_MAX]; /* canonical spec (aps_optim_describe) */
+	uint64_t step;                      /* names the file: the job's update count */
+	uint32_t n_tensors;
+	struct aps_ckpt_tensor *tensors; /* owned */
+};
+
+/* Frees what ck owns and zeroes it; NULL-safe. */
+void aps_ckpt_free(struct aps_ckpt *ck);
+
+/* DIR/JOB.STEP.ckpt, the job name escaped (%XX) to [A-Za-z0-9_-]. Returns 0 or APS_ERANGE. */
+int aps_ckpt_path(const char *dir, const char *job, uint64_t step, char *buf, size_t len);
+
+/*
+ * Writes ck to aps_ckpt_path(dir, ck->job, ck->step) through PATH.tmp,
+ * fsync, rename and an fsync of dir, then removes all but the newest keep
+ * files of the job (keep >= 1). Returns 0, or APS_ESYS with why set. Safe
+ * on any thread: no logging, no global state.
+ */
+int aps_ckpt_write(const char *dir, const struct aps_ckpt *ck, unsigned keep, char *why,
+                   size_t why_len);
+
+/* Reads and checks one file. Returns 0, or APS_EPROTO (torn, corrupt) / APS_ESYS with why. */
+int aps_ckpt_read(const char *path, struct aps_ckpt *out, char *why, size_t why_len);
+
+/*
+ * Loads the newest intact checkpoint of job in dir into *out (its path into
+ * path), logging every newer file it skips and why. Returns 1 when one was
+ * loaded, 0 when there is none, APS_ESYS when dir cannot be read.
+ */
+int aps_ckpt_load_newest(const char *dir, const char *job, struct aps_ckpt *out, char *path,
+                         size_t path_len);
+
+#endif

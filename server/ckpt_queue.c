@@ -1,0 +1,131 @@
+/*
+ * The checkpoint write queue: a FIFO of snapshots, one uv_work_t at a time on
+ * libuv's thread pool. The worker thread only calls aps_ckpt_write (no
+ * logging, no daemon state); the result is reported on the loop thread.
+ */
+#include "server/ckpt_queue.h"
+
+#include "common/err.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct entry {
+	struct entry *next;
+	struct aps_ckpt *ck;
+};
+
+struct aps_ckpt_queue {
+	uv_loop_t *loop;
+	char dir[APS_CKPT_PATH_MAX];
+	unsigned keep;
+	aps_ckpt_done_cb done;
+	void *ctx;
+	struct entry *head; /* waiting, oldest first */
+	uv_work_t work;
+	struct aps_ckpt *writing; /* NULL: no write running */
+	int ret;                  /* of the running write */
+	char why[256];
+	uint64_t started_ns;
+};
+
+int aps_ckpt_queue_new(struct aps_ckpt_queue **out, uv_loop_t *loop, const char *dir, unsigned keep,
+                       aps_ckpt_done_cb done, void *ctx)
+{
+	struct aps_ckpt_queue *q = calloc(1, sizeof(*q));
+
+	if (q == NULL)
+		return APS_ENOMEM;
+	q->loop = loop;
+	snprintf(q->dir, sizeof(q->dir), "%s", dir);
+	q->keep = keep;
+	q->done = done;
+	q->ctx = ctx;
+	q->work.data = q;
+	*out = q;
+	return 0;
+}
+
+static void free_ckpt(struct aps_ckpt *ck)
+{
+	aps_ckpt_free(ck);
+	free(ck);
+}
+
+static void on_write(uv_work_t *w)
+{
+	struct aps_ckpt_queue *q = w->data;
+
+	q->why[0] = '\0';
+	q->ret = aps_ckpt_write(q->dir, q->writing, q->keep, q->why, sizeof(q->why));
+}
+
+static void start_next(struct aps_ckpt_queue *q);
+
+static void on_written(uv_work_t *w, int status)
+{
+	struct aps_ckpt_queue *q = w->data;
+	double seconds = (double)(uv_hrtime() - q->started_ns) / 1e9;
+
+	if (status < 0 && q->ret == 0) {
+		q->ret = APS_ESYS;
+		snprintf(q->why, sizeof(q->why), "write cancelled");
+	}
+	q->done(q->ctx, q->writing, q->ret, q->why, seconds);
+	free_ckpt(q->writing);
+	q->writing = NULL;
+	start_next(q);
+}
+
+static void start_next(struct aps_ckpt_queue *q)
+{
+	struct entry *e = q->head;
+
+	if (q->writing != NULL || e == NULL)
+		return;
+	q->head = e->next;
+	q->writing = e->ck;
+	free(e);
+	q->started_ns = uv_hrtime();
+	if (uv_queue_work(q->loop, &q->work, on_write, on_written) < 0) {
+		q->done(q->ctx, q->writing, APS_ESYS, "cannot queue the write", 0);
+		free_ckpt(q->writing);
+		q->writing = NULL;
+	}
+}
+
+void aps_ckpt_queue_push(struct aps_ckpt_queue *q, struct aps_ckpt *ck)
+{
+	struct entry **link = &q->head, *e;
+
+	for (; *link != NULL; link = &(*link)->next) {
+		if (strcmp((*link)->ck->job, ck->job) == 0) {
+			free_ckpt((*link)->ck); /* a newer snapshot of the same job */
+			(*link)->ck = ck;
+			start_next(q);
+			return;
+		}
+	}
+	e = calloc(1, sizeof(*e));
+	if (e == NULL) {
+		q->done(q->ctx, ck, APS_ENOMEM, "out of memory", 0);
+		free_ckpt(ck);
+		return;
+	}
+	e->ck = ck;
+	*link = e;
+	start_next(q);
+}
+
+bool aps_ckpt_queue_idle(const struct aps_ckpt_queue *q)
+{
+	return q->writing == NULL && q->head == NULL;
+}
+
+void aps_ckpt_queue_free(struct aps_ckpt_queue *q)
+{
+	if (q == NULL || !aps_ckpt_queue_idle(q))
+		return;
+	free(q);
+}

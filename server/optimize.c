@@ -1,0 +1,340 @@
+/*
+ * Optimize mode: apsd as a classic parameter server. The job's master weights
+ * come from rank 0's BROADCAST (or from its newest checkpoint); each step's
+ * mean gradient goes through the job's optimizer, and the downlink carries
+ * the APS-quantized difference between the new weights and what the workers
+ * hold (the view), which then moves by exactly what was sent: the daemon's
+ * error feedback. Also PULL (the full fp32 weights) and checkpoint snapshots.
+ * The update rules are optimizer.c's, the files checkpoint.c's.
+ */
+#include "server/server_impl.h"
+
+#include "common/codec.h"
+#include "common/err.h"
+#include "common/log.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int aps_optimize_parse_hello(const struct aps_msg *m, struct aps_optim_config *cfg, char *why,
+                             size_t why_len)
+{
+	memset(cfg, 0, sizeof(*cfg));
+	if (m->optimizer[0] == '\0')
+		return 0;
+	return aps_optim_parse(m->optimizer, cfg, why, why_len);
+}
+
+/* The round's transform: a broadcast sets (or delivers) the weights, a mean updates them. */
+static void transform(void *ctx, enum aps_round_kind kind, size_t off, float *acc, size_t n)
+{
+	struct aps_tensor *t = ctx;
+	struct aps_optim_tensor *o = &t->opt;
+
+	if (kind == APS_ROUND_ALLREDUCE) {
+		aps_optim_tensor_step_chunk(t->optim, o, off, acc, n);
+		return;
+	}
+	if (!o->ready)
+		memcpy(o->weights + off, acc, n * sizeof(float));
+	else
+		memcpy(acc, o->weights + off, n * sizeof(float));
+	memcpy(o->view + off, o->weights + off, n * sizeof(float));
+}
+
+void aps_optimize_job_start(struct aps_server *srv, struct aps_job *job,
+                            const struct aps_optim_config *cfg)
+{
+	const char *dir = srv->opts.checkpoint_dir;
+	char path[APS_CKPT_PATH_MAX];
+
+	job->optim = *cfg;
+	if (cfg->kind == APS_OPTIM_NONE)
+		return;
+	aps_optim_describe(cfg, job->optim_spec, sizeof(job->optim_spec));
+	if (dir == NULL || dir[0] == '\0')
+		return;
+	if (aps_ckpt_load_newest(dir, job->name, &job->resume, path, sizeof(path)) != 1)
+		return;
+	srv->counters.resumed++;
+	job->last_ckpt_step = job->resume.step;
+	aps_log_info("checkpoint", "resuming job=%s step=%llu tensors=%u path=%s optimizer=%s",
+	             job->name, (unsigned long long)job->resume.step, job->resume.n_tensors, path,
+	             job->resume.optimizer);
+}
+
+/* Moves the checkpoint's arrays of t into its state (the state only for the same optimizer). */
+static void take_resumed(struct aps_job *job, struct aps_tensor *t, struct aps_ckpt_tensor *ct)
+{
+	struct aps_optim_tensor *o = &t->opt;
+	struct aps_optim_config saved;
+	char why[160];
+	bool same = aps_optim_parse(job->resume.optimizer, &saved, why, sizeof(why)) == 0 &&
+	            saved.kind == job->optim.kind && ct->n_arrays == 1 + o->slots;
+
+	free(o->weights);
+	o->weights = ct->arrays[0];
+	ct->arrays[0] = NULL;
+	memcpy(o->view, o->weights, o->count * sizeof(float));
+	o->updates = ct->updates;
+	o->ready = true;
+	for (unsigned s = 0; same && s < o->slots; s++) {
+		free(o->state[s]);
+		o->state[s] = ct->arrays[1 + s];
+		ct->arrays[1 + s] = NULL;
+	}
+	o->state_t = same ? ct->state_t : 0;
+	if (!same)
+		aps_log_warn("checkpoint",
+		             "optimizer state not resumed job=%s tensor=%.80s saved=%s now=%s",
+		             job->name, t->name, job->resume.optimizer, job->optim_spec);
+}
+
+int aps_optimize_register(struct aps_server *srv, struct aps_job *job, struct aps_tensor *t)
+{
+	(void)srv;
+	if (job->optim.kind == APS_OPTIM_NONE)
+		return 0;
+	if (aps_optim_tensor_init(&t->opt, &job->optim, t->count) < 0)
+		return APS_ENOMEM;
+	/* what max_job_bytes bounds: the weights, the workers' view and the state too */
+	job->tensor_bytes += t->count * sizeof(float) * (2 + t->opt.slots);
+	t->optim = &job->optim;
+	t->round.transform = transform;
+	t->round.transform_ctx = t;
+	for (uint32_t i = 0; i < job->resume.n_tensors; i++) {
+		struct aps_ckpt_tensor *ct = &job->resume.tensors[i];
+		if (ct->arrays[0] == NULL || strcmp(ct->name, t->name) != 0)
+			continue;
+		if (ct->count == t->count)
+			take_resumed(job, t, ct);
+		else
+			aps_log_warn("checkpoint",
+			             "not resumed job=%s tensor=%.80s count=%llu saved_count=%llu",
+			             job->name, t->name, (unsigned long long)t->count,
+			             (unsigned long long)ct->count);
+		break;
+	}
+	return 0;
+}
+
+bool aps_optimize_check_push(struct aps_server *srv, struct aps_session *s, struct aps_tensor *t,
+                             const struct aps_msg *m)
+{
+	bool optimize = s->job->optim.kind != APS_OPTIM_NONE;
+	bool update = (m->flags & APS_MSG_FLAG_UPDATE) != 0;
+	const char *why = NULL;
+
+	if (m->type == APS_MSG_PUSH && optimize != update)
+		why = optimize ? "the job is in optimize mode: push gradients as optimizer steps"
+		               : "the job is in all-reduce mode: there is no optimizer to step";
+	else if (optimize && m->type == APS_MSG_PUSH && !t->opt.ready)
+		why = "no weights yet: rank 0 broadcasts them first";
+	else if (optimize && t->opt.torn)
+		why = "a rank was lost after part of a step was applied: restart the job, it "
+		      "resumes from its last checkpoint";
+	if (why == NULL) {
+		/* the lowest rank's: rank 0's, or in an elastic job that lost it, the next one's */
+		if (optimize && m->type == APS_MSG_PUSH && s->rank <= t->opt.lr_rank) {
+			t->opt.lr = m->lr;
+			t->opt.lr_rank = s->rank;
+		}
+		return true;
+	}
+	srv->counters.bad_state++;
+	aps_server_send_error(srv, &s->peer, APS_EPROTO, m, "tensor '%.80s': %s", t->name, why);
+	return false;
+}
+
+/* Every tensor of the job has had the same number of updates: a consistent snapshot. */
+static bool job_at_step(const struct aps_job *job, uint64_t step)
+{
+	for (uint32_t i = 0; i < job->n_tensors; i++) {
+		if (job->tensors[i]->opt.ready && job->tensors[i]->opt.updates != step)
+			return false;
+	}
+	return true;
+}
+
+void aps_optimize_chunk_done(struct aps_server *srv, struct aps_job *job, struct aps_tensor *t,
+                             const struct aps_round_result *res, bool broadcast)
+{
+	struct aps_optim_tensor *o = &t->opt;
+	uint64_t k = srv->opts.checkpoint_steps;
+
+	if (job->optim.kind == APS_OPTIM_NONE)
+		return;
+	if (!broadcast)
+		aps_codec_accumulate(&res->fmt, res->payload->data, res->payload->len, res->count,
+		                     res->scale_exp, o->view + res->offset);
+	if (!res->step_done)
+		return;
+	if (broadcast) {
+		o->ready = true;
+		return;
+	}
+	o->updates++;
+	o->state_t++;
+	o->lr_rank = UINT32_MAX; /* the next step's lr comes with its pushes */
+	srv->counters.updates++;
+	if (k > 0 && o->updates % k == 0 && o->updates > job->last_ckpt_step &&
+	    job_at_step(job, o->updates))
+		aps_optimize_checkpoint(srv, job, "every checkpoint_steps");
+}
+
+static int copy_array(float **dst, const float *src, size_t n)
+{
+	*dst = malloc(n * sizeof(float));
+	if (*dst == NULL)
+		return APS_ENOMEM;
+	memcpy(*dst, src, n * sizeof(float));
+	return 0;
+}
+
+static int snapshot_tensor(const struct aps_tensor *t, struct aps_ckpt_tensor *ct)
+{
+	const struct aps_optim_tensor *o = &t->opt;
+	int ret = copy_array(&ct->arrays[0], o->weights, o->count);
+
+	snprintf(ct->name, sizeof(ct->name), "%s", t->name);
+	ct->count = o->count;
+	ct->updates = o->updates;
+	ct->state_t = o->state_t;
+	ct->n_arrays = 1 + o->slots;
+	for (unsigned s = 0; ret == 0 && s < o->slots; s++)
+		ret = copy_array(&ct->arrays[1 + s], o->state[s], o->count);
+	return ret;
+}
+
+/* A resumed tensor no rank registered again this time stays in the next checkpoint. */
+static int snapshot_unclaimed(const struct aps_ckpt_tensor *src, struct aps_ckpt_tensor *ct)
+{
+	int ret = 0;
+
+	*ct = *src;
+	memset(ct->arrays, 0, sizeof(ct->arrays));
+	for (uint32_t a = 0; ret == 0 && a < src->n_arrays; a++)
+		ret = copy_array(&ct->arrays[a], src->arrays[a], src->count);
+	return ret;
+}
+
+/* A tensor in the middle of a step (some chunks applied) or left torn by a lost rank. */
+static const struct aps_tensor *half_stepped(const struct aps_job *job)
+{
+	for (uint32_t i = 0; i < job->n_tensors; i++) {
+		const struct aps_tensor *t = job->tensors[i];
+		if (t->opt.torn ||
+		    (t->round.kind == APS_ROUND_ALLREDUCE && t->round.chunks_finished > 0))
+			return t;
+	}
+	return NULL;
+}
+
+static int snapshot(const struct aps_job *job, struct aps_ckpt *ck)
+{
+	uint32_t cap = job->n_tensors + job->resume.n_tensors;
+	int ret = 0;
+
+	snprintf(ck->job, sizeof(ck->job), "%s", job->name);
+	snprintf(ck->optimizer, sizeof(ck->optimizer), "%s", job->optim_spec);
+	ck->step = UINT64_MAX;
+	ck->tensors = calloc(cap ? cap : 1, sizeof(*ck->tensors));
+	if (ck->tensors == NULL)
+		return APS_ENOMEM;
+	for (uint32_t i = 0; ret == 0 && i < job->n_tensors; i++) {
+		const struct aps_tensor *t = job->tensors[i];
+		if (!t->opt.ready)
+			continue;
+		ret = snapshot_tensor(t, &ck->tensors[ck->n_tensors++]);
+		ck->step = t->opt.updates < ck->step ? t->opt.updates : ck->step;
+	}
+	for (uint32_t i = 0; ret == 0 && i < job->resume.n_tensors; i++) {
+		if (job->resume.tensors[i].arrays[0] != NULL)
+			ret = snapshot_unclaimed(&job->resume.tensors[i],
+			                         &ck->tensors[ck->n_tensors++]);
+	}
+	return ret;
+}
+
+void aps_optimize_checkpoint(struct aps_server *srv, struct aps_job *job, const char *why)
+{
+	const struct aps_tensor *torn;
+	struct aps_ckpt *ck;
+
+	if (srv->ckpt == NULL || job->optim.kind == APS_OPTIM_NONE)
+		return;
+	if ((torn = half_stepped(job)) != NULL) {
+		aps_log_warn(
+		        "checkpoint",
+		        "skipped job=%s reason=\"%s\" tensor=%.80s is in the middle of a step: "
+		        "the last checkpoint stays",
+		        job->name, why, torn->name);
+		return;
+	}
+	ck = calloc(1, sizeof(*ck));
+	if (ck == NULL || snapshot(job, ck) < 0 || ck->n_tensors == 0) {
+		if (ck != NULL && ck->n_tensors > 0) {
+			srv->counters.checkpoint_failures++;
+			aps_log_error("checkpoint", "out of memory for a snapshot job=%s",
+			              job->name);
+		}
+		aps_ckpt_free(ck);
+		free(ck);
+		return;
+	}
+	if (ck->step == UINT64_MAX)
+		ck->step = job->resume.step;
+	job->last_ckpt_step = ck->step;
+	aps_log_debug("checkpoint", "queued job=%s step=%llu reason=\"%s\"", job->name,
+	              (unsigned long long)ck->step, why);
+	aps_ckpt_queue_push(srv->ckpt, ck);
+}
+
+/* WEIGHTS: the tensor's master weights in the chunks of its rounds. */
+static void send_weights(struct aps_server *srv, struct aps_session *s, struct aps_tensor *t)
+{
+	size_t per = t->round.chunk_elems;
+
+	for (size_t off = 0; off < t->count; off += per) {
+		size_t n = t->count - off < per ? t->count - off : per;
+		struct aps_sbuf *buf = aps_sbuf_new(n * sizeof(float));
+		struct aps_msg r;
+		if (buf == NULL) {
+			aps_server_send_error(srv, &s->peer, APS_ENOMEM, NULL, "out of memory");
+			return;
+		}
+		memcpy(buf->data, t->opt.weights + off, n * sizeof(float));
+		aps_msg_init(&r, APS_MSG_WEIGHTS);
+		snprintf(r.job, sizeof(r.job), "%s", s->job->name);
+		r.rank = s->rank;
+		r.world_size = s->job->world_size;
+		r.tensor_id = t->id;
+		r.updates = t->opt.updates;
+		r.chunk_offset = off;
+		r.chunk_count = n;
+		r.total_count = t->count;
+		snprintf(r.format, sizeof(r.format), "fp32");
+		aps_server_send(srv, &s->peer, &r, buf);
+		s->bytes_out += buf->len;
+		aps_sbuf_unref(buf);
+	}
+}
+
+void aps_handle_pull(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m)
+{
+	struct aps_tensor *t = aps_job_tensor(s->job, m->tensor_id);
+	const char *why = NULL;
+
+	if (t == NULL || !t->registered[s->rank])
+		why = "is not registered by this rank";
+	else if (s->job->optim.kind == APS_OPTIM_NONE)
+		why = "belongs to a job in all-reduce mode: the daemon holds no weights";
+	else if (!t->opt.ready)
+		why = "has no weights yet: rank 0 broadcasts them first";
+	if (why == NULL)
+		return send_weights(srv, s, t);
+	srv->counters.bad_state++;
+	aps_server_send_error(srv, &s->peer, APS_EPROTO, m, "pull of tensor id %u: it %s",
+	                      m->tensor_id, why);
+}

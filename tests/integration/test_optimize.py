@@ -1,0 +1,358 @@
+"""Optimize mode against the real daemon: apsd holds the weights and steps the
+optimizer. In fp32 it matches torch.optim on the same gradients; in low
+precision every worker holds, bit for bit, its previous weights plus the
+quantized difference to the new master weights, never more than half a
+quantization step away from them; checkpoints survive SIGTERM, kill -9,
+truncation and corruption."""
+
+import concurrent.futures
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import aps
+from conftest import Daemon
+from test_policy import ask
+
+TORCH_OPTIMIZERS = {
+    "sgd,momentum=0.9,nesterov=1,weight_decay=0.01":
+        lambda p: torch.optim.SGD(p, lr=1, momentum=0.9, nesterov=True, weight_decay=0.01),
+    "sgd,momentum=0.5,dampening=0.25": lambda p: torch.optim.SGD(p, lr=1, momentum=0.5,
+                                                                 dampening=0.25),
+    "sgd": lambda p: torch.optim.SGD(p, lr=1),
+    "adam,weight_decay=0.001": lambda p: torch.optim.Adam(p, lr=1, weight_decay=0.001),
+    "adamw,beta1=0.8,beta2=0.99": lambda p: torch.optim.AdamW(p, lr=1, betas=(0.8, 0.99)),
+}
+
+
+def clients(d, world, fmt, spec, job="default", **kw):
+    return [aps.Client(d.endpoint, r, world, format=fmt, optimizer=spec, job=job,
+                       timeout_ms=20000, **kw) for r in range(world)]
+
+
+def broadcast(cs, name, values):
+    """Rank 0's values to every rank; returns each rank's copy."""
+    held = [values.copy() if r == 0 else np.zeros_like(values) for r in range(len(cs))]
+    for h in [c.broadcast_async(name, w) for c, w in zip(cs, held)]:
+        h.wait()
+    return held
+
+
+def step_all(cs, name, grads, held, lr):
+    for h in [c.step_async(name, g, w, lr) for c, g, w in zip(cs, grads, held)]:
+        h.wait()
+
+
+def gradients(rng, world, n, step):
+    return [(rng.standard_normal(n) * (1 + r) * 0.5 ** (step % 4)).astype(np.float32)
+            for r in range(world)]
+
+
+@pytest.mark.parametrize("spec", sorted(TORCH_OPTIMIZERS))
+def test_fp32_matches_torch_optimizer(daemon, spec):
+    world, n, rng = 3, 1001, np.random.default_rng(1)
+    cs = clients(daemon, world, "fp32", spec)
+    w0 = rng.standard_normal(n).astype(np.float32)
+    held = broadcast(cs, "w", w0)
+    ref = torch.nn.Parameter(torch.from_numpy(w0.copy()))
+    opt = TORCH_OPTIMIZERS[spec]([ref])
+    for step in range(25):
+        lr = 0.05 * (1 + step % 3)  # a learning rate the client sets each step
+        grads = gradients(rng, world, n, step)
+        step_all(cs, "w", grads, held, lr)
+        # torch on the mean gradient, summed in the daemon's order
+        mean = grads[0].copy()
+        for g in grads[1:]:
+            mean += g
+        ref.grad = torch.from_numpy(mean / np.float32(world))
+        for group in opt.param_groups:
+            group["lr"] = float(np.float32(lr))
+        opt.step()
+        want = ref.detach().numpy()
+        for w in held:
+            np.testing.assert_allclose(w, want, rtol=2e-5, atol=2e-6,
+                                       err_msg=f"{spec} step {step}")
+    master = np.empty(n, np.float32)
+    assert cs[1].pull("w", master) == 25
+    np.testing.assert_allclose(master, want, rtol=2e-5, atol=2e-6)
+    for c in cs:
+        c.close()
+
+
+def half_step_bound(delta, fmt, chunk):
+    """Per element: half the largest quantization step of the update's chunk at
+    its APS scale, plus the fp32 rounding of adding it to the weights."""
+    info = aps.format_info(fmt)
+    bound = np.empty_like(delta)
+    for off in range(0, delta.size, chunk):
+        d = delta[off:off + chunk]
+        k = aps.aps_exponent(d, fmt, mode="local")
+        bound[off:off + chunk] = 0.5 * 2.0 ** (info["emax"] - info["man_bits"] - k)
+    return bound
+
+
+def expected_update(prev, delta, fmt, chunk):
+    """What the daemon sends and the worker adds, recomputed here: prev plus the
+    quantized difference, chunk by chunk, with the chunk's local APS exponent."""
+    out = prev.copy()
+    for off in range(0, delta.size, chunk):
+        d = np.ascontiguousarray(delta[off:off + chunk])
+        k = aps.aps_exponent(d, fmt, mode="local")
+        codes = aps.quantize(d, fmt, scale_exp=k)
+        part = np.ascontiguousarray(out[off:off + chunk])
+        aps.accumulate(codes, fmt, part, scale_exp=k)
+        out[off:off + chunk] = part
+    return out
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e3m0", "e5m2"])
+def test_drift_bound_every_step(daemon_factory, fmt):
+    d = daemon_factory(extra=["--chunk_bytes", "4k"])  # 1024-element chunks
+    world, n, chunk, rng = 2, 2600, 1024, np.random.default_rng(7)
+    cs = clients(d, world, fmt, "sgd,momentum=0.9,weight_decay=0.001")
+    held = broadcast(cs, "w", rng.standard_normal(n).astype(np.float32))
+    master = np.empty(n, np.float32)
+    worst = beyond_half = 0.0
+    for step in range(150):
+        prev = held[0].copy()
+        step_all(cs, "w", gradients(rng, world, n, step), held, 0.02)
+        assert cs[0].pull("w", master) == step + 1
+        delta = master - prev  # the daemon's difference: it held prev as the workers' view
+        np.testing.assert_array_equal(held[0], held[1])  # one downlink for every rank
+        np.testing.assert_array_equal(held[0], expected_update(prev, delta, fmt, chunk))
+        drift = np.abs(held[0] - master)
+        half = half_step_bound(delta, fmt, chunk)
+        bound = half + np.spacing(np.abs(master))
+        assert (drift <= bound).all(), (step, float((drift - bound).max()))
+        worst = max(worst, float((drift / bound).max()))
+        beyond_half = max(beyond_half, float((drift - half).max()))
+    print(f"{fmt}: 150 steps, worst |worker - master| / bound = {worst:.3f}, "
+          f"largest excess over half a step alone {beyond_half:.3g}")
+    assert worst > 0.1  # the bound is tight enough to mean something
+    for c in cs:
+        c.close()
+
+
+def test_optimize_mode_errors(daemon_factory, tmp_path):
+    stats = str(tmp_path / "stats.sock")
+    daemon = daemon_factory(extra=["--stats", stats])
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal(16).astype(np.float32)
+    with pytest.raises(aps.ArgumentError, match="rmsprop"):
+        aps.Client(daemon.endpoint, 0, 2, optimizer="rmsprop")
+    with pytest.raises(aps.ArgumentError, match="rejoin does not apply to optimize mode"):
+        aps.Client(daemon.endpoint, 0, 2, optimizer="sgd", rejoin=True)
+    with pytest.raises(aps.ArgumentError, match="not several shards"):
+        aps.Client([daemon.endpoint, daemon.endpoint], 0, 2, optimizer="sgd")
+    c0 = aps.Client(daemon.endpoint, 0, 2, optimizer="sgd,momentum=0.9")
+    with pytest.raises(aps.Error, match="runs optimizer 'sgd,momentum=0.899999976"):
+        aps.Client(daemon.endpoint, 1, 2, optimizer="adam")
+    with pytest.raises(aps.Error, match="all-reduce"):
+        aps.Client(daemon.endpoint, 1, 2)  # no optimizer: all-reduce mode
+    c1 = aps.Client(daemon.endpoint, 1, 2, optimizer="sgd,momentum=0.9")
+    with pytest.raises(aps.ArgumentError, match="optimize mode"):
+        c0.allreduce("w", w.copy())
+    with pytest.raises(aps.Error, match="no weights yet"):
+        c0.step("w", w, w.copy(), 0.1)
+    with pytest.raises(aps.Error, match="no weights yet"):
+        c1.pull("w", np.empty(16, np.float32))
+    with pytest.raises(ValueError, match="learning rate"):
+        c0.step("w", w, w.copy(), float("nan"))
+    plain = aps.Client(daemon.endpoint, 0, 1, job="plain")
+    with pytest.raises(aps.ArgumentError, match="all-reduce mode"):
+        plain.step("w", w, w.copy(), 0.1)
+    with pytest.raises(aps.ArgumentError, match="all-reduce mode"):
+        plain.pull("w", w.copy())
+    held = broadcast([c0, c1], "w", w)
+    step_all([c0, c1], "w", [w, w], held, 0.5)
+    jobs = {j["name"]: j for j in ask(stats, "jobs")["jobs"]}
+    assert jobs["default"]["mode"] == "optimize" and jobs["plain"]["mode"] == "allreduce"
+    assert jobs["default"]["optimizer"].startswith("sgd,momentum=0.899999976,dampening=0")
+    tensors = {(t["job"], t["name"]): t for t in ask(stats, "tensors")["tensors"]}
+    assert tensors[("default", "w")]["updates"] == 1
+    counters = ask(stats, "stats")["counters"]
+    assert counters["updates"] == 1 and counters["bad_state"] == 2  # no weights yet, twice
+    assert counters["refused_hello"] == 3
+    for c in (c0, c1, plain):
+        c.close()
+
+
+def wait_for(d, text, after=0, timeout=20):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        log = d.log_path.read_text()
+        if log.count(text) > after:
+            return log
+        time.sleep(0.005)
+    raise TimeoutError(f"apsd never logged {text!r} more than {after} times")
+
+
+def test_checkpoint_at_sigterm_resumes_weights_and_state(daemon_factory, tmp_path):
+    ckdir = tmp_path / "ck"
+    ckdir.mkdir()
+    args = ["--checkpoint_dir", str(ckdir), "--checkpoint_steps", "5"]
+    world, n, rng = 2, 300, np.random.default_rng(5)
+    spec = "adam,weight_decay=0.001"
+    ref = torch.nn.Parameter(torch.from_numpy(rng.standard_normal(n).astype(np.float32)))
+    opt = torch.optim.Adam([ref], lr=0.01, weight_decay=0.001)
+
+    def run(d, held, steps):
+        cs_ = clients(d, world, "fp32", spec, job="resnet/1")
+        held = broadcast(cs_, "w", held)
+        updates = cs_[1].updates("w", held[1])
+        for _ in range(steps):
+            grads = gradients(rng, world, n, 0)
+            step_all(cs_, "w", grads, held, 0.01)
+            ref.grad = torch.from_numpy((grads[0] + grads[1]) / np.float32(2))
+            opt.step()
+            np.testing.assert_allclose(held[0], ref.detach().numpy(), rtol=2e-5, atol=2e-6)
+        for c in cs_:
+            c.close()
+        return held[0], updates
+
+    d = daemon_factory(extra=args)
+    before, updates = run(d, ref.detach().numpy().copy(), 12)
+    assert updates == 0
+    master = np.empty(n, np.float32)
+    assert d.stop() == 0  # SIGTERM: the job ended (checkpoint) and the daemon stopped
+    log = d.log_path.read_text()
+    assert "checkpoint: written job=resnet/1 step=12" in log
+    # a periodic snapshot still queued when a newer one of the job comes is replaced by it
+    periodic = [s for s in (5, 10) if f"checkpoint: written job=resnet/1 step={s} " in log]
+    assert periodic, log
+    files = sorted(p.name for p in ckdir.iterdir())
+    assert files == [f"resnet%2F1.{periodic[-1]:020d}.ckpt",
+                     "resnet%2F1.00000000000000000012.ckpt"], files
+    # A restarted daemon: rank 0 broadcasts garbage, every rank gets the resumed weights,
+    # and Adam goes on from its resumed state as torch's own optimizer does.
+    d2 = daemon_factory(extra=args)
+    garbage = np.full(n, 123.0, np.float32)
+    cs = clients(d2, world, "fp32", spec, job="resnet/1")
+    held = broadcast(cs, "w", garbage)
+    np.testing.assert_array_equal(held[1], before)
+    assert cs[0].updates("w", held[0]) == 12
+    assert cs[0].pull("w", master) == 12
+    for c in cs:
+        c.close()
+    wait_for(d2, "checkpoint: written job=resnet/1 step=12")
+    after, updates = run(d2, garbage, 6)
+    assert updates == 12
+    assert "resuming job=resnet/1 step=12" in d2.log_path.read_text()
+
+
+def test_kill9_during_checkpoint_loses_at_most_the_last_steps(daemon_factory, tmp_path):
+    ckdir = tmp_path / "ck"
+    ckdir.mkdir()
+    k, n, rng = 3, 1 << 20, np.random.default_rng(11)  # 12 MiB of Adam state a file
+    args = ["--checkpoint_dir", str(ckdir), "--checkpoint_steps", str(k)]
+    d = Daemon(tmp_path, extra=args)  # not the fixture's: it must not exit 0
+    cs = clients(d, 1, "e4m3", "adam")
+    held = broadcast(cs, "w", rng.standard_normal(n).astype(np.float32))
+    master = np.empty(n, np.float32)
+    history = {}
+    for step in range(1, 2 * k + 2):
+        step_all(cs, "w", gradients(rng, 1, n, step), held, 0.001)
+        assert cs[0].pull("w", master) == step
+        history[step] = master.copy()
+    wait_for(d, "checkpoint: written job=default step=6")
+    # the checkpoint of step 9 is queued when the step ends: kill -9 while it is written
+    step_all(cs, "w", gradients(rng, 1, n, 8), held, 0.001)
+    step_all(cs, "w", gradients(rng, 1, n, 9), held, 0.001)
+    cs[0].pull("w", master)
+    history[9] = master.copy()
+    wait_for(d, "checkpoint: queued job=default step=9")
+    os.kill(d.proc.pid, signal.SIGKILL)
+    d.proc.wait()
+    d.log.close()
+    cs[0].close()
+    completed = [s for s in (6, 9) if f"written job=default step={s}" in d.log_path.read_text()]
+    torn = [p.name for p in ckdir.iterdir() if p.name.endswith(".tmp")]
+    print(f"killed: completed {completed}, left over {torn}")
+
+    def resume():
+        dd = daemon_factory(extra=args)
+        c = aps.Client(dd.endpoint, 0, 1, format="e4m3", optimizer="adam", timeout_ms=20000)
+        w = np.zeros(n, np.float32)
+        c.broadcast("w", w)
+        updates = c.updates("w", w)
+        c.close()
+        assert dd.stop() == 0
+        return w, updates, dd.log_path.read_text()
+
+    w, updates, _ = resume()
+    # the step-9 file is either whole (written before the kill) or absent: never half
+    assert updates in (6, 9) and updates >= max(completed), (updates, completed)
+    np.testing.assert_array_equal(w, history[updates])
+    # A torn or corrupt newest file is skipped: the one before it is used.
+    newest = max(ckdir.glob("*.ckpt"))
+    size = newest.stat().st_size
+    os.truncate(newest, size // 2)
+    w, updates2, log = resume()
+    assert updates2 < updates
+    np.testing.assert_array_equal(w, history[updates2])
+    assert f"skipped path={newest}" in log
+
+
+def test_corrupt_checkpoint_is_skipped(daemon_factory, tmp_path):
+    ckdir = tmp_path / "ck"
+    ckdir.mkdir()
+    args = ["--checkpoint_dir", str(ckdir), "--checkpoint_steps", "2", "--checkpoint_keep", "3"]
+    d = daemon_factory(extra=args)
+    cs = clients(d, 1, "fp32", "sgd,momentum=0.9")
+    rng = np.random.default_rng(2)
+    held = broadcast(cs, "w", rng.standard_normal(100).astype(np.float32))
+    history, master = {}, np.empty(100, np.float32)
+    for step in range(1, 5):
+        step_all(cs, "w", gradients(rng, 1, 100, step), held, 0.1)
+        cs[0].pull("w", master)
+        history[step] = master.copy()
+    wait_for(d, "checkpoint: written job=default step=4")
+    assert d.stop() == 0  # SIGTERM with the job alive: a checkpoint at stop, then exit
+    assert "checkpoint: queued job=default step=4 reason=\"stopping\"" in d.log_path.read_text()
+    assert d.log_path.read_text().count("checkpoint: written job=default step=4") == 2
+    cs[0].close()
+    newest = ckdir / "default.00000000000000000004.ckpt"
+    data = bytearray(newest.read_bytes())
+    data[len(data) // 2] ^= 0x40  # one flipped bit in the weights
+    newest.write_bytes(bytes(data))
+    d2 = daemon_factory(extra=args)
+    c = aps.Client(d2.endpoint, 0, 1, format="fp32", optimizer="sgd,momentum=0.9")
+    w = np.zeros(100, np.float32)
+    c.broadcast("w", w)
+    assert c.updates("w", w) == 2
+    np.testing.assert_array_equal(w, history[2])
+    c.close()
+    log = d2.log_path.read_text()
+    assert f"skipped path={newest}" in log and "CRC32C" in log
+
+
+def test_max_job_bytes_counts_weights_and_state(daemon_factory):
+    d = daemon_factory(extra=["--max_job_bytes", "1k"])
+    x = np.zeros(60, np.float32)  # 240 bytes to all-reduce, 1200 with Adam's weights and state
+    plain = aps.Client(d.endpoint, 0, 1, job="plain")
+    plain.allreduce("x", x)
+    adam = aps.Client(d.endpoint, 0, 1, job="adam", optimizer="adam")
+    with pytest.raises(aps.Error, match="would hold 1200 fp32 bytes"):
+        adam.broadcast("x", x)
+    adam.close()
+    plain.close()
+
+
+def test_learning_rate_is_rank_0s(daemon):
+    cs = clients(daemon, 2, "fp32", "sgd")
+    w0 = np.ones(8, np.float32)
+    held = broadcast(cs, "w", w0)
+    g = np.full(8, 2.0, np.float32)
+    # rank 1 pushes first, with another learning rate: rank 0's is the step's
+    h1 = cs[1].step_async("w", g, held[1], 5.0)
+    time.sleep(0.2)
+    cs[0].step("w", g, held[0], 0.25)
+    h1.wait()
+    np.testing.assert_array_equal(held[0], np.full(8, 0.5, np.float32))
+    np.testing.assert_array_equal(held[1], held[0])
+    for c in cs:
+        c.close()
