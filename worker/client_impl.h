@@ -132,6 +132,9 @@ struct aps_client {
 
 int64_t aps_client_now_ms(void);
 
+/* The arguments of a registration: 0, or APS_EINVAL with the message set. */
+int aps_check_register_args(const char *name, uint64_t count, const uint32_t *tensor_id);
+
 /* Fails every request in flight (I/O thread); with fatal, every later one too. */
 void aps_client_fail_all(struct aps_client *c, int code, const char *text, bool fatal);
 

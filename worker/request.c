@@ -397,6 +397,17 @@ int aps_client_register(aps_client *c, const char *name, uint64_t count, uint32_
 	return aps_client_register_as(c, name, count, NULL, tensor_id);
 }
 
+int aps_check_register_args(const char *name, uint64_t count, const uint32_t *tensor_id)
+{
+	if (name == NULL || name[0] == '\0' || strlen(name) > APS_MSG_NAME_MAX || count == 0 ||
+	    tensor_id == NULL)
+		return aps_api_fail(APS_EINVAL,
+		                    "a tensor needs a name of 1 to %d bytes, a count of at least 1 "
+		                    "and an id pointer",
+		                    APS_MSG_NAME_MAX);
+	return 0;
+}
+
 /* The I/O thread fills the table when REGISTERED arrives. */
 int aps_client_register_as(aps_client *c, const char *name, uint64_t count, const char *format,
                            uint32_t *tensor_id)
@@ -406,12 +417,8 @@ int aps_client_register_as(aps_client *c, const char *name, uint64_t count, cons
 
 	if (ret < 0)
 		return ret;
-	if (name == NULL || name[0] == '\0' || strlen(name) > APS_MSG_NAME_MAX || count == 0 ||
-	    tensor_id == NULL)
-		return aps_api_fail(APS_EINVAL,
-		                    "a tensor needs a name of 1 to %d bytes, a count of at least 1 "
-		                    "and an id pointer",
-		                    APS_MSG_NAME_MAX);
+	if ((ret = aps_check_register_args(name, count, tensor_id)) < 0)
+		return ret;
 	if ((r = new_request(c, REQ_REGISTER, 0)) == NULL)
 		return aps_api_fail(APS_ENOMEM, "out of memory");
 	snprintf(r->name, sizeof(r->name), "%s", name);

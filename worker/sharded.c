@@ -219,12 +219,8 @@ int aps_sharded_register(aps_client *c, const char *name, uint64_t count, uint32
 	uint32_t n, id;
 	int ret;
 
-	if (name == NULL || name[0] == '\0' || strlen(name) > APS_MSG_NAME_MAX || count == 0 ||
-	    tensor_id == NULL)
-		return aps_api_fail(APS_EINVAL,
-		                    "a tensor needs a name of 1 to %d bytes, a count of at least 1 "
-		                    "and an id pointer",
-		                    APS_MSG_NAME_MAX);
+	if ((ret = aps_check_register_args(name, count, tensor_id)) < 0)
+		return ret;
 	if ((t = find_tensor(sh, name, &id)) != NULL) {
 		if (t->count != count)
 			return aps_api_fail(

@@ -190,6 +190,35 @@ static void control_seeds(void)
 	error_seed("error", APS_PROTO_VERSION_MAJOR, false, 2);
 	error_seed("error-anonymous", APS_PROTO_VERSION_MAJOR, true, 0);
 	error_seed("error-version2", 2, true, 0);
+	/* protocol 1.4: optimize mode, and a worker that joins a restarted daemon again */
+	identity(&s, APS_MSG_HELLO);
+	strcpy(s.m.optimizer, "adam,beta2=0.99,weight_decay=0.0001");
+	write_seed("hello-optimizer", &s);
+	identity(&s, APS_MSG_REGISTER);
+	strcpy(s.m.tensor_name, "fc.weight");
+	s.m.total_count = 1000;
+	s.m.flags = APS_MSG_FLAG_REJOIN;
+	s.m.step = 12;
+	write_seed("register-rejoin", &s);
+	identity(&s, APS_MSG_PULL);
+	s.m.tensor_id = 3;
+	write_seed("pull", &s);
+}
+
+/* Optimize mode: a gradient for the daemon's optimizer, and its weights coming back. */
+static void optimize_seeds(void)
+{
+	struct seed s;
+
+	identity(&s, APS_MSG_PUSH);
+	chunk(&s, "e4m3");
+	s.m.flags = APS_MSG_FLAG_UPDATE;
+	s.m.lr = 0.1f;
+	write_seed("push-update", &s);
+	identity(&s, APS_MSG_WEIGHTS);
+	chunk(&s, "fp32");
+	s.m.updates = 40;
+	write_seed("weights", &s);
 }
 
 static void broadcast_seeds(void)
@@ -278,6 +307,7 @@ int main(int argc, char **argv)
 	out_dir = argv[1];
 	control_seeds();
 	broadcast_seeds();
+	optimize_seeds();
 	data_seeds(APS_MSG_PUSH, "push");
 	data_seeds(APS_MSG_RESULT, "result");
 	edge_seeds();
