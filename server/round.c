@@ -208,6 +208,10 @@ static int check_add(const struct aps_round *r, uint32_t rank, uint64_t step, ui
 	if (r->has[(size_t)chunk * r->world_size + rank])
 		return refuse(why, why_len, "rank %u already sent chunk %u of step %llu", rank,
 		              chunk, (unsigned long long)step);
+	/* Only a rank that was absent can come this late (elastic jobs): not its round. */
+	if (r->chunks[chunk].finished)
+		return refuse(why, why_len, "chunk %u of step %llu was finished without rank %u",
+		              chunk, (unsigned long long)step, rank);
 	if (r->kind != APS_ROUND_IDLE && r->kind != kind)
 		return refuse(why, why_len, "step %llu mixes a broadcast and an all-reduce",
 		              (unsigned long long)step);

@@ -425,6 +425,36 @@ static void test_round_absent_ranks_are_passed_over(void **state)
 	aps_round_fini(&r);
 }
 
+/* A rank back in an elastic job cannot join a chunk finished without it. */
+static void test_round_finished_chunk_refuses_a_late_rank(void **state)
+{
+	bool absent[RANKS] = { false, false, false, true };
+	struct aps_round r;
+	struct aps_round_result res;
+	char why[128];
+
+	(void)state;
+	make_data("fp32", 5);
+	assert_int_equal(aps_round_init(&r, RANKS, N, 96, false), 0);
+	assert_true(r.n_chunks >= 2);
+	r.absent = absent;
+	for (uint32_t rank = 0; rank < 3; rank++) {
+		struct aps_contribution c = contribution((int)rank, true);
+		assert_int_equal(
+		        aps_round_add(&r, rank, 0, 0, APS_ROUND_ALLREDUCE, &c, why, sizeof(why)),
+		        0);
+	}
+	assert_true(aps_round_chunk_complete(&r, 0));
+	assert_int_equal(aps_round_finish_chunk(&r, 0, NULL, APS_SCALING_NONE, &res), 0);
+	aps_sbuf_unref(res.payload);
+	absent[3] = false; /* back, while chunk 1 of the step is still open */
+	struct aps_contribution late = contribution(3, true);
+	assert_int_equal(aps_round_add(&r, 3, 0, 0, APS_ROUND_ALLREDUCE, &late, why, sizeof(why)),
+	                 APS_EPROTO);
+	assert_non_null(strstr(why, "finished without rank 3"));
+	aps_round_fini(&r);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -436,6 +466,7 @@ int main(void)
 		cmocka_unit_test(test_round_chunks_in_any_order),
 		cmocka_unit_test(test_round_lowp_sum_is_the_rounded_rank_order_sum),
 		cmocka_unit_test(test_round_absent_ranks_are_passed_over),
+		cmocka_unit_test(test_round_finished_chunk_refuses_a_late_rank),
 	};
 	return cmocka_run_group_tests_name("round", tests, NULL, NULL);
 }
