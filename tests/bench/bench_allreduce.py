@@ -259,6 +259,28 @@ def gloo_job(a, steps, warmup, timeout=180):
     return run_job("gloo-fp32", None, workers, timeout, a.out, env=env)
 
 
+def gloo_steps(dist, tensors, world, warmup, steps):
+    """warmup, then steps all-reduce steps of tensors through gloo (each after a
+    barrier, every tensor started last layer first, then waited for, as DDP's
+    buckets do); returns the timed steps' microseconds."""
+    def step():
+        works = [dist.all_reduce(t, async_op=True) for t in reversed(tensors)]
+        for w, t in zip(works, reversed(tensors)):
+            w.wait()
+            t.div_(world)  # apsd returns the mean; gloo the sum
+
+    for _ in range(warmup):
+        dist.barrier()
+        step()
+    us = []
+    for _ in range(steps):
+        dist.barrier()
+        t0 = time.perf_counter()
+        step()
+        us.append((time.perf_counter() - t0) * 1e6)
+    return us
+
+
 def gloo_worker(a):
     """One rank of torch.distributed gloo all_reduce of ResNet-50's tensors, fp32."""
     import torch
@@ -271,22 +293,10 @@ def gloo_worker(a):
     tensors = [torch.randn(*shape, generator=gen) * 2.0 ** -(8 + (i * 7) % 17)
                for i, (_, shape) in enumerate(resnet50_shapes.resnet50_parameters())]
 
-    def step():
-        works = [dist.all_reduce(t, async_op=True) for t in reversed(tensors)]
-        for w, t in zip(works, reversed(tensors)):
-            w.wait()
-            t.div_(a.world)  # apsd returns the mean; gloo the sum
-
-    for _ in range(a.warmup):
-        dist.barrier()
-        step()
+    gloo_steps(dist, tensors, a.world, a.warmup, 0)
     print("TIMED begin", flush=True)
-    us, c0 = [], time.process_time()
-    for _ in range(a.steps):
-        dist.barrier()
-        t0 = time.perf_counter()
-        step()
-        us.append((time.perf_counter() - t0) * 1e6)
+    c0 = time.process_time()
+    us = gloo_steps(dist, tensors, a.world, 0, a.steps)
     cpu = time.process_time() - c0
     print("TIMED end", flush=True)
     dist.barrier()

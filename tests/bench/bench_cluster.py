@@ -49,6 +49,7 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT / "deploy"))
 
+import bench_allreduce  # noqa: E402
 import model  # noqa: E402
 import netcluster  # noqa: E402
 import resnet50_shapes  # noqa: E402
@@ -76,21 +77,7 @@ def gloo_worker(a):
     gen = torch.Generator().manual_seed(a.rank)
     tensors = [torch.randn(n, generator=gen) * 1e-3 for n in tensor_sizes(a.tensors)]
 
-    def step():
-        works = [dist.all_reduce(t, async_op=True) for t in reversed(tensors)]
-        for w, t in zip(works, reversed(tensors)):
-            w.wait()
-            t.div_(a.world)  # apsd returns the mean; gloo the sum
-
-    for _ in range(a.warmup):
-        dist.barrier()
-        step()
-    us = []
-    for _ in range(a.steps):
-        dist.barrier()
-        t0 = time.perf_counter()
-        step()
-        us.append((time.perf_counter() - t0) * 1e6)
+    us = bench_allreduce.gloo_steps(dist, tensors, a.world, a.warmup, a.steps)
     dist.barrier()
     if a.rank == 0:
         print("RESULT what=step " + " ".join(f"s{i}_us={u:.1f}" for i, u in enumerate(us)),

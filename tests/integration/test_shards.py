@@ -96,31 +96,8 @@ def rank_collectives(rank, world, endpoint):
 
 def run_ranks(fn, world, endpoint, timeout=60):
     """fn(rank, world, endpoint) in `world` spawned processes; their results by rank."""
-    import multiprocessing
-    import queue
     import ranks  # tests/python/ranks.py
-    ctx = multiprocessing.get_context("spawn")
-    results = ctx.Queue()
-    procs = [ctx.Process(target=ranks.rank_main, args=(results, fn, r, world, endpoint, ()),
-                         daemon=True) for r in range(world)]
-    for p in procs:
-        p.start()
-    got = {}
-    try:
-        while len(got) < world:
-            try:
-                rank, ok, value = results.get(timeout=timeout)
-            except queue.Empty:
-                pytest.fail(f"ranks {sorted(set(range(world)) - set(got))} did not finish")
-            assert ok, f"rank {rank} failed:\n{value}"
-            got[rank] = value
-    finally:
-        for p in procs:
-            p.join(timeout=5)
-            if p.is_alive():
-                p.kill()
-                p.join()
-    return [got[r] for r in range(world)]
+    return ranks.run_ranks(fn, world, endpoint, timeout=timeout)
 
 
 def test_broadcast_barrier_and_global_mode_across_shards(daemon_factory):
