@@ -14,7 +14,7 @@
 #include <stdint.h>
 
 #define APS_PROTO_VERSION_MAJOR 1
-#define APS_PROTO_VERSION_MINOR 4
+#define APS_PROTO_VERSION_MINOR 5
 
 #define APS_MSG_JOB_MAX   64  /* bytes of a job name, NUL excluded */
 #define APS_MSG_NAME_MAX  255 /* bytes of a tensor name, NUL excluded */
@@ -28,9 +28,10 @@
 #define APS_MSG_FLAG_POLICY_AUTO (1u << 2) /* HELLO: the automatic precision policy */
 #define APS_MSG_FLAG_UPDATE      (1u << 3) /* optimize mode: PUSH a gradient, RESULT an update */
 #define APS_MSG_FLAG_REJOIN      (1u << 4) /* REGISTER: step is where this rank is */
+#define APS_MSG_FLAG_RESUMED     (1u << 5) /* WELCOME: the connection came back (1.5) */
 #define APS_MSG_FLAGS_KNOWN                                                     \
 	(APS_MSG_FLAG_SKIP | APS_MSG_FLAG_LOWP_SUM | APS_MSG_FLAG_POLICY_AUTO | \
-	 APS_MSG_FLAG_UPDATE | APS_MSG_FLAG_REJOIN)
+	 APS_MSG_FLAG_UPDATE | APS_MSG_FLAG_REJOIN | APS_MSG_FLAG_RESUMED)
 
 /* aps_msg.scaling when the sender states no mode (the job's default). */
 #define APS_MSG_SCALING_UNSET (-1)

@@ -80,6 +80,9 @@ static const struct key keys[] = {
 	  .help = "milliseconds between heartbeats" },
 	{ KEY(heartbeat_timeout_ms), .type = KEY_INT, .min = 200, .max = 600000, .def = "5000",
 	  .help = "milliseconds of silence after which a session is dead (>= 2 * heartbeat_ms)" },
+	{ KEY(reconnect_grace_ms), .type = KEY_INT, .min = 0, .max = 600000, .def = "1500",
+	  .help = "milliseconds a rank whose connection closed keeps its place for it to "
+	          "reconnect (0: lost at once)" },
 	{ KEY(max_jobs), .type = KEY_INT, .min = 1, .max = 4096, .def = "64",
 	  .help = "jobs served at once" },
 	{ KEY(max_ranks), .type = KEY_INT, .min = 1, .max = 65536, .def = "1024",

@@ -42,6 +42,7 @@ struct aps_config {
 	enum aps_downlink downlink;
 	int heartbeat_ms;                        /* interval between HEARTBEATs */
 	int heartbeat_timeout_ms;                /* silence after which a session is dead */
+	int reconnect_grace_ms;                  /* a closed connection may come back */
 	int max_jobs;                            /* jobs alive at once */
 	int max_ranks;                           /* world size limit of one job */
 	int max_tensors;                         /* tensors registered by one job */

@@ -113,6 +113,13 @@ void aps_handle_hello(struct aps_server *srv, struct aps_session *s, const struc
 
 	if (s->job != NULL)
 		return refuse_hello(srv, s, m, APS_EPROTO, "this connection already joined a job");
+	if (job != NULL && m->rank < job->world_size && job->ranks[m->rank] != NULL &&
+	    job->ranks[m->rank]->detached_ms != 0) {
+		/* A new client for a rank whose connection closed: the old one is not coming back.
+		 */
+		aps_server_evict_detached(srv, job->ranks[m->rank]);
+		job = aps_jobs_find(&srv->jobs, m->job);
+	}
 	if (aps_optimize_parse_hello(m, &optim, why, sizeof(why)) < 0)
 		return refuse_hello(srv, s, m, APS_EINVAL, why);
 	if (optim.kind != APS_OPTIM_NONE)
@@ -327,6 +334,7 @@ static void fan_out(struct aps_server *srv, struct aps_job *job, struct aps_tens
 		s->bytes_out += res->payload->len;
 		t->stats.bytes_out += res->payload->len;
 	}
+	aps_resend_keep(srv, t, step, res, hdr, len);
 	aps_trace_stage(srv->opts.trace, "send", t0, t->name, step,
 	                (uint32_t)(res->offset / t->round.chunk_elems));
 }
@@ -469,6 +477,8 @@ void aps_handle_push(struct aps_server *srv, struct aps_session *s, const struct
 		srv->counters.bad_state++;
 		return;
 	}
+	if (aps_resend_push(srv, s, t, chunk, m))
+		return;
 	if (!aps_optimize_check_push(srv, s, t, m))
 		return;
 	if (contribution_of(in, m, &c) < 0) {
@@ -504,12 +514,15 @@ static void send_scales(struct aps_server *srv, struct aps_job *job, struct aps_
 void aps_handle_exponents(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m)
 {
 	struct aps_job *job = s->job;
-	struct aps_msg r;
+	struct aps_msg r, again;
 
 	identity(&r, APS_MSG_SCALES, job, 0);
+	identity(&again, APS_MSG_SCALES, job, s->rank);
 	for (uint32_t i = 0; i < m->n_tensor_ids; i++) {
 		struct aps_tensor *t = aps_job_tensor(job, m->tensor_ids[i]);
 		int32_t max;
+		if (t != NULL && t->registered[s->rank] && aps_resend_exponent(srv, s, t, &again))
+			continue;
 		int ret = t == NULL || !t->registered[s->rank]
 		                  ? APS_EINVAL
 		                  : aps_tensor_add_exponent(job, t, s->rank, m->exponents[i], &max);
@@ -527,6 +540,9 @@ void aps_handle_exponents(struct aps_server *srv, struct aps_session *s, const s
 		r.exponents[r.n_tensor_ids++] = max;
 	}
 	send_scales(srv, job, &r);
+	again.n_exponents = again.n_tensor_ids;
+	if (again.n_tensor_ids > 0)
+		aps_server_send(srv, &s->peer, &again, NULL);
 }
 
 /* A rank back in an elastic job learns the step of every tensor it registered. */
@@ -578,6 +594,8 @@ void aps_handle_barrier(struct aps_server *srv, struct aps_session *s, const str
 {
 	struct aps_job *job = s->job;
 
+	if (aps_resend_barrier(srv, s, m))
+		return;
 	if (m->step != job->barrier_step || job->barrier_has[s->rank]) {
 		srv->counters.bad_state++;
 		aps_server_send_error(

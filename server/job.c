@@ -63,6 +63,7 @@ static void free_tensor(struct aps_tensor *tensor)
 	if (tensor == NULL)
 		return;
 	aps_round_fini(&tensor->round);
+	aps_replay_fini(&tensor->replay);
 	aps_optim_tensor_fini(&tensor->opt);
 	free(tensor->registered);
 	free(tensor->exp_has);
@@ -258,6 +259,9 @@ int aps_tensor_exponents_complete(const struct aps_job *job, struct aps_tensor *
 	if (t->exp_arrived == 0 || t->exp_arrived < need)
 		return 0;
 	*max = t->exp_max;
+	t->exp_done = true;
+	t->exp_done_step = t->round.step;
+	t->exp_done_max = t->exp_max;
 	t->exp_arrived = 0;
 	memset(t->exp_has, 0, job->world_size * sizeof(*t->exp_has));
 	return 1;

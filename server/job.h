@@ -13,6 +13,7 @@
 #include "server/checkpoint.h"
 #include "server/optimizer.h"
 #include "server/policy.h"
+#include "server/replay.h"
 #include "server/round.h"
 #include "server/zbridge.h"
 
@@ -25,12 +26,15 @@ struct aps_job;
 struct aps_session {
 	struct aps_session *next;
 	struct aps_peer peer;
-	uint64_t conn;       /* connection of its last message (conns.h) */
-	struct aps_job *job; /* NULL until its HELLO was accepted */
+	uint64_t conn;        /* connection of its last message (conns.h) */
+	uint64_t detached_ms; /* when that connection closed and the rank waits to
+	                         reconnect (reconnect_grace_ms); 0: connected */
+	struct aps_job *job;  /* NULL until its HELLO was accepted */
 	uint32_t rank;
 	uint64_t joined_ms, last_seen_ms;
 	uint64_t msgs_in, bytes_in, bytes_out;
-	char address[64]; /* the peer's address as ZeroMQ reports it */
+	uint32_t reconnects; /* connections that came back: resent calls are expected */
+	char address[64];    /* the peer's address as ZeroMQ reports it */
 };
 
 /* What the stats socket reports about a tensor. */
@@ -60,7 +64,12 @@ struct aps_tensor {
 	bool *exp_has; /* world_size: the rank sent its exponent */
 	uint32_t exp_arrived;
 	int32_t exp_max;
-	struct aps_optim_tensor opt;          /* optimize mode: weights and state */
+	/* The last exchange that completed, answered again to a rank that reconnected. */
+	bool exp_done;
+	uint64_t exp_done_step; /* the step it was for */
+	int32_t exp_done_max;
+	struct aps_replay replay;    /* each chunk's last result, for ranks that reconnected */
+	struct aps_optim_tensor opt; /* optimize mode: weights and state */
 	const struct aps_optim_config *optim; /* the job's, for the round's transform */
 };
 

@@ -136,6 +136,7 @@ static struct aps_server_opts server_opts(struct daemon *d)
 		.downlink = fixed ? d->downlink.name : "auto",
 		.heartbeat_ms = cfg->heartbeat_ms,
 		.heartbeat_timeout_ms = cfg->heartbeat_timeout_ms,
+		.reconnect_grace_ms = cfg->reconnect_grace_ms,
 		.max_message_bytes = (int64_t)cfg->max_message_bytes,
 		.drain_batch = cfg->drain_batch,
 		.max_jobs = (uint32_t)cfg->max_jobs,

@@ -130,14 +130,16 @@ static json_t *workers(const struct aps_server *srv)
 	for (const struct aps_session *s = srv->jobs.sessions; s != NULL; s = s->next) {
 		if (s->job == NULL)
 			continue;
+		/* away_s: since its connection closed, while apsd waits for it to reconnect */
+		double away = s->detached_ms ? (double)(now - s->detached_ms) / 1000.0 : 0.0;
 		json_array_append_new(
-		        a,
-		        json_pack("{s:s, s:i, s:s, s:f, s:f, s:I, s:I, s:I}", "job", s->job->name,
-		                  "rank", (int)s->rank, "address", s->address, "connected_s",
-		                  (double)(now - s->joined_ms) / 1000.0, "last_seen_s",
-		                  (double)(now - s->last_seen_ms) / 1000.0, "msgs_in",
-		                  (json_int_t)s->msgs_in, "bytes_in", (json_int_t)s->bytes_in,
-		                  "bytes_out", (json_int_t)s->bytes_out));
+		        a, json_pack("{s:s, s:i, s:s, s:f, s:f, s:I, s:I, s:I, s:i, s:f}", "job",
+		                     s->job->name, "rank", (int)s->rank, "address", s->address,
+		                     "connected_s", (double)(now - s->joined_ms) / 1000.0,
+		                     "last_seen_s", (double)(now - s->last_seen_ms) / 1000.0,
+		                     "msgs_in", (json_int_t)s->msgs_in, "bytes_in",
+		                     (json_int_t)s->bytes_in, "bytes_out", (json_int_t)s->bytes_out,
+		                     "reconnects", (int)s->reconnects, "away_s", away));
 	}
 	return a;
 }

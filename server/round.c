@@ -254,6 +254,12 @@ int aps_round_add(struct aps_round *r, uint32_t rank, uint64_t step, uint32_t ch
 	return 0;
 }
 
+bool aps_round_has(const struct aps_round *r, uint32_t rank, uint64_t step, uint32_t chunk)
+{
+	return step == r->step && rank < r->world_size && chunk < r->n_chunks &&
+	       r->has[(size_t)chunk * r->world_size + rank];
+}
+
 bool aps_round_chunk_complete(const struct aps_round *r, uint32_t chunk)
 {
 	const struct aps_round_chunk *ch = &r->chunks[chunk];

@@ -111,6 +111,9 @@ int aps_round_add(struct aps_round *r, uint32_t rank, uint64_t step, uint32_t ch
 
 bool aps_round_chunk_complete(const struct aps_round *r, uint32_t chunk);
 
+/* True when rank's chunk of step is in the round already (it was sent again). */
+bool aps_round_has(const struct aps_round *r, uint32_t rank, uint64_t step, uint32_t chunk);
+
 /*
  * Finishes a complete chunk: the mean (all-reduce; the sum for lowp) or the
  * root's values (broadcast), encoded in down (NULL: the step's uplink format)

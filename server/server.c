@@ -14,6 +14,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define GRACE_TICK_MS 50 /* how often detached sessions are checked */
+
+static void on_grace_timer(uv_timer_t *timer);
+
 static uint64_t now_ms(const struct aps_server *srv)
 {
 	return uv_now(srv->loop);
@@ -118,6 +122,80 @@ void aps_server_rank_gone(struct aps_server *srv, struct aps_session *s, bool lo
 		aps_optimize_checkpoint(srv, job, "job ended");
 		aps_jobs_remove(&srv->jobs, job);
 	}
+}
+
+/*
+ * Reconnects (docs/RELIABILITY.md). A client keeps its routing id for the
+ * life of its socket, so a connection that closed and came back (a network
+ * blip) brings the same session back: for reconnect_grace_ms after the close
+ * its rank keeps its place, rounds wait for it, and the first message on the
+ * new connection takes the session over. The client is then told (WELCOME
+ * flagged RESUMED) to send its calls in flight again; what apsd had already
+ * seen of them is answered again or dropped (resend.c). A rank not back
+ * within the grace is lost, as if its connection had just closed.
+ */
+static void detach(struct aps_server *srv, struct aps_session *s)
+{
+	s->detached_ms = now_ms(srv) > 0 ? now_ms(srv) : 1;
+	aps_log_warn("server", "connection closed job=%s rank=%u waiting_ms=%d", s->job->name,
+	             s->rank, srv->opts.reconnect_grace_ms);
+	if (!uv_is_active((uv_handle_t *)srv->grace_timer))
+		uv_timer_start(srv->grace_timer, on_grace_timer, GRACE_TICK_MS, GRACE_TICK_MS);
+}
+
+static void reconnected(struct aps_server *srv, struct aps_session *s, const struct aps_inmsg *in)
+{
+	struct aps_job *job = s->job;
+	struct aps_msg w;
+
+	aps_log_info("server", "rank reconnected job=%s rank=%u away_ms=%llu", job->name, s->rank,
+	             (unsigned long long)(s->detached_ms ? now_ms(srv) - s->detached_ms : 0));
+	s->conn = in->conn;
+	s->detached_ms = 0;
+	s->reconnects++;
+	snprintf(s->address, sizeof(s->address), "%s", in->address);
+	srv->counters.reconnects++;
+	aps_msg_init(&w, APS_MSG_WELCOME);
+	snprintf(w.job, sizeof(w.job), "%s", job->name);
+	w.rank = s->rank;
+	w.world_size = job->world_size;
+	w.step = job->barrier_step;
+	w.scaling = (int)job->scaling;
+	w.flags = APS_MSG_FLAG_RESUMED;
+	aps_server_send(srv, &s->peer, &w, NULL);
+}
+
+/* Ranks whose connection did not come back within the grace are lost. */
+static void on_grace_timer(uv_timer_t *timer)
+{
+	struct aps_server *srv = timer->data;
+	struct aps_session *s = srv->jobs.sessions, *next;
+	uint64_t now = now_ms(srv), grace = (uint64_t)srv->opts.reconnect_grace_ms;
+	char why[96];
+	bool waiting = false;
+
+	for (; s != NULL; s = next) {
+		next = s->next;
+		if (s->detached_ms == 0)
+			continue;
+		if (s->job != NULL && now - s->detached_ms < grace) {
+			waiting = true;
+			continue;
+		}
+		snprintf(why, sizeof(why), "connection closed, not back within %llu ms",
+		         (unsigned long long)grace);
+		if (s->job != NULL)
+			aps_server_rank_gone(srv, s, true, why);
+		aps_jobs_drop_session(&srv->jobs, s);
+	}
+	if (!waiting)
+		uv_timer_stop(timer);
+}
+
+void aps_server_evict_detached(struct aps_server *srv, struct aps_session *s)
+{
+	aps_server_rank_gone(srv, s, true, "connection closed, and a new client took its rank");
+	aps_jobs_drop_session(&srv->jobs, s);
 }
 
 /* A collective call of a job that lost a rank: it could only time out. */
@@ -240,10 +318,12 @@ static void on_message(void *ctx, struct aps_inmsg *in)
 		return;
 	}
 	if (s->msgs_in == 0) {
-		/* A session is one connection (ZeroMQ gives each its own routing id). */
+		/* A session is one client: its routing id, on its first connection. */
 		s->conn = in->conn;
 		s->joined_ms = now_ms(srv);
 		snprintf(s->address, sizeof(s->address), "%s", in->address);
+	} else if (in->conn != s->conn && s->job != NULL) {
+		reconnected(srv, s, in);
 	}
 	s->last_seen_ms = now_ms(srv);
 	s->msgs_in++;
@@ -259,8 +339,12 @@ static void on_disconnect(void *ctx, uint64_t conn)
 
 	for (; s != NULL; s = next) {
 		next = s->next;
-		if (s->conn != conn)
+		if (s->conn != conn || s->detached_ms != 0)
 			continue;
+		if (s->job != NULL && srv->opts.reconnect_grace_ms > 0 && !srv->stopping) {
+			detach(srv, s);
+			continue;
+		}
 		if (s->job != NULL)
 			aps_server_rank_gone(srv, s, true, "connection closed");
 		aps_jobs_drop_session(&srv->jobs, s);
@@ -315,15 +399,26 @@ int aps_server_new(struct aps_server **out, uv_loop_t *loop, const struct aps_se
 	if (ret == 0 && o->checkpoint_dir != NULL && o->checkpoint_dir[0] != '\0')
 		ret = aps_ckpt_queue_new(&srv->ckpt, loop, o->checkpoint_dir, o->checkpoint_keep,
 		                         on_checkpoint, srv);
+	srv->grace_timer = ret == 0 ? malloc(sizeof(*srv->grace_timer)) : NULL;
+	if (ret == 0 && srv->grace_timer == NULL)
+		ret = APS_ENOMEM;
 	if (ret == 0)
 		ret = aps_zbridge_new(&srv->bridge, loop, &zo, &ops, srv);
 	if (ret < 0) {
+		free(srv->grace_timer);
 		aps_ckpt_queue_free(srv->ckpt);
 		free(srv);
 		return ret;
 	}
+	uv_timer_init(loop, srv->grace_timer);
+	srv->grace_timer->data = srv;
 	*out = srv;
 	return 0;
+}
+
+static void free_handle_cb(uv_handle_t *h)
+{
+	free(h);
 }
 
 void aps_server_stop(struct aps_server *srv)
@@ -347,6 +442,9 @@ void aps_server_stop(struct aps_server *srv)
 	srv->bridge_counters = *aps_zbridge_counters(srv->bridge);
 	aps_zbridge_free(srv->bridge, 1000);
 	srv->bridge = NULL;
+	/* Its own memory: the handle may close after the server is freed. */
+	uv_close((uv_handle_t *)srv->grace_timer, free_handle_cb);
+	srv->grace_timer = NULL;
 }
 
 void aps_server_free(struct aps_server *srv)

@@ -19,6 +19,8 @@
 	X(barriers, "barriers completed")                                                    \
 	X(jobs_started, "jobs started")                                                      \
 	X(peers_lost, "ranks lost: connection closed or timed out")                          \
+	X(reconnects, "ranks whose connection closed and came back within the grace")        \
+	X(resent, "calls a reconnected rank sent again: answered again or dropped as seen")  \
 	X(errors_sent, "ERROR replies sent")                                                 \
 	X(bad_frames, "messages with a wrong number of frames")                              \
 	X(bad_session, "messages from a peer that has not joined a job, or as another rank") \
@@ -43,6 +45,7 @@ struct aps_server_opts {
 	const char *downlink; /* "auto" or a format name: the default of new jobs */
 	int heartbeat_ms;
 	int heartbeat_timeout_ms;
+	int reconnect_grace_ms; /* a closed connection's session waits this long; 0: lost */
 	int64_t max_message_bytes;
 	int drain_batch;
 	uint32_t max_jobs;

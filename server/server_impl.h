@@ -25,6 +25,7 @@ struct aps_server {
 	uint64_t started_ms;
 	bool stopping;
 	struct aps_ckpt_queue *ckpt; /* NULL: no checkpoint_dir */
+	uv_timer_t *grace_timer;     /* runs while a session waits to reconnect (owned) */
 };
 
 #define APS_SERVER_HEADER_MAX 4096 /* bytes of a header frame the daemon packs */
@@ -48,6 +49,23 @@ void aps_server_error_job(struct aps_server *srv, struct aps_job *job, int code,
  */
 void aps_server_rank_gone(struct aps_server *srv, struct aps_session *s, bool lost,
                           const char *why);
+
+/* A session waiting to reconnect whose rank a new client asks for: lost now. */
+void aps_server_evict_detached(struct aps_server *srv, struct aps_session *s);
+
+/*
+ * resend.c: calls a reconnected rank sent again. Each returns true when m
+ * (or, for EXPONENTS, the one tensor t) was seen before: answered again from
+ * what was kept, or dropped. False: handle it as new.
+ */
+bool aps_resend_push(struct aps_server *srv, struct aps_session *s, struct aps_tensor *t,
+                     uint32_t chunk, const struct aps_msg *m);
+bool aps_resend_exponent(struct aps_server *srv, struct aps_session *s, struct aps_tensor *t,
+                         struct aps_msg *scales);
+bool aps_resend_barrier(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m);
+/* Keeps a chunk's result (its header as sent to every rank) for aps_resend_push. */
+void aps_resend_keep(struct aps_server *srv, struct aps_tensor *t, uint64_t step,
+                     const struct aps_round_result *res, const uint8_t *hdr, size_t len);
 
 void aps_handle_hello(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m);
 void aps_handle_register(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m);

@@ -397,6 +397,9 @@ static int open_router(struct aps_zbridge *b, const struct aps_zbridge_opts *o)
 	if (b->router == NULL)
 		return APS_ECONN;
 	set_int(b->router, ZMQ_ROUTER_MANDATORY, 1);
+	/* A client that reconnects (same routing id) before its old connection is
+	 * known dead takes its id over, instead of being refused until then. */
+	set_int(b->router, ZMQ_ROUTER_HANDOVER, 1);
 	set_int(b->router, ZMQ_LINGER, 0);
 	if (o->heartbeat_ms > 0) {
 		set_int(b->router, ZMQ_HEARTBEAT_IVL, o->heartbeat_ms);

@@ -118,6 +118,7 @@ static void test_config_defaults(void **state)
 	assert_int_equal(cfg.downlink, APS_DOWNLINK_AUTO);
 	assert_int_equal(cfg.heartbeat_ms, 1000);
 	assert_int_equal(cfg.heartbeat_timeout_ms, 5000);
+	assert_int_equal(cfg.reconnect_grace_ms, 1500);
 	assert_int_equal(cfg.max_jobs, 64);
 	assert_int_equal(cfg.max_ranks, 1024);
 	assert_int_equal(cfg.max_tensors, 65536);
@@ -126,7 +127,8 @@ static void test_config_defaults(void **state)
 	aps_config_describe(&cfg, line, sizeof(line));
 	assert_string_equal(
 	        line, "listen=tcp://127.0.0.1:5555 log_level=info downlink=auto "
-	              "heartbeat_ms=1000 heartbeat_timeout_ms=5000 max_jobs=64 "
+	              "heartbeat_ms=1000 heartbeat_timeout_ms=5000 reconnect_grace_ms=1500 "
+	              "max_jobs=64 "
 	              "max_ranks=1024 max_tensors=65536 max_job_bytes=8G max_message_bytes=1G "
 	              "drain_batch=256 scaling=local sum=fp32 stats= metrics_listen= trace= "
 	              "curve_secret_key_file= curve_allow_file= elastic=no insecure=no "

@@ -161,6 +161,12 @@ static void test_round_refuses_duplicates_and_wrong_steps(void **state)
 	c = contribution(2, true);
 	assert_int_equal(aps_round_add(&r, 2, 0, 0, APS_ROUND_ALLREDUCE, &c, why, sizeof(why)), 0);
 	assert_int_equal(released, 0); /* held: ranks 0 and 1 come first */
+	/* what a resent push is checked against (server/resend.c) */
+	assert_true(aps_round_has(&r, 2, 0, 0));
+	assert_false(aps_round_has(&r, 1, 0, 0));
+	assert_false(aps_round_has(&r, 2, 1, 0));
+	assert_false(aps_round_has(&r, 2, 0, 1));
+	assert_false(aps_round_has(&r, RANKS, 0, 0));
 	c = contribution(2, true);
 	assert_int_equal(aps_round_add(&r, 2, 0, 0, APS_ROUND_ALLREDUCE, &c, why, sizeof(why)),
 	                 APS_EPROTO);

@@ -155,13 +155,17 @@ static void print_workers(json_t *doc)
 	json_t *w;
 	size_t i;
 
-	printf("%-16s %5s %-22s %10s %9s %12s %12s\n", "JOB", "RANK", "ADDRESS", "CONNECTED",
-	       "LAST SEEN", "BYTES IN", "BYTES OUT");
+	printf("%-16s %5s %-22s %10s %9s %12s %12s %7s\n", "JOB", "RANK", "ADDRESS", "CONNECTED",
+	       "LAST SEEN", "BYTES IN", "BYTES OUT", "RECONN");
 	json_array_foreach(json_object_get(doc, "workers"), i, w)
 	{
-		printf("%-16.16s %5lld %-22.22s %9.0fs %8.1fs %12lld %12lld\n", str(w, "job"),
+		printf("%-16.16s %5lld %-22.22s %9.0fs %8.1fs %12lld %12lld %7lld", str(w, "job"),
 		       num(w, "rank"), str(w, "address"), real(w, "connected_s"),
-		       real(w, "last_seen_s"), num(w, "bytes_in"), num(w, "bytes_out"));
+		       real(w, "last_seen_s"), num(w, "bytes_in"), num(w, "bytes_out"),
+		       num(w, "reconnects"));
+		if (real(w, "away_s") > 0)
+			printf("  (connection closed %.1fs ago)", real(w, "away_s"));
+		printf("\n");
 	}
 }
 

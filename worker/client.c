@@ -327,6 +327,7 @@ void aps_request_finish_locked(struct aps_client *c, struct aps_request *r, int 
 static void free_request(struct aps_request *r)
 {
 	aps_sbuf_unref(r->codes);
+	free(r->got);
 	free(r->corrected);
 	free(r);
 }

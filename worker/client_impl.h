@@ -76,6 +76,7 @@ struct aps_request {
 	int32_t exponent; /* global mode: this rank's ceil(log2(N max)) */
 	uint64_t flushed;
 	uint32_t chunks, chunks_done;
+	uint8_t *got;     /* chunks: 1 where that chunk's answer arrived (owned; NULL: none yet) */
 	uint64_t sent_ns; /* when its data left, for the timeline's "wait" */
 	int timeout_ms;
 	int64_t deadline_ms, next_heartbeat_ms;
@@ -189,6 +190,21 @@ int aps_client_allreduce_part(aps_client *c, uint32_t tensor_id, float *buf, uin
 
 /* Starts a barrier; aps_request_wait ends it. */
 int aps_client_barrier_start(aps_client *c, int32_t timeout_ms, aps_request **req);
+
+/*
+ * iothread.c, for resume.c: sending a request's messages. Data chunks whose
+ * answer has arrived are not sent again.
+ */
+int aps_io_send_chunks(struct aps_client *c, struct aps_request *r);
+int aps_io_send_simple(struct aps_client *c, struct aps_request *r); /* REGISTER, BARRIER */
+int aps_io_send_exponents(struct aps_client *c, struct aps_request **batch, uint32_t n);
+int aps_io_send_pull(struct aps_client *c, struct aps_request *r);
+
+/* resume.c: the connection to apsd closed and came back; apsd will say RESUMED. */
+void aps_resume_reconnected(struct aps_client *c);
+/* resume.c: apsd took the session back (WELCOME flagged RESUMED): every call in
+ * flight goes again, each from where it is. */
+void aps_resume_calls(struct aps_client *c);
 
 /* Encodes r's data for the wire once its scale exponent is known. */
 int aps_request_encode(struct aps_client *c, struct aps_request *r);

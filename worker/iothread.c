@@ -89,16 +89,20 @@ static void activate(struct aps_client *c, struct aps_request *r, enum request_s
 	c->active = r;
 }
 
-static int send_chunks(struct aps_client *c, struct aps_request *r)
+int aps_io_send_chunks(struct aps_client *c, struct aps_request *r)
 {
 	enum aps_msg_type type = r->kind == REQ_BROADCAST ? APS_MSG_BROADCAST : APS_MSG_PUSH;
 	size_t per = r->chunk_elems ? r->chunk_elems : r->count;
 	uint64_t t0 = c->trace != NULL ? aps_trace_now() : 0;
 
 	r->chunks = (uint32_t)((r->count + per - 1) / per);
+	if (r->got == NULL && (r->got = calloc(r->chunks, 1)) == NULL)
+		return APS_ENOMEM;
 	for (uint32_t i = 0; i < r->chunks; i++) {
 		size_t off = (size_t)i * per, n = r->count - off < per ? r->count - off : per;
 		struct aps_msg m;
+		if (r->got[i])
+			continue;
 		aps_client_msg(c, &m, type);
 		m.tensor_id = r->tensor_id;
 		m.step = r->step;
@@ -127,13 +131,12 @@ static int send_chunks(struct aps_client *c, struct aps_request *r)
 	return 0;
 }
 
-static int send_simple(struct aps_client *c, struct aps_request *r)
+int aps_io_send_simple(struct aps_client *c, struct aps_request *r)
 {
 	struct aps_msg m;
 
 	aps_client_msg(c, &m, r->kind == REQ_BARRIER ? APS_MSG_BARRIER : APS_MSG_REGISTER);
 	if (r->kind == REQ_BARRIER) {
-		r->step = c->barrier_step++;
 		m.step = r->step;
 	} else {
 		struct aps_format f = c->format;
@@ -148,7 +151,7 @@ static int send_simple(struct aps_client *c, struct aps_request *r)
 }
 
 /* Global mode: one EXPONENTS for every request of this wake-up (at most 256 a message). */
-static int send_exponents(struct aps_client *c, struct aps_request **batch, uint32_t n)
+int aps_io_send_exponents(struct aps_client *c, struct aps_request **batch, uint32_t n)
 {
 	struct aps_msg m;
 
@@ -168,12 +171,14 @@ static int send_exponents(struct aps_client *c, struct aps_request **batch, uint
 }
 
 /* Optimize mode: asks for the master weights, answered in chunks of the daemon's size. */
-static int send_pull(struct aps_client *c, struct aps_request *r)
+int aps_io_send_pull(struct aps_client *c, struct aps_request *r)
 {
 	size_t per = r->chunk_elems ? r->chunk_elems : r->count;
 	struct aps_msg m;
 
 	r->chunks = (uint32_t)((r->count + per - 1) / per);
+	if (r->got == NULL && (r->got = calloc(r->chunks, 1)) == NULL)
+		return APS_ENOMEM;
 	aps_client_msg(c, &m, APS_MSG_PULL);
 	m.tensor_id = r->tensor_id;
 	return aps_client_send(c, &m, NULL, NULL, 0);
@@ -184,11 +189,13 @@ static int start_one(struct aps_client *c, struct aps_request *r, bool *exchange
 	*exchange = false;
 	if (r->kind == REQ_PULL) {
 		activate(c, r, REQ_SENT);
-		return send_pull(c, r);
+		return aps_io_send_pull(c, r);
 	}
 	if (r->kind == REQ_REGISTER || r->kind == REQ_BARRIER) {
+		if (r->kind == REQ_BARRIER)
+			r->step = c->barrier_step++;
 		activate(c, r, REQ_SENT);
-		return send_simple(c, r);
+		return aps_io_send_simple(c, r);
 	}
 	if (r->kind == REQ_ALLREDUCE && (r->codes == NULL || r->reexchange)) {
 		activate(c, r, REQ_EXCHANGE);
@@ -196,7 +203,7 @@ static int start_one(struct aps_client *c, struct aps_request *r, bool *exchange
 		return 0;
 	}
 	activate(c, r, REQ_SENT);
-	return send_chunks(c, r);
+	return aps_io_send_chunks(c, r);
 }
 
 /* Sends what the callers queued since the last wake-up; false once closing. */
@@ -237,7 +244,7 @@ static bool start_new(struct aps_client *c)
 		}
 		batch[n++] = r;
 	}
-	if (n > 0 && send_exponents(c, batch, n) < 0)
+	if (n > 0 && aps_io_send_exponents(c, batch, n) < 0)
 		aps_client_fail_all(c, APS_ECONN, "send to the daemon failed", false);
 	free(batch);
 	return !stopping;
@@ -322,12 +329,24 @@ static void switch_format(struct aps_client *c, const struct aps_request *r, con
 	               (unsigned long long)r->step + 1);
 }
 
+/* The index of the chunk m answers: false when m is not one of r's chunks. */
+static bool chunk_of(const struct aps_request *r, const struct aps_msg *m, uint32_t *chunk)
+{
+	size_t per = r->chunk_elems ? r->chunk_elems : r->count;
+
+	if (r->got == NULL || per == 0 || m->chunk_offset % per != 0)
+		return false;
+	*chunk = (uint32_t)(m->chunk_offset / per);
+	return *chunk < r->chunks;
+}
+
 /* One chunk of a RESULT (or of a broadcast) into the caller's buffer. */
 static void on_result(struct aps_client *c, const struct aps_msg *m)
 {
 	enum request_kind kind = m->type == APS_MSG_RESULT ? REQ_ALLREDUCE : REQ_BROADCAST;
 	struct aps_request *r = find(c, kind, m->tensor_id, m->step);
 	struct aps_format f;
+	uint32_t chunk;
 	float *out;
 	int ret;
 
@@ -337,8 +356,11 @@ static void on_result(struct aps_client *c, const struct aps_msg *m)
 		return;
 	}
 	if (m->total_count != r->count || m->chunk_offset + m->chunk_count > r->count ||
-	    aps_format_parse(m->format, &f) < 0 || m->payload == NULL)
+	    aps_format_parse(m->format, &f) < 0 || m->payload == NULL || !chunk_of(r, m, &chunk))
 		return finish(c, r, APS_EPROTO, "a result does not match its tensor");
+	if (r->got[chunk])
+		return; /* answered again after a reconnect: it is here already */
+	r->got[chunk] = 1;
 	if (r->update != ((m->flags & APS_MSG_FLAG_UPDATE) != 0) && m->type == APS_MSG_RESULT)
 		return finish(c, r, APS_EPROTO, "a result is not the kind the call expects");
 	uint64_t t0 = c->trace != NULL ? aps_trace_now() : 0;
@@ -370,12 +392,17 @@ static void on_result(struct aps_client *c, const struct aps_msg *m)
 static void on_weights(struct aps_client *c, const struct aps_msg *m)
 {
 	struct aps_request *r = find(c, REQ_PULL, m->tensor_id, 0);
+	uint32_t chunk;
 
 	if (r == NULL)
 		return;
 	if (m->total_count != r->count || m->chunk_offset + m->chunk_count > r->count ||
-	    m->payload == NULL || m->payload_len != m->chunk_count * sizeof(float))
+	    m->payload == NULL || m->payload_len != m->chunk_count * sizeof(float) ||
+	    !chunk_of(r, m, &chunk))
 		return finish(c, r, APS_EPROTO, "weights that do not match their tensor");
+	if (r->got[chunk])
+		return;
+	r->got[chunk] = 1;
 	memcpy(r->buf + m->chunk_offset, m->payload, m->payload_len);
 	r->step = m->updates; /* what aps_client_pull reports */
 	r->deadline_ms = aps_client_now_ms() + r->timeout_ms;
@@ -401,7 +428,7 @@ static void on_scales(struct aps_client *c, const struct aps_msg *m)
 			r->reexchange = false; /* codes of the first exchange: the same k */
 		else if (aps_request_encode(c, r) < 0)
 			finish(c, r, APS_ENOMEM, "out of memory for the codes");
-		else if (send_chunks(c, r) < 0)
+		else if (aps_io_send_chunks(c, r) < 0)
 			finish(c, r, APS_ECONN, "send to the daemon failed");
 	}
 }
@@ -500,7 +527,10 @@ static void on_message(struct aps_client *c, const struct aps_msg *m)
 			aps_client_fail_all(c, APS_ECONN, "apsd is shutting down", true);
 		break;
 	case APS_MSG_WELCOME:
-		aps_rejoin_on_message(c, m);
+		if (m->flags & APS_MSG_FLAG_RESUMED)
+			aps_resume_calls(c);
+		else
+			aps_rejoin_on_message(c, m);
 		break;
 	default:
 		aps_client_log(c, 3, "ignored a %s", aps_msg_type_name(m->type));
@@ -596,6 +626,8 @@ void *aps_client_io_main(void *arg)
 		}
 		if (ready & APS_TRANSPORT_WOKEN && read(c->wake_fd, &wakeups, sizeof(wakeups)) < 0)
 			wakeups = 0;
+		if (ready & APS_TRANSPORT_RECONNECTED)
+			aps_resume_reconnected(c);
 		if (ready & APS_TRANSPORT_READABLE)
 			receive_all(c);
 	}

@@ -51,6 +51,8 @@ static void requeue_active(struct aps_client *c)
 		next = r->next;
 		r->state = REQ_NEW;
 		r->chunks_done = 0;
+		if (r->got != NULL) /* a new daemon: every chunk is answered anew */
+			memset(r->got, 0, r->chunks);
 		r->heard = false;
 		r->n_waiting = 0;
 		r->reexchange = r->kind == REQ_ALLREDUCE && r->codes != NULL &&

@@ -54,10 +54,13 @@ int aps_transport_recv(struct aps_transport *t, int timeout_ms, struct aps_rxmsg
 
 /*
  * Waits up to timeout_ms until a message can be read or wake_fd is readable.
- * Returns a mask of APS_TRANSPORT_READABLE and APS_TRANSPORT_WOKEN, or APS_ECONN.
+ * Returns a mask of APS_TRANSPORT_READABLE, APS_TRANSPORT_WOKEN and
+ * APS_TRANSPORT_RECONNECTED (the connection had closed and is back: apsd
+ * may have lost messages either way), or APS_ECONN.
  */
-#define APS_TRANSPORT_READABLE 1
-#define APS_TRANSPORT_WOKEN    2
+#define APS_TRANSPORT_READABLE    1
+#define APS_TRANSPORT_WOKEN       2
+#define APS_TRANSPORT_RECONNECTED 4
 int aps_transport_poll(struct aps_transport *t, int wake_fd, int timeout_ms);
 
 /* zmq_strerror of the last failure of this thread. */

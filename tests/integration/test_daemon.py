@@ -100,11 +100,13 @@ def test_killed_worker_is_named_to_the_others(daemon):
 
 def test_rank_killed_between_rounds_fails_the_next_round_at_once(daemon):
     # Step 0 completes; rank 2 is killed while ranks 0 and 1 compute (sleep)
-    # before step 1. Their pushes of step 1 can never complete: apsd answers
-    # them at once instead of letting them run into their 20 s deadline.
+    # before step 1, longer than the reconnect grace (1.5 s), so that apsd
+    # counts rank 2 lost before they push. Their pushes of step 1 can never
+    # complete: apsd answers them at once instead of letting them run into
+    # their 20 s deadline.
     world = 3
     procs = [start_worker(daemon.endpoint, r, world, [4097], steps=2,
-                          sleep_ms=(2000 if r < 2 else 30000), timeout_ms=20000)
+                          sleep_ms=(3000 if r < 2 else 30000), timeout_ms=20000)
              for r in range(world)]
     daemon.wait_for_log("hello job=default rank=2")
     time.sleep(0.7)  # step 0 is done everywhere; ranks 0 and 1 are in their sleep
