@@ -109,8 +109,12 @@ void aps_handle_hello(struct aps_server *srv, struct aps_session *s, const struc
 	struct aps_session *holder;
 	char why[APS_MSG_TEXT_MAX + 1], spec[APS_OPTIM_SPEC_MAX] = "";
 	struct aps_optim_config optim;
-	struct aps_msg w;
 
+	if (s->job != NULL && s->reconnects > 0 && s->rank == m->rank &&
+	    strcmp(s->job->name, m->job) == 0) {
+		srv->counters.resent++; /* its WELCOME was lost: the RESUMED one went */
+		return;
+	}
 	if (s->job != NULL)
 		return refuse_hello(srv, s, m, APS_EPROTO, "this connection already joined a job");
 	if (job != NULL && m->rank < job->world_size && job->ranks[m->rank] != NULL &&
@@ -160,9 +164,18 @@ void aps_handle_hello(struct aps_server *srv, struct aps_session *s, const struc
 	s->rank = m->rank;
 	job->ranks[m->rank] = s;
 	aps_log_debug("server", "hello job=%s rank=%u", job->name, m->rank);
-	identity(&w, APS_MSG_WELCOME, job, m->rank);
+	aps_send_welcome(srv, s, 0);
+}
+
+void aps_send_welcome(struct aps_server *srv, struct aps_session *s, uint32_t flags)
+{
+	struct aps_job *job = s->job;
+	struct aps_msg w;
+
+	identity(&w, APS_MSG_WELCOME, job, s->rank);
 	w.step = job->barrier_step; /* the job's next barrier: a rank that is back joins it */
 	w.scaling = (int)job->scaling;
+	w.flags = flags;
 	if (!job->downlink_auto)
 		snprintf(w.format, sizeof(w.format), "%s", job->downlink.name);
 	snprintf(w.optimizer, sizeof(w.optimizer), "%s", job->optim_spec);

@@ -27,6 +27,25 @@ static void replay(struct aps_server *srv, struct aps_session *s, struct aps_ten
 	}
 }
 
+bool aps_resend_answerable(struct aps_session *s, const struct aps_msg *m)
+{
+	struct aps_job *job = s->job;
+	struct aps_tensor *t;
+	int64_t chunk;
+
+	if (s->reconnects == 0 || job == NULL)
+		return false;
+	if (m->type == APS_MSG_BARRIER)
+		return m->step + 1 == job->barrier_step;
+	if (m->type != APS_MSG_PUSH && m->type != APS_MSG_BROADCAST)
+		return false;
+	t = aps_job_tensor(job, m->tensor_id);
+	if (t == NULL || !t->registered[s->rank])
+		return false;
+	chunk = aps_round_chunk_of(&t->round, m->chunk_offset, m->chunk_count);
+	return chunk >= 0 && aps_replay_find(&t->replay, (uint32_t)chunk, m->step) != NULL;
+}
+
 bool aps_resend_push(struct aps_server *srv, struct aps_session *s, struct aps_tensor *t,
                      uint32_t chunk, const struct aps_msg *m)
 {

@@ -146,7 +146,6 @@ static void detach(struct aps_server *srv, struct aps_session *s)
 static void reconnected(struct aps_server *srv, struct aps_session *s, const struct aps_inmsg *in)
 {
 	struct aps_job *job = s->job;
-	struct aps_msg w;
 
 	aps_log_info("server", "rank reconnected job=%s rank=%u away_ms=%llu", job->name, s->rank,
 	             (unsigned long long)(s->detached_ms ? now_ms(srv) - s->detached_ms : 0));
@@ -155,14 +154,7 @@ static void reconnected(struct aps_server *srv, struct aps_session *s, const str
 	s->reconnects++;
 	snprintf(s->address, sizeof(s->address), "%s", in->address);
 	srv->counters.reconnects++;
-	aps_msg_init(&w, APS_MSG_WELCOME);
-	snprintf(w.job, sizeof(w.job), "%s", job->name);
-	w.rank = s->rank;
-	w.world_size = job->world_size;
-	w.step = job->barrier_step;
-	w.scaling = (int)job->scaling;
-	w.flags = APS_MSG_FLAG_RESUMED;
-	aps_server_send(srv, &s->peer, &w, NULL);
+	aps_send_welcome(srv, s, APS_MSG_FLAG_RESUMED);
 }
 
 /* Ranks whose connection did not come back within the grace are lost. */
@@ -220,7 +212,7 @@ static bool job_incomplete(struct aps_server *srv, struct aps_session *s, const 
 		                      s->rank, s->job->name);
 		return true;
 	}
-	if (s->job->departed[0] == '\0')
+	if (s->job->departed[0] == '\0' || aps_resend_answerable(s, m))
 		return false;
 	srv->counters.refused_incomplete++;
 	aps_server_send_error(srv, &s->peer, APS_EPEERLOST, m, "%s", s->job->departed);

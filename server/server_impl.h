@@ -50,6 +50,9 @@ void aps_server_error_job(struct aps_server *srv, struct aps_job *job, int code,
 void aps_server_rank_gone(struct aps_server *srv, struct aps_session *s, bool lost,
                           const char *why);
 
+/* WELCOME to a joined session (flags: APS_MSG_FLAG_RESUMED after a reconnect). */
+void aps_send_welcome(struct aps_server *srv, struct aps_session *s, uint32_t flags);
+
 /* A session waiting to reconnect whose rank a new client asks for: lost now. */
 void aps_server_evict_detached(struct aps_server *srv, struct aps_session *s);
 
@@ -58,6 +61,9 @@ void aps_server_evict_detached(struct aps_server *srv, struct aps_session *s);
  * (or, for EXPONENTS, the one tensor t) was seen before: answered again from
  * what was kept, or dropped. False: handle it as new.
  */
+/* A call sent again whose answer was kept (a finished chunk, a complete
+ * barrier): answered even when the job can no longer complete new rounds. */
+bool aps_resend_answerable(struct aps_session *s, const struct aps_msg *m);
 bool aps_resend_push(struct aps_server *srv, struct aps_session *s, struct aps_tensor *t,
                      uint32_t chunk, const struct aps_msg *m);
 bool aps_resend_exponent(struct aps_server *srv, struct aps_session *s, struct aps_tensor *t,

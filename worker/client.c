@@ -173,6 +173,14 @@ static int await_welcome(struct aps_client *c)
 		int got = aps_transport_recv(c->tr, left > 0 ? (int)left : 0, &rx);
 		if (got < 0)
 			return aps_api_fail(APS_ECONN, "receive from %s failed", c->endpoint);
+		if (got == APS_TRANSPORT_RECV_RECONNECTED) {
+			/* The HELLO or its WELCOME may be lost: say it again (apsd answers
+			 * a session it knows with WELCOME flagged RESUMED, and drops the
+			 * second HELLO). */
+			struct aps_msg hello = c->hello;
+			aps_client_send(c, &hello, NULL, NULL, 0);
+			continue;
+		}
 		if (got == 0)
 			return aps_api_fail(APS_ETIMEDOUT,
 			                    "joining the job: no answer from apsd at %s within %d "

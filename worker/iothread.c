@@ -544,7 +544,13 @@ static void receive_all(struct aps_client *c)
 	struct aps_rxmsg rx;
 	struct aps_msg m;
 
-	while (aps_transport_recv(c->tr, 0, &rx) > 0) {
+	int got;
+
+	while ((got = aps_transport_recv(c->tr, 0, &rx)) > 0) {
+		if (got == APS_TRANSPORT_RECV_RECONNECTED) {
+			aps_resume_reconnected(c);
+			continue;
+		}
 		if (aps_msg_parse(&c->limits, rx.hdr, rx.hdr_len, rx.payload, rx.payload_len,
 		                  rx.payload != NULL, &m, &fault) < 0) {
 			aps_client_log(c, 1, "bad message from apsd: %s", fault.text);

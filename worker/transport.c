@@ -263,17 +263,28 @@ static size_t read_frames(struct aps_transport *t)
 
 int aps_transport_recv(struct aps_transport *t, int timeout_ms, struct aps_rxmsg *out)
 {
-	zmq_pollitem_t item = { .socket = t->sock, .events = ZMQ_POLLIN };
+	zmq_pollitem_t items[2] = { { .socket = t->sock, .events = ZMQ_POLLIN },
+		                    { .socket = t->monitor, .events = ZMQ_POLLIN } };
+	struct timespec now;
+	int64_t deadline_ms;
 	int n;
 
 	drop_frames(t);
-	do {
-		n = zmq_poll(&item, 1, timeout_ms);
-	} while (n < 0 && errno == EINTR);
-	if (n < 0)
-		return APS_ECONN;
-	if (n == 0)
-		return 0;
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	deadline_ms = now.tv_sec * 1000 + now.tv_nsec / 1000000 + timeout_ms;
+	for (;;) {
+		n = zmq_poll(items, 2, timeout_ms);
+		if (n < 0 && errno != EINTR)
+			return APS_ECONN;
+		if (n > 0 && (items[0].revents & ZMQ_POLLIN))
+			break;
+		if (n > 0 && (items[1].revents & ZMQ_POLLIN) && read_events(t))
+			return APS_TRANSPORT_RECV_RECONNECTED;
+		clock_gettime(CLOCK_MONOTONIC, &now);
+		timeout_ms = (int)(deadline_ms - (now.tv_sec * 1000 + now.tv_nsec / 1000000));
+		if (timeout_ms <= 0)
+			return 0;
+	}
 	out->nframes = read_frames(t);
 	out->hdr = t->nkept > 0 ? zmq_msg_data(&t->frame[0]) : NULL;
 	out->hdr_len = t->nkept > 0 ? zmq_msg_size(&t->frame[0]) : 0;

@@ -49,7 +49,12 @@ int aps_transport_send(struct aps_transport *t, const uint8_t *hdr, size_t hdr_l
 int aps_transport_send_shared(struct aps_transport *t, const uint8_t *hdr, size_t hdr_len,
                               struct aps_sbuf *buf, const uint8_t *data, size_t len);
 
-/* Waits up to timeout_ms for one message: 1 received, 0 timed out, APS_ECONN. */
+/*
+ * Waits up to timeout_ms for one message: 1 received, 0 timed out,
+ * APS_TRANSPORT_RECV_RECONNECTED (nothing received: the connection had
+ * closed and is back, so what was sent may be lost), or APS_ECONN.
+ */
+#define APS_TRANSPORT_RECV_RECONNECTED 2
 int aps_transport_recv(struct aps_transport *t, int timeout_ms, struct aps_rxmsg *out);
 
 /*

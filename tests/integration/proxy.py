@@ -50,10 +50,20 @@ class BlipProxy:
                 for s in ready:
                     data = s.recv(1 << 16)
                     if not data:
-                        return
+                        return  # one end closed: so does the other (below)
                     peers[s].sendall(data)
         except (OSError, ValueError):
             return  # cut: the sockets were closed under us
+        finally:
+            with self.lock:
+                if (a, b) in self.pairs:
+                    self.pairs.remove((a, b))
+                silent = b in self.silent
+            for s in (a,) if silent else (a, b):
+                try:
+                    s.close()
+                except OSError:
+                    pass
 
     @staticmethod
     def _reset(s):

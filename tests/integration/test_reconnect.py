@@ -130,6 +130,42 @@ def test_python_calls_survive_a_reset_mid_call(daemon_factory):
     assert c["barriers"] == rounds, c
 
 
+def test_joining_survives_resets(daemon_factory):
+    """Clients join new jobs while every connection is reset every 50 ms: a
+    HELLO or its WELCOME lost with a connection is said again on the new one
+    (apsd drops a second HELLO of a session it knows)."""
+    import aps
+    daemon = daemon_factory()
+    proxy = BlipProxy(port_of(daemon.endpoint))
+    jobs, failures = 12, []
+
+    def rank(r):
+        try:
+            for j in range(jobs):
+                with aps.Client(proxy.endpoint, r, 2, job=f"join{j}", format="fp32",
+                                timeout_ms=20000) as c:
+                    x = np.full(1000, float(r), dtype=np.float32)
+                    c.allreduce("g", x)
+                    assert np.all(x == 0.5), x[:3]
+        except Exception as e:  # noqa: BLE001 - reported below
+            failures.append(f"rank {r}: {e!r}")
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    try:
+        for t in threads:
+            t.start()
+        cuts = 0
+        while any(t.is_alive() for t in threads):
+            time.sleep(0.05)
+            cuts += proxy.cut() > 0
+        for t in threads:
+            t.join(timeout=60)
+    finally:
+        proxy.close()
+    assert not failures, failures
+    assert cuts >= 5, cuts
+
+
 def test_a_rank_that_does_not_come_back_is_lost_after_the_grace(daemon_factory):
     daemon = daemon_factory(extra=("--reconnect_grace_ms", "800"))
     world = 3

@@ -21,7 +21,12 @@ Faults injected:
 - daemon restarts during the first 40 % of the run, alternating SIGTERM and
   SIGKILL, apsd started again on the same endpoint: every worker must get an
   error within its deadline (no half-finished round is ever delivered), and
-  the jobs start again.
+  the jobs start again;
+- every --blip-every seconds, a network blip: the workers reach apsd through
+  a TCP proxy (tests/integration/proxy.py) that resets every connection
+  through it, losing what was in flight. ZeroMQ reconnects, apsd takes each
+  session back, the calls in flight are sent again: no worker may fail or
+  see a wrong result because of it.
 
 It reports rounds completed and results verified, faults injected, wrong
 results (must be 0), errors by name, detection times, and the daemon's RSS
@@ -50,6 +55,8 @@ import threading
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "integration"))
+from proxy import BlipProxy  # noqa: E402
 HEARTBEAT_MS = 1000  # apsd's default, which the bound below is stated against
 ERROR_NAME = re.compile(r"error (APS_E[A-Z]+)")
 
@@ -214,18 +221,21 @@ def run(args):
               "hung_workers": 0, "unprovoked_failures": 0, "lost_rank_misnamed": 0,
               "restarts_survived": 0, "rejoin_refused": 0, "sanitizer_reports": 0,
               "sanitizer_samples": [],
-              "faults": {"worker_kill9": 0, "daemon_sigterm": 0, "daemon_sigkill": 0},
+              "faults": {"worker_kill9": 0, "daemon_sigterm": 0, "daemon_sigkill": 0,
+                         "network_blips": 0},
               "errors": {}, "detect_s": [], "daemon_restart_s": [], "rogue": [],
               "rss_kib": [], "tmp": tmp}
     daemon = Daemon(build, endpoint, tmp)
     daemon.start()
-    jobs = [Job(j, args, build, endpoint, tmp, report) for j in range(args.jobs)]
+    proxy = BlipProxy(int(endpoint.rsplit(":", 1)[1]))  # the workers' way in
+    jobs = [Job(j, args, build, proxy.endpoint, tmp, report) for j in range(args.jobs)]
     for job in jobs:
         job.start()
     start = time.monotonic()
     end = start + args.seconds
     restarts = [start + f * args.seconds for f in (0.1, 0.25, 0.4)]
     next_kill = start + args.kill_every
+    next_blip = start + args.blip_every if args.blip_every > 0 else float("inf")
     stop_rogue = threading.Event()
 
     def rogue_loop():
@@ -260,6 +270,10 @@ def run(args):
                                          job.results_so_far()))
             daemon.start()
             report["rss_kib"] = []
+        elif now >= next_blip:
+            next_blip = now + args.blip_every
+            if proxy.cut() > 0:
+                report["faults"]["network_blips"] += 1
         elif now >= next_kill:
             next_kill = now + args.kill_every
             candidates = [j for j in jobs if j.killed is None and now - j.started > 1.0 and
@@ -291,6 +305,7 @@ def run(args):
     report["counters"] = daemon.counters()
     for job in jobs:
         job.stop()
+    proxy.close()
     report["final_exit"] = daemon.stop(signal.SIGTERM)
     report["daemon_exits"] = daemon.exits
     report["daemon_sanitizer_reports"] = sum(
@@ -330,7 +345,10 @@ def summarize(args, report):
             all(t <= args.timeout_ms / 1000 + 2 for t in report["daemon_restart_s"]),
         "rogue answered with errors": rogue_errors > 0,
         "the rejoin job went on across a daemon restart": report["restarts_survived"] >= 1,
-        "no failure without an injected cause": report["unprovoked_failures"] == 0,
+        "no failure without an injected cause (a blip is not one)":
+            report["unprovoked_failures"] == 0,
+        "sessions came back after blips":
+            report["faults"]["network_blips"] == 0 or counters.get("reconnects", 0) > 0,
         "daemon ends with exit 0": report["final_exit"] == 0,
         "every SIGTERM ended the daemon with exit 0":
             all(code == 0 for name, code in report["daemon_exits"] if name == "SIGTERM"),
@@ -350,6 +368,9 @@ def summarize(args, report):
     print(f"| workers killed (kill -9) | {report['faults']['worker_kill9']} |")
     print(f"| daemon restarts (SIGTERM / SIGKILL) | {report['faults']['daemon_sigterm']} / "
           f"{report['faults']['daemon_sigkill']} |")
+    print(f"| network blips (every connection reset) / sessions taken back, "
+          f"calls answered again or dropped (last apsd) | {report['faults']['network_blips']} / "
+          f"{counters.get('reconnects')}, {counters.get('resent')} |")
     print(f"| rogue messages sent / ERROR replies | {rogue_sent} / {rogue_errors} |")
     if detect:
         print(f"| kill -9 to the job's end, median / max (s) | "
@@ -379,6 +400,8 @@ def main():
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--ranks", type=int, default=8)
     ap.add_argument("--kill-every", type=float, default=5.0)
+    ap.add_argument("--blip-every", type=float, default=3.0,
+                    help="seconds between network blips (0: none)")
     ap.add_argument("--timeout-ms", type=int, default=8000)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--build", default=str(ROOT / "build"))
