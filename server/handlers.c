@@ -110,10 +110,10 @@ void aps_handle_hello(struct aps_server *srv, struct aps_session *s, const struc
 	char why[APS_MSG_TEXT_MAX + 1], spec[APS_OPTIM_SPEC_MAX] = "";
 	struct aps_optim_config optim;
 
-	if (s->job != NULL && s->reconnects > 0 && s->rank == m->rank &&
-	    strcmp(s->job->name, m->job) == 0) {
-		srv->counters.resent++; /* its WELCOME was lost: the RESUMED one went */
-		return;
+	if (s->job != NULL && s->rank == m->rank && strcmp(s->job->name, m->job) == 0) {
+		/* Said again after a reconnect (its WELCOME may be lost): the same answer. */
+		srv->counters.resent++;
+		return aps_send_welcome(srv, s, 0);
 	}
 	if (s->job != NULL)
 		return refuse_hello(srv, s, m, APS_EPROTO, "this connection already joined a job");

@@ -175,8 +175,7 @@ static int await_welcome(struct aps_client *c)
 			return aps_api_fail(APS_ECONN, "receive from %s failed", c->endpoint);
 		if (got == APS_TRANSPORT_RECV_RECONNECTED) {
 			/* The HELLO or its WELCOME may be lost: say it again (apsd answers
-			 * a session it knows with WELCOME flagged RESUMED, and drops the
-			 * second HELLO). */
+			 * a HELLO of a session it knows with WELCOME again). */
 			struct aps_msg hello = c->hello;
 			aps_client_send(c, &hello, NULL, NULL, 0);
 			continue;

@@ -19,7 +19,10 @@ after --warmup steps, --steps are timed and the median is reported.
 Every figure is set beside the link limit: the bytes of one step on the
 busiest link of the geometry divided by the rate (APS.md section 5; the
 shard loads come from the same assignment the client computes), and beside
-apsd fp32 with the same shards and gloo fp32 of the same geometry. The cost
+apsd fp32 with the same shards and gloo fp32 of the same geometry. Raw
+ZeroMQ (build/tests/bench/bench_zmq_echo: apsd's bytes of one shard, chunk
+by chunk, answered with one shared buffer, without protobuf, CRC, checks or
+codec) runs where the one shard would, for apsd's overhead on a real link. The cost
 model's prediction (tests/bench/model.py) is printed with each row.
 
     ninja -C build && /usr/bin/python3 tests/bench/bench_cluster.py            # ~15 min
@@ -160,6 +163,28 @@ def apsd_config(cluster, geo, fmt, shards, a, logdir, port):
     return step_times(out)
 
 
+def raw_config(cluster, geo, fmt, a, logdir, port):
+    """The bytes of apsd with one shard and nothing else: the echo server
+    (build/tests/bench/bench_zmq_echo) where the shard runs, 4 echo workers
+    sending each chunk's codes and getting one shared answer per chunk."""
+    name = f"{geo['name']}-raw-{fmt}"
+    node = WORLD if geo["placement"] == "dedicated" else 0
+    listen = f"tcp://{cluster.addr(node)}:{port}"
+    exe = str(a.build / "tests/bench/bench_zmq_echo")
+    log = open(logdir / f"{name}.server.log", "w")
+    cluster.start(node, [exe, "--serve", "--endpoint", listen, "--world", str(WORLD),
+                         "--idle-exit-ms", str(int(a.timeout * 1000))],
+                  stdout=log, stderr=subprocess.STDOUT)
+    argvs = [[exe, "--endpoint", listen, "--rank", str(r), "--world", str(WORLD), "--format",
+              fmt, "--tensors", a.tensors, "--chunk_bytes", CHUNK, "--steps", str(a.steps),
+              "--warmup", str(a.warmup), "--timeout_ms", "120000"] for r in range(WORLD)]
+    try:
+        out = run_ranks(cluster, range(WORLD), argvs, a.timeout, logdir, name)
+    finally:
+        cluster.stop_procs()
+    return step_times(out)
+
+
 def gloo_config(cluster, geo, a, logdir, port):
     name = f"{geo['name']}-gloo"
     argvs = [[PYTHON, str(HERE / "bench_cluster.py"), "--gloo-worker", "--rank", str(r),
@@ -222,6 +247,12 @@ def run_geometry(geo, a, logdir, results):
                 t = apsd_config(cluster, geo, fmt, shards, a, logdir, port)
                 results.append(row(geo, "apsd", fmt, shards, t, a))
                 say(results[-1])
+        for fmt in a.formats if a.raw and 1 in a.shards else []:
+            port += 10
+            wait_quiet(a.wait_quiet)
+            t = raw_config(cluster, geo, fmt, a, logdir, port)
+            results.append(row(geo, "raw", fmt, 1, t, a))
+            say(results[-1])
         if a.gloo:
             port += 10
             wait_quiet(a.wait_quiet)
@@ -234,9 +265,10 @@ def row(geo, system, fmt, shards, times, a):
     sizes = tensor_sizes(a.tensors)
     g = model.Geometry(kind=geo["kind"], placement=geo["placement"], workers=WORLD,
                        shards=shards, rate_bps=netcluster.parse_rate(geo["rate"]), mtu=a.mtu)
-    busiest = model.busiest_link_bytes(g, system, fmt, sizes, a.partition_bytes)
+    as_system = "apsd" if system == "raw" else system  # the same bytes
+    busiest = model.busiest_link_bytes(g, as_system, fmt, sizes, a.partition_bytes)
     limit = busiest * 8 / g.rate_bps
-    pred = model.predict(g, system, fmt, sizes, a.partition_bytes)
+    pred = model.predict(g, as_system, fmt, sizes, a.partition_bytes)
     step = statistics.median(times) if system == "gloo" else times[0]
     return {"geometry": geo["name"], "kind": geo["kind"], "placement": geo["placement"],
             "rate": geo["rate"], "system": system, "format": fmt, "shards": shards,
@@ -262,18 +294,24 @@ def tables(results):
         gloo = next((r for r in rows if r["system"] == "gloo"), None)
         lines += ["", f"### {geo}", "",
                   "| system | shards | MB on busiest link | link limit ms | ms/step | "
-                  "utilisation | x apsd fp32 | x gloo | model ms | model / measured |",
-                  "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
+                  "utilisation | x apsd fp32 | x gloo | / raw ZeroMQ | model ms | "
+                  "model / measured |",
+                  "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
         for r in rows:
             fp32 = next((x for x in rows if x["system"] == "apsd" and x["format"] == "fp32"
                          and x["shards"] == r["shards"]), None)
+            raw = next((x for x in rows if x["system"] == "raw" and x["format"] == r["format"]),
+                       None)
             vs32 = f"{fp32['step_s'] / r['step_s']:.2f}" if fp32 and r["system"] == "apsd" \
                 else "-"
             vsg = f"{gloo['step_s'] / r['step_s']:.2f}" if gloo else "-"
-            label = f"{r['system']} {r['format']}"
+            vsraw = f"{r['step_s'] / raw['step_s']:.2f}" \
+                if raw and r["system"] == "apsd" and r["shards"] == 1 else "-"
+            label = "raw ZeroMQ " + r["format"] if r["system"] == "raw" else \
+                f"{r['system']} {r['format']}"
             lines.append(f"| {label} | {r['shards'] or '-'} | {r['busiest_bytes'] / 1e6:.1f} | "
                          f"{r['limit_s'] * 1e3:.0f} | {r['step_s'] * 1e3:.0f} | "
-                         f"{r['utilisation'] * 100:.0f}% | {vs32} | {vsg} | "
+                         f"{r['utilisation'] * 100:.0f}% | {vs32} | {vsg} | {vsraw} | "
                          f"{r['model_s'] * 1e3:.0f} | {r['model_s'] / r['step_s']:.2f} |")
     return "\n".join(lines)
 
@@ -300,6 +338,8 @@ def main():
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--no-gloo", dest="gloo", action="store_false")
+    ap.add_argument("--no-raw", dest="raw", action="store_false",
+                    help="leave out the raw ZeroMQ echo of apsd's bytes (1 server)")
     ap.add_argument("--timeout", type=float, default=240, help="s per configuration")
     ap.add_argument("--budget", type=float, default=1800, help="s for the whole run")
     ap.add_argument("--wait-quiet", type=float, default=0, metavar="S",

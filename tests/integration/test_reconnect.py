@@ -133,7 +133,7 @@ def test_python_calls_survive_a_reset_mid_call(daemon_factory):
 def test_joining_survives_resets(daemon_factory):
     """Clients join new jobs while every connection is reset every 50 ms: a
     HELLO or its WELCOME lost with a connection is said again on the new one
-    (apsd drops a second HELLO of a session it knows)."""
+    (apsd answers a second HELLO of a session it knows with WELCOME again)."""
     import aps
     daemon = daemon_factory()
     proxy = BlipProxy(port_of(daemon.endpoint))
