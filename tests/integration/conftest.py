@@ -7,6 +7,7 @@ tests/run-tests.sh also runs this suite against build-asan/).
 import json
 import os
 import pathlib
+import signal
 import socket
 import subprocess
 import sys
@@ -136,3 +137,25 @@ def collect(procs, timeout):
             out += "\n(killed: timed out)"
         results.append((p.returncode, out))
     return results
+
+
+def kill_rank_2_while_the_others_wait(daemon):
+    """Ranks 0 and 1 of a 3-rank job push and wait; rank 2 (asleep) is killed.
+    Asserts that both fail naming rank 2 as lost; returns their outputs and the
+    seconds from the kill until both had ended."""
+    procs = [start_worker(daemon.endpoint, r, 3, [4097], steps=1,
+                          sleep_ms=(30000 if r == 2 else 0), timeout_ms=20000)
+             for r in range(3)]
+    daemon.wait_for_log("hello job=default rank=2")
+    time.sleep(0.5)  # ranks 0 and 1 have pushed and wait for rank 2
+    start = time.monotonic()
+    procs[2].send_signal(signal.SIGKILL)
+    outs = []
+    for p in procs[:2]:
+        out, _ = p.communicate(timeout=10)
+        assert p.returncode == 3, out
+        assert "APS_EPEERLOST" in out and "rank 2" in out, out
+        outs.append(out)
+    waited = time.monotonic() - start
+    procs[2].wait()
+    return outs, waited

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import APSD, run_workers, start_worker
+from conftest import APSD, kill_rank_2_while_the_others_wait, run_workers, start_worker
 
 SMALL = [1, 7, 4097]
 
@@ -82,20 +82,8 @@ def test_two_jobs_at_once(daemon):
 
 
 def test_killed_worker_is_named_to_the_others(daemon):
-    world = 3
-    procs = [start_worker(daemon.endpoint, r, world, [4097], steps=1,
-                          sleep_ms=(30000 if r == 2 else 0), timeout_ms=20000)
-             for r in range(world)]
-    daemon.wait_for_log("hello job=default rank=2")
-    time.sleep(0.5)  # ranks 0 and 1 have pushed and wait for rank 2
-    start = time.monotonic()
-    procs[2].send_signal(signal.SIGKILL)
-    for p in procs[:2]:
-        out, _ = p.communicate(timeout=10)
-        assert p.returncode == 3, out
-        assert "APS_EPEERLOST" in out and "rank 2" in out, out
-    assert time.monotonic() - start < 5
-    procs[2].wait()
+    outs, waited = kill_rank_2_while_the_others_wait(daemon)
+    assert waited < 5
 
 
 def test_rank_killed_between_rounds_fails_the_next_round_at_once(daemon):

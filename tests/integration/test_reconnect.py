@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import ask, collect, start_worker
+from conftest import ask, collect, kill_rank_2_while_the_others_wait, start_worker
 from proxy import BlipProxy
 
 
@@ -29,6 +29,25 @@ def cut_while(proxy, procs, every_s, limit, server_sees_it=True):
         time.sleep(every_s)
         if proxy.cut(server_sees_it) > 0:
             cuts += 1
+    return cuts
+
+
+def ranks_while_cutting(proxy, rank, world, every_s, limit=None):
+    """Runs rank(r) for every rank in threads, cutting the proxy's connections
+    every every_s while they run (at most limit times); closes the proxy.
+    Returns the number of cuts."""
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(world)]
+    cuts = 0
+    try:
+        for t in threads:
+            t.start()
+        while any(t.is_alive() for t in threads) and (limit is None or cuts < limit):
+            time.sleep(every_s)
+            cuts += proxy.cut() > 0
+        for t in threads:
+            t.join(timeout=60)
+    finally:
+        proxy.close()
     return cuts
 
 
@@ -112,18 +131,7 @@ def test_python_calls_survive_a_reset_mid_call(daemon_factory):
         except Exception as e:  # noqa: BLE001 - reported below
             failures.append(f"rank {r}: {e!r}")
 
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
-    try:
-        for t in threads:
-            t.start()
-        cuts = 0
-        while any(t.is_alive() for t in threads) and cuts < 8:
-            time.sleep(0.15)
-            cuts += proxy.cut() > 0
-        for t in threads:
-            t.join(timeout=60)
-    finally:
-        proxy.close()
+    cuts = ranks_while_cutting(proxy, rank, 2, every_s=0.15, limit=8)
     assert not failures, failures
     c = counters(daemon)
     assert cuts >= 2 and c["reconnects"] >= 2 and c["peers_lost"] == 0, (cuts, c)
@@ -150,39 +158,17 @@ def test_joining_survives_resets(daemon_factory):
         except Exception as e:  # noqa: BLE001 - reported below
             failures.append(f"rank {r}: {e!r}")
 
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
-    try:
-        for t in threads:
-            t.start()
-        cuts = 0
-        while any(t.is_alive() for t in threads):
-            time.sleep(0.05)
-            cuts += proxy.cut() > 0
-        for t in threads:
-            t.join(timeout=60)
-    finally:
-        proxy.close()
+    cuts = ranks_while_cutting(proxy, rank, 2, every_s=0.05)
     assert not failures, failures
     assert cuts >= 5, cuts
 
 
 def test_a_rank_that_does_not_come_back_is_lost_after_the_grace(daemon_factory):
     daemon = daemon_factory(extra=("--reconnect_grace_ms", "800"))
-    world = 3
-    procs = [start_worker(daemon.endpoint, r, world, [4097], steps=1,
-                          sleep_ms=(30000 if r == 2 else 0), timeout_ms=20000)
-             for r in range(world)]
-    daemon.wait_for_log("hello job=default rank=2")
-    time.sleep(0.5)  # ranks 0 and 1 have pushed and wait for rank 2
-    start = time.monotonic()
-    procs[2].send_signal(signal.SIGKILL)
-    for p in procs[:2]:
-        out, _ = p.communicate(timeout=10)
-        assert p.returncode == 3, out
-        assert "APS_EPEERLOST" in out and "not back within 800 ms" in out, out
-    waited = time.monotonic() - start
+    outs, waited = kill_rank_2_while_the_others_wait(daemon)
+    for out in outs:
+        assert "not back within 800 ms" in out, out
     assert 0.7 <= waited < 2.5, waited  # the grace, not at once and not the deadline
-    procs[2].wait()
     assert "connection closed job=default rank=2 waiting_ms=800" in daemon.log_path.read_text()
 
 
