@@ -349,6 +349,9 @@ static int check_scale_flags_error(struct check *c)
 	if (m->flags & ~APS_MSG_FLAGS_KNOWN)
 		return fail(c, APS_MSG_FAULT_BAD_FLAGS, "unknown flags 0x%" PRIx32,
 		            m->flags & ~APS_MSG_FLAGS_KNOWN);
+	if ((m->flags & APS_MSG_FLAG_RESUMED) && m->type != APS_MSG_WELCOME)
+		return fail(c, APS_MSG_FAULT_BAD_FLAGS, "RESUMED on a %s (a WELCOME's only)",
+		            c->what);
 	if (is_error && (m->error_code >= 0 || m->error_text[0] == '\0'))
 		return fail(c, APS_MSG_FAULT_BAD_ERROR,
 		            "needs a negative code and a text, has %" PRId32, m->error_code);

@@ -5,6 +5,7 @@
  * ERROR that says what was wrong. State a peer cannot be trusted with (which
  * tensors exist, which step a round is at) is checked here.
  */
+#include "server/resend.h"
 #include "server/server_impl.h"
 
 #include "common/err.h"
@@ -13,173 +14,13 @@
 #include <stdio.h>
 #include <string.h>
 
-static void identity(struct aps_msg *m, enum aps_msg_type type, const struct aps_job *job,
-                     uint32_t rank)
+void aps_handle_identity(struct aps_msg *m, enum aps_msg_type type, const struct aps_job *job,
+                         uint32_t rank)
 {
 	aps_msg_init(m, type);
 	snprintf(m->job, sizeof(m->job), "%s", job->name);
 	m->rank = rank;
 	m->world_size = job->world_size;
-}
-
-/* sum = lowp only works when every rank scales with one exponent. */
-static bool lowp_needs_global(bool lowp, const struct aps_msg *m)
-{
-	return lowp && m->scaling != APS_MSG_SCALING_UNSET && m->scaling != (int)APS_SCALING_GLOBAL;
-}
-
-/* The job's options as a HELLO states them; "" when they agree with the job. */
-static bool options_differ(const struct aps_job *job, bool job_policy_auto, const struct aps_msg *m,
-                           const char *spec, char *why, size_t len)
-{
-	const char *down = job->downlink_auto ? "" : job->downlink.name;
-
-	if (lowp_needs_global(job->lowp, m))
-		snprintf(why, len,
-		         "this daemon sums in low precision (sum = lowp): job '%s' must use "
-		         "scaling 'global', rank %u asks for '%s'",
-		         job->name, m->rank, aps_scaling_name((enum aps_scaling)m->scaling));
-	else if (job->world_size != m->world_size)
-		snprintf(why, len, "job '%s' has world size %u, rank %u says %u", job->name,
-		         job->world_size, m->rank, m->world_size);
-	else if (m->scaling != APS_MSG_SCALING_UNSET && (int)job->scaling != m->scaling)
-		snprintf(why, len, "job '%s' uses scaling '%s', rank %u asks for '%s'", job->name,
-		         aps_scaling_name(job->scaling), m->rank,
-		         aps_scaling_name((enum aps_scaling)m->scaling));
-	else if (job->policy.automatic !=
-	         (job_policy_auto || (m->flags & APS_MSG_FLAG_POLICY_AUTO)))
-		snprintf(why, len, "job '%s' has policy '%s', rank %u asks for the other",
-		         job->name, job->policy.automatic ? "auto" : "off", m->rank);
-	else if (m->format[0] != '\0' && strcmp(down, m->format) != 0)
-		snprintf(why, len, "job '%s' uses downlink '%s', rank %u asks for '%s'", job->name,
-		         down[0] ? down : "auto", m->rank, m->format);
-	else if (strcmp(job->optim_spec, spec) != 0)
-		snprintf(why, len, "job '%s' runs optimizer '%s', rank %u asks for '%s'", job->name,
-		         job->optim_spec[0] ? job->optim_spec : "(none: all-reduce)", m->rank,
-		         spec[0] ? spec : "(none: all-reduce)");
-	else
-		return false;
-	return true;
-}
-
-static int create_job(struct aps_server *srv, const struct aps_msg *m,
-                      const struct aps_optim_config *optim, struct aps_job **out)
-{
-	struct aps_job *job;
-	int ret;
-
-	if (srv->jobs.n_jobs >= srv->opts.max_jobs)
-		return APS_ERANGE;
-	ret = aps_jobs_create(&srv->jobs, m->job, m->world_size, &job);
-	if (ret < 0)
-		return ret;
-	job->lowp = srv->opts.lowp;
-	job->elastic = srv->opts.elastic;
-	job->policy = srv->opts.policy;
-	job->policy.automatic |= (m->flags & APS_MSG_FLAG_POLICY_AUTO) != 0;
-	job->chunk_elems = srv->opts.chunk_elems;
-	job->scaling = m->scaling != APS_MSG_SCALING_UNSET ? (enum aps_scaling)m->scaling
-	                                                   : srv->opts.scaling;
-	job->downlink_auto = srv->default_downlink_auto;
-	job->downlink = srv->default_downlink;
-	if (m->format[0] != '\0') {
-		job->downlink_auto = false;
-		aps_format_parse(m->format, &job->downlink);
-	}
-	srv->counters.jobs_started++;
-	aps_log_info("server", "job started job=%s world_size=%u scaling=%s downlink=%s mode=%s%s",
-	             job->name, job->world_size, aps_scaling_name(job->scaling),
-	             job->downlink_auto ? "auto" : job->downlink.name,
-	             optim->kind == APS_OPTIM_NONE ? "allreduce" : "optimize ", m->optimizer);
-	aps_optimize_job_start(srv, job, optim);
-	*out = job;
-	return 0;
-}
-
-static void refuse_hello(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m,
-                         int code, const char *why)
-{
-	srv->counters.refused_hello++;
-	aps_server_send_error(srv, &s->peer, code, m, "%s", why);
-}
-
-void aps_handle_hello(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m)
-{
-	struct aps_job *job = aps_jobs_find(&srv->jobs, m->job);
-	struct aps_session *holder;
-	char why[APS_MSG_TEXT_MAX + 1], spec[APS_OPTIM_SPEC_MAX] = "";
-	struct aps_optim_config optim;
-
-	if (s->job != NULL && s->rank == m->rank && strcmp(s->job->name, m->job) == 0) {
-		/* Said again after a reconnect (its WELCOME may be lost): the same answer. */
-		srv->counters.resent++;
-		return aps_send_welcome(srv, s, 0);
-	}
-	if (s->job != NULL)
-		return refuse_hello(srv, s, m, APS_EPROTO, "this connection already joined a job");
-	if (job != NULL && m->rank < job->world_size && job->ranks[m->rank] != NULL &&
-	    job->ranks[m->rank]->detached_ms != 0) {
-		/* A new client for a rank whose connection closed: the old one is not coming back.
-		 */
-		aps_server_evict_detached(srv, job->ranks[m->rank]);
-		job = aps_jobs_find(&srv->jobs, m->job);
-	}
-	if (aps_optimize_parse_hello(m, &optim, why, sizeof(why)) < 0)
-		return refuse_hello(srv, s, m, APS_EINVAL, why);
-	if (optim.kind != APS_OPTIM_NONE)
-		aps_optim_describe(&optim, spec, sizeof(spec));
-	if (optim.kind != APS_OPTIM_NONE && srv->opts.lowp)
-		return refuse_hello(srv, s, m, APS_EMISMATCH,
-		                    "this daemon sums in low precision (sum = lowp): optimize mode "
-		                    "needs the fp32 sum");
-	if (job != NULL &&
-	    options_differ(job, srv->opts.policy.automatic, m, spec, why, sizeof(why)))
-		return refuse_hello(srv, s, m, APS_EMISMATCH, why);
-	if (job == NULL && lowp_needs_global(srv->opts.lowp, m)) {
-		snprintf(why, sizeof(why),
-		         "this daemon sums in low precision (sum = lowp): jobs "
-		         "must use scaling 'global', rank %u asks for '%s'",
-		         m->rank, aps_scaling_name((enum aps_scaling)m->scaling));
-		return refuse_hello(srv, s, m, APS_EMISMATCH, why);
-	}
-	if (job != NULL && job->departed[0] != '\0') {
-		snprintf(why, sizeof(why),
-		         "job '%.40s' cannot go on (%.100s); it ends when its last rank leaves: "
-		         "use another job name, or wait",
-		         m->job, job->departed);
-		return refuse_hello(srv, s, m, APS_EBUSY, why);
-	}
-	holder = job != NULL ? job->ranks[m->rank] : NULL;
-	if (holder != NULL) {
-		snprintf(why, sizeof(why), "rank %u of job '%s' is held by a live session", m->rank,
-		         m->job);
-		return refuse_hello(srv, s, m, APS_EBUSY, why);
-	}
-	if (job == NULL && create_job(srv, m, &optim, &job) < 0) {
-		snprintf(why, sizeof(why), "cannot start job '%s': %u jobs is the limit", m->job,
-		         srv->opts.max_jobs);
-		return refuse_hello(srv, s, m, APS_ERANGE, why);
-	}
-	s->job = job;
-	s->rank = m->rank;
-	job->ranks[m->rank] = s;
-	aps_log_debug("server", "hello job=%s rank=%u", job->name, m->rank);
-	aps_send_welcome(srv, s, 0);
-}
-
-void aps_send_welcome(struct aps_server *srv, struct aps_session *s, uint32_t flags)
-{
-	struct aps_job *job = s->job;
-	struct aps_msg w;
-
-	identity(&w, APS_MSG_WELCOME, job, s->rank);
-	w.step = job->barrier_step; /* the job's next barrier: a rank that is back joins it */
-	w.scaling = (int)job->scaling;
-	w.flags = flags;
-	if (!job->downlink_auto)
-		snprintf(w.format, sizeof(w.format), "%s", job->downlink.name);
-	snprintf(w.optimizer, sizeof(w.optimizer), "%s", job->optim_spec);
-	aps_server_send(srv, &s->peer, &w, NULL);
 }
 
 /* A new tensor: its timeline label and its precision policy from the requested format. */
@@ -229,7 +70,7 @@ static void send_registered(struct aps_server *srv, struct aps_job *job, struct 
 {
 	struct aps_msg r;
 
-	identity(&r, APS_MSG_REGISTERED, job, s->rank);
+	aps_handle_identity(&r, APS_MSG_REGISTERED, job, s->rank);
 	r.tensor_id = t->id;
 	snprintf(r.tensor_name, sizeof(r.tensor_name), "%s", t->name);
 	r.total_count = t->count;
@@ -269,10 +110,12 @@ void aps_handle_register(struct aps_server *srv, struct aps_session *s, const st
 
 	if (t != NULL && t->count != m->total_count)
 		return registration_mismatch(srv, job, t, m);
-	/* fp32 bytes per element: the sum, and in optimize mode weights, view and state */
+	/* fp32 bytes per element: the sum, in optimize mode weights, view and state, and
+	 * with reconnects the last result kept (at most 4 bytes an element) */
+	bool kept = srv->opts.reconnect_grace_ms > 0;
 	uint64_t per =
-	        4 *
-	        (1 + (job->optim.kind != APS_OPTIM_NONE ? 2 + aps_optim_slots(&job->optim) : 0));
+	        4 * (1 + kept +
+	             (job->optim.kind != APS_OPTIM_NONE ? 2 + aps_optim_slots(&job->optim) : 0));
 	if (t == NULL && m->total_count > (srv->opts.max_job_bytes - job->tensor_bytes) / per) {
 		srv->counters.bad_state++;
 		aps_server_send_error(
@@ -294,6 +137,7 @@ void aps_handle_register(struct aps_server *srv, struct aps_session *s, const st
 		if (ret == 0) {
 			init_tensor(job, t, srv->opts.trace, m->format);
 			t->round.step = rejoin ? m->step : 0; /* where workers that rejoin are */
+			job->tensor_bytes += kept ? t->count * sizeof(float) : 0;
 		}
 		if (ret == 0)
 			ret = aps_optimize_register(srv, job, t);
@@ -316,7 +160,7 @@ static void fan_out(struct aps_server *srv, struct aps_job *job, struct aps_tens
 {
 	struct aps_msg r;
 
-	identity(&r, type, job, 0);
+	aps_handle_identity(&r, type, job, 0);
 	r.tensor_id = t->id;
 	r.step = step;
 	r.chunk_offset = res->offset;
@@ -400,6 +244,7 @@ static void finish_chunk(struct aps_server *srv, struct aps_job *job, struct aps
 
 	if (ret < 0) {
 		aps_round_abort(&t->round);
+		aps_tensor_forget_answers(t);
 		aps_server_error_job(srv, job, ret, "out of memory for a result");
 		return;
 	}
@@ -529,8 +374,8 @@ void aps_handle_exponents(struct aps_server *srv, struct aps_session *s, const s
 	struct aps_job *job = s->job;
 	struct aps_msg r, again;
 
-	identity(&r, APS_MSG_SCALES, job, 0);
-	identity(&again, APS_MSG_SCALES, job, s->rank);
+	aps_handle_identity(&r, APS_MSG_SCALES, job, 0);
+	aps_handle_identity(&again, APS_MSG_SCALES, job, s->rank);
 	for (uint32_t i = 0; i < m->n_tensor_ids; i++) {
 		struct aps_tensor *t = aps_job_tensor(job, m->tensor_ids[i]);
 		int32_t max;
@@ -586,7 +431,7 @@ static void try_finish_barrier(struct aps_server *srv, struct aps_job *job)
 			return;
 	}
 	for (uint32_t rank = 0; rank < job->world_size; rank++) {
-		identity(&r, APS_MSG_BARRIER, job, rank);
+		aps_handle_identity(&r, APS_MSG_BARRIER, job, rank);
 		r.step = job->barrier_step;
 		if (job->ranks[rank] == NULL)
 			continue;
@@ -629,7 +474,9 @@ void aps_handle_heartbeat(struct aps_server *srv, struct aps_session *s, const s
 	struct aps_tensor *t = aps_job_tensor(job, m->tensor_id);
 	struct aps_msg r;
 
-	identity(&r, APS_MSG_HEARTBEAT, job, s->rank);
+	if (strcmp(m->tensor_name, "@resume") == 0)
+		return; /* a client back on a new connection: that was all (server.c) */
+	aps_handle_identity(&r, APS_MSG_HEARTBEAT, job, s->rank);
 	r.tensor_id = m->tensor_id;
 	r.step = m->step;
 	if (strcmp(m->tensor_name, "@barrier") == 0) {
@@ -657,7 +504,7 @@ void aps_job_recheck(struct aps_server *srv, struct aps_job *job)
 	uint64_t now = uv_hrtime();
 	struct aps_msg scales;
 
-	identity(&scales, APS_MSG_SCALES, job, 0);
+	aps_handle_identity(&scales, APS_MSG_SCALES, job, 0);
 	for (uint32_t i = 0; i < job->n_tensors; i++) {
 		struct aps_tensor *t = job->tensors[i];
 		int32_t max;

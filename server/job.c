@@ -1,7 +1,8 @@
 /*
  * The job table: jobs by name, sessions by peer, tensors by id and by name.
  * Tables are small (tens of jobs, a few thousand sessions) and walked
- * linearly; a session lookup compares a 5-byte routing id.
+ * linearly; a session lookup compares a routing id (5 bytes from ZeroMQ, or
+ * the 16 a client chose).
  */
 #include "server/job.h"
 
@@ -197,6 +198,12 @@ int aps_job_add_tensor(struct aps_job *job, const char *name, uint64_t count, ui
 	return 0;
 }
 
+void aps_tensor_forget_answers(struct aps_tensor *t)
+{
+	aps_replay_fini(&t->replay);
+	t->exp_done = false;
+}
+
 void aps_job_abort_rounds(struct aps_job *job)
 {
 	for (uint32_t i = 0; i < job->n_tensors; i++) {
@@ -207,6 +214,7 @@ void aps_job_abort_rounds(struct aps_job *job)
 			t->opt.torn = true;
 		t->opt.lr_rank = UINT32_MAX;
 		aps_round_abort(&t->round);
+		aps_tensor_forget_answers(t);
 		memset(t->exp_has, 0, job->world_size * sizeof(*t->exp_has));
 		t->exp_arrived = 0;
 	}

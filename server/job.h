@@ -158,6 +158,9 @@ int aps_tensor_add_exponent(const struct aps_job *job, struct aps_tensor *t, uin
 /* As aps_tensor_add_exponent after a member left: 1 when the exchange is now complete. */
 int aps_tensor_exponents_complete(const struct aps_job *job, struct aps_tensor *t, int32_t *max);
 
+/* Forgets the answers kept for ranks that reconnect: its round starts over. */
+void aps_tensor_forget_answers(struct aps_tensor *t);
+
 /* Drops what every round and the barrier collected this step (a rank was lost). */
 void aps_job_abort_rounds(struct aps_job *job);
 

@@ -13,9 +13,9 @@
 #include <stdint.h>
 
 struct aps_replay_entry {
-	uint64_t step; /* of the result kept */
-	uint8_t *hdr;  /* NULL: nothing kept yet */
-	size_t hdr_len;
+	uint64_t step;            /* of the result kept */
+	uint8_t *hdr;             /* the header as sent, in hdr_cap bytes */
+	size_t hdr_len, hdr_cap;  /* hdr_len 0: nothing kept */
 	struct aps_sbuf *payload; /* one reference */
 };
 

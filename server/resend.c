@@ -11,6 +11,8 @@
  * Only sessions that reconnected get this: for any other a second PUSH of a
  * chunk is a protocol error, answered as one (handlers.c).
  */
+#include "server/resend.h"
+
 #include "server/server_impl.h"
 
 #include "common/log.h"

@@ -6,6 +6,8 @@
  */
 #include "server/server_impl.h"
 
+#include "server/resend.h"
+
 #include "common/err.h"
 #include "common/log.h"
 
@@ -154,7 +156,23 @@ static void reconnected(struct aps_server *srv, struct aps_session *s, const str
 	s->reconnects++;
 	snprintf(s->address, sizeof(s->address), "%s", in->address);
 	srv->counters.reconnects++;
-	aps_send_welcome(srv, s, APS_MSG_FLAG_RESUMED);
+	aps_join_welcome(srv, s, APS_MSG_FLAG_RESUMED);
+}
+
+/*
+ * A joined session's client on another connection: the session goes on there
+ * (NULL with reconnect_grace_ms = 0: the rank is lost, the client a stranger).
+ */
+static struct aps_session *taken_back(struct aps_server *srv, struct aps_session *s,
+                                      const struct aps_inmsg *in)
+{
+	if (srv->opts.reconnect_grace_ms > 0) {
+		reconnected(srv, s, in);
+		return s;
+	}
+	aps_server_rank_gone(srv, s, true, "its connection was replaced");
+	aps_jobs_drop_session(&srv->jobs, s);
+	return NULL;
 }
 
 /* Ranks whose connection did not come back within the grace are lost. */
@@ -303,6 +321,8 @@ static void on_message(void *ctx, struct aps_inmsg *in)
 	aps_trace_stage(srv->opts.trace, "receive", t0, aps_msg_type_name(m.type), m.step,
 	                (uint32_t)m.tensor_id);
 	s = aps_jobs_find_session(&srv->jobs, &in->peer);
+	if (s != NULL && s->msgs_in > 0 && s->job != NULL && in->conn != s->conn)
+		s = taken_back(srv, s, in);
 	if (!session_may_send(srv, s, &m, &in->peer))
 		return;
 	if (s == NULL && (s = aps_jobs_session(&srv->jobs, &in->peer)) == NULL) {
@@ -314,8 +334,6 @@ static void on_message(void *ctx, struct aps_inmsg *in)
 		s->conn = in->conn;
 		s->joined_ms = now_ms(srv);
 		snprintf(s->address, sizeof(s->address), "%s", in->address);
-	} else if (in->conn != s->conn && s->job != NULL) {
-		reconnected(srv, s, in);
 	}
 	s->last_seen_ms = now_ms(srv);
 	s->msgs_in++;

@@ -50,28 +50,15 @@ void aps_server_error_job(struct aps_server *srv, struct aps_job *job, int code,
 void aps_server_rank_gone(struct aps_server *srv, struct aps_session *s, bool lost,
                           const char *why);
 
-/* WELCOME to a joined session (flags: APS_MSG_FLAG_RESUMED after a reconnect). */
-void aps_send_welcome(struct aps_server *srv, struct aps_session *s, uint32_t flags);
+/* join.c: WELCOME to a joined session (flags: APS_MSG_FLAG_RESUMED after a reconnect). */
+void aps_join_welcome(struct aps_server *srv, struct aps_session *s, uint32_t flags);
+
+/* Zeroes m as a message of type from apsd about rank of job. */
+void aps_handle_identity(struct aps_msg *m, enum aps_msg_type type, const struct aps_job *job,
+                         uint32_t rank);
 
 /* A session waiting to reconnect whose rank a new client asks for: lost now. */
 void aps_server_evict_detached(struct aps_server *srv, struct aps_session *s);
-
-/*
- * resend.c: calls a reconnected rank sent again. Each returns true when m
- * (or, for EXPONENTS, the one tensor t) was seen before: answered again from
- * what was kept, or dropped. False: handle it as new.
- */
-/* A call sent again whose answer was kept (a finished chunk, a complete
- * barrier): answered even when the job can no longer complete new rounds. */
-bool aps_resend_answerable(struct aps_session *s, const struct aps_msg *m);
-bool aps_resend_push(struct aps_server *srv, struct aps_session *s, struct aps_tensor *t,
-                     uint32_t chunk, const struct aps_msg *m);
-bool aps_resend_exponent(struct aps_server *srv, struct aps_session *s, struct aps_tensor *t,
-                         struct aps_msg *scales);
-bool aps_resend_barrier(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m);
-/* Keeps a chunk's result (its header as sent to every rank) for aps_resend_push. */
-void aps_resend_keep(struct aps_server *srv, struct aps_tensor *t, uint64_t step,
-                     const struct aps_round_result *res, const uint8_t *hdr, size_t len);
 
 void aps_handle_hello(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m);
 void aps_handle_register(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m);

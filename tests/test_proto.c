@@ -542,6 +542,13 @@ static void test_proto_rejects_unknown_flags(void **state)
 	make_valid(&m, APS_MSG_PUSH);
 	m.flags = 1u << 6;
 	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_FLAGS);
+	/* RESUMED belongs to a WELCOME (protocol 1.5) */
+	make_valid(&m, APS_MSG_PUSH);
+	m.flags = APS_MSG_FLAG_RESUMED;
+	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_FLAGS);
+	make_valid(&m, APS_MSG_WELCOME);
+	m.flags = APS_MSG_FLAG_RESUMED;
+	expect_ok(parse_msg(&m, true));
 }
 
 static void test_proto_rejects_bad_error(void **state)

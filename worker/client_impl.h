@@ -145,6 +145,8 @@ void aps_rejoin_begin(struct aps_client *c, const char *why);
 bool aps_rejoin_on_error(struct aps_client *c, const struct aps_msg *m);
 /* rejoin.c: a WELCOME or an unasked REGISTERED while joining again. */
 void aps_rejoin_on_message(struct aps_client *c, const struct aps_msg *m);
+/* rejoin.c: the connection came back while joining again: the registrations again. */
+void aps_rejoin_resumed(struct aps_client *c);
 /* rejoin.c: resends HELLO, gives up at the deadline; ms until it is due again. */
 int aps_rejoin_timers(struct aps_client *c, int64_t now);
 

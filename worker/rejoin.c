@@ -112,10 +112,9 @@ int aps_rejoin_timers(struct aps_client *c, int64_t now)
 	return next > now ? (int)(next - now) : 0;
 }
 
-/* After WELCOME: every tensor again, at the step this rank is at. */
-static void reregister(struct aps_client *c, const struct aps_msg *welcome)
+/* Every tensor again, at the step this rank is at; REGISTERED is due for each. */
+static void send_registrations(struct aps_client *c)
 {
-	c->barrier_step = welcome->step;
 	c->reregistering = 0;
 	for (uint32_t id = 0; id < c->n_tensors; id++) {
 		const struct client_tensor *t = &c->tensors[id];
@@ -133,6 +132,22 @@ static void reregister(struct aps_client *c, const struct aps_msg *welcome)
 	}
 	if (c->reregistering == 0)
 		finish_rejoin(c);
+}
+
+/* After WELCOME: the job's barrier number, then the registrations. */
+static void reregister(struct aps_client *c, const struct aps_msg *welcome)
+{
+	c->barrier_step = welcome->step;
+	send_registrations(c);
+}
+
+void aps_rejoin_resumed(struct aps_client *c)
+{
+	/* A REGISTER or its REGISTERED may be lost with the connection: all again (apsd
+	 * answers one at the same step the same way; a REGISTERED twice ends the count
+	 * early, harmlessly: this connection carries the REGISTERs before any call). */
+	if (c->rejoining && c->reregistering > 0)
+		send_registrations(c);
 }
 
 /* A REGISTERED of reregister(): the same id, and the step apsd has. */

@@ -13,6 +13,7 @@
  */
 #include "worker/client_impl.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 
 void aps_resume_reconnected(struct aps_client *c)
@@ -21,6 +22,7 @@ void aps_resume_reconnected(struct aps_client *c)
 
 	aps_client_log(c, 1, "the connection to apsd at %s closed and is back", c->endpoint);
 	aps_client_msg(c, &hb, APS_MSG_HEARTBEAT);
+	snprintf(hb.tensor_name, sizeof(hb.tensor_name), "@resume"); /* about no call */
 	aps_client_send(c, &hb, NULL, NULL, 0);
 }
 
@@ -54,6 +56,7 @@ void aps_resume_calls(struct aps_client *c)
 		aps_client_fail_all(c, APS_ENOMEM, "out of memory resending calls", false);
 		return;
 	}
+	aps_rejoin_resumed(c);
 	for (struct aps_request *r = c->active; r != NULL && ret == 0; r = r->next) {
 		if (r->state == REQ_EXCHANGE)
 			exchange[n++] = r;

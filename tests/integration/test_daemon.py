@@ -110,13 +110,23 @@ def test_rank_killed_between_rounds_fails_the_next_round_at_once(daemon):
 
 
 def test_job_byte_budget_refuses_the_tensor_past_it(daemon_factory):
-    # 64k of fp32 per job: a 4096-element tensor fits (16 KiB), 16384 more do not
-    d = daemon_factory(extra=("--max_job_bytes", "64k"))
+    # 64k of fp32 per job: a 4096-element tensor fits (16 KiB), 16384 more do
+    # not (no reconnects: nothing but the sums is held)
+    d = daemon_factory(extra=("--max_job_bytes", "64k", "--reconnect_grace_ms", "0"))
     out = run_workers(d.endpoint, 1, [4096, 16384], steps=1)[0][1]
     assert "APS_ERANGE" in out and "max_job_bytes is 65536" in out, out
     assert "would hold 81920 fp32 bytes" in out, out
     assert d.counter("bad_state") >= 1
     assert_all_ok(run_workers(d.endpoint, 1, [4096, 12288], steps=1, job="fits"), 1, 2)
+
+
+def test_job_byte_budget_counts_the_results_kept_for_reconnects(daemon_factory):
+    # with reconnects on, each tensor's last result is kept too (4 bytes an
+    # element at most): 4096 elements hold 32 KiB, 4096 more reach 64k + 1
+    d = daemon_factory(extra=("--max_job_bytes", "65535"))
+    out = run_workers(d.endpoint, 1, [4096, 4096], steps=1)[0][1]
+    assert "APS_ERANGE" in out and "would hold 65536 fp32 bytes" in out, out
+    assert_all_ok(run_workers(d.endpoint, 1, [4096, 4095], steps=1, job="fits"), 1, 2)
 
 
 def test_a_new_connection_on_a_reused_descriptor_keeps_its_session(daemon):

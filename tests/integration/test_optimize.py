@@ -331,7 +331,8 @@ def test_corrupt_checkpoint_is_skipped(daemon_factory, tmp_path):
 
 
 def test_max_job_bytes_counts_weights_and_state(daemon_factory):
-    d = daemon_factory(extra=["--max_job_bytes", "1k"])
+    # (no reconnects: no kept results counted, test_daemon.py counts those)
+    d = daemon_factory(extra=["--max_job_bytes", "1k", "--reconnect_grace_ms", "0"])
     x = np.zeros(60, np.float32)  # 240 bytes to all-reduce, 1200 with Adam's weights and state
     plain = aps.Client(d.endpoint, 0, 1, job="plain")
     plain.allreduce("x", x)

@@ -14,7 +14,8 @@ import time
 import numpy as np
 import pytest
 
-from conftest import ask, collect, kill_rank_2_while_the_others_wait, start_worker
+from conftest import (ask, collect, kill_rank_2_while_the_others_wait, run_workers,
+                      start_worker)
 from proxy import BlipProxy
 
 
@@ -186,6 +187,45 @@ def test_without_a_grace_a_closed_connection_is_lost_at_once(daemon_factory):
         proxy.close()
     assert any("APS_EPEERLOST" in out or "APS_ENOSESSION" in out for _, out in results), results
     assert counters(daemon)["reconnects"] == 0
+
+
+def test_without_a_grace_a_session_is_not_taken_over(daemon_factory):
+    # apsd still holds the old connection (only the workers' side was reset):
+    # with no grace, the client on its new connection is a stranger at once,
+    # and its calls fail instead of waiting for results apsd did not keep
+    daemon = daemon_factory(extra=("--reconnect_grace_ms", "0"))
+    proxy = BlipProxy(port_of(daemon.endpoint))
+    try:
+        procs = [start_worker(proxy.endpoint, r, 2, [4097], steps=400, jitter_ms=2,
+                              timeout_ms=20000) for r in range(2)]
+        daemon.wait_for_log("hello job=default rank=1")
+        time.sleep(0.3)
+        start = time.monotonic()
+        proxy.cut(server_sees_it=False)
+        results = collect(procs, 30)
+        waited = time.monotonic() - start
+    finally:
+        proxy.close()
+    assert all(code == 3 for code, _ in results), results
+    assert waited < 5, waited
+    assert counters(daemon)["reconnects"] == 0
+    assert "its connection was replaced" in daemon.log_path.read_text()
+
+
+def test_a_job_started_again_right_after_its_ranks_were_killed(daemon_factory):
+    # every rank killed: their sessions wait to reconnect; a new run under the
+    # same job name is not refused as "cannot go on", the old job just ends
+    daemon = daemon_factory()
+    old = [start_worker(daemon.endpoint, r, 2, [8], steps=1, sleep_ms=30000,
+                        timeout_ms=20000) for r in range(2)]
+    daemon.wait_for_log("hello job=default rank=1")
+    for p in old:
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+    daemon.wait_for_log("connection closed job=default rank=1")
+    results = run_workers(daemon.endpoint, 2, [4097, 7], steps=3, timeout=30)
+    for code, out in results:
+        assert code == 0 and out.count("ok step=") == 6, out
 
 
 def test_a_new_client_takes_the_rank_of_one_that_did_not_come_back(daemon_factory):

@@ -1,0 +1,234 @@
+/*
+ * Joining a job: the HELLO handler. A HELLO creates its job or must agree
+ * with it (world size, scaling, downlink, policy, optimizer); a rank is
+ * taken by one session at a time. A session waiting to reconnect
+ * (reconnect_grace_ms) gives its rank up to a new client, and a job whose
+ * every session waits to reconnect is over when a new client asks for one
+ * of their ranks (a new run).
+ */
+#include "server/server_impl.h"
+
+#include "common/err.h"
+#include "common/log.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* sum = lowp only works when every rank scales with one exponent. */
+static bool lowp_needs_global(bool lowp, const struct aps_msg *m)
+{
+	return lowp && m->scaling != APS_MSG_SCALING_UNSET && m->scaling != (int)APS_SCALING_GLOBAL;
+}
+
+/* The job's options as a HELLO states them; "" when they agree with the job. */
+static bool options_differ(const struct aps_job *job, bool job_policy_auto, const struct aps_msg *m,
+                           const char *spec, char *why, size_t len)
+{
+	const char *down = job->downlink_auto ? "" : job->downlink.name;
+
+	if (lowp_needs_global(job->lowp, m))
+		snprintf(why, len,
+		         "this daemon sums in low precision (sum = lowp): job '%s' must use "
+		         "scaling 'global', rank %u asks for '%s'",
+		         job->name, m->rank, aps_scaling_name((enum aps_scaling)m->scaling));
+	else if (job->world_size != m->world_size)
+		snprintf(why, len, "job '%s' has world size %u, rank %u says %u", job->name,
+		         job->world_size, m->rank, m->world_size);
+	else if (m->scaling != APS_MSG_SCALING_UNSET && (int)job->scaling != m->scaling)
+		snprintf(why, len, "job '%s' uses scaling '%s', rank %u asks for '%s'", job->name,
+		         aps_scaling_name(job->scaling), m->rank,
+		         aps_scaling_name((enum aps_scaling)m->scaling));
+	else if (job->policy.automatic !=
+	         (job_policy_auto || (m->flags & APS_MSG_FLAG_POLICY_AUTO)))
+		snprintf(why, len, "job '%s' has policy '%s', rank %u asks for the other",
+		         job->name, job->policy.automatic ? "auto" : "off", m->rank);
+	else if (m->format[0] != '\0' && strcmp(down, m->format) != 0)
+		snprintf(why, len, "job '%s' uses downlink '%s', rank %u asks for '%s'", job->name,
+		         down[0] ? down : "auto", m->rank, m->format);
+	else if (strcmp(job->optim_spec, spec) != 0)
+		snprintf(why, len, "job '%s' runs optimizer '%s', rank %u asks for '%s'", job->name,
+		         job->optim_spec[0] ? job->optim_spec : "(none: all-reduce)", m->rank,
+		         spec[0] ? spec : "(none: all-reduce)");
+	else
+		return false;
+	return true;
+}
+
+static int create_job(struct aps_server *srv, const struct aps_msg *m,
+                      const struct aps_optim_config *optim, struct aps_job **out)
+{
+	struct aps_job *job;
+	int ret;
+
+	if (srv->jobs.n_jobs >= srv->opts.max_jobs)
+		return APS_ERANGE;
+	ret = aps_jobs_create(&srv->jobs, m->job, m->world_size, &job);
+	if (ret < 0)
+		return ret;
+	job->lowp = srv->opts.lowp;
+	job->elastic = srv->opts.elastic;
+	job->policy = srv->opts.policy;
+	job->policy.automatic |= (m->flags & APS_MSG_FLAG_POLICY_AUTO) != 0;
+	job->chunk_elems = srv->opts.chunk_elems;
+	job->scaling = m->scaling != APS_MSG_SCALING_UNSET ? (enum aps_scaling)m->scaling
+	                                                   : srv->opts.scaling;
+	job->downlink_auto = srv->default_downlink_auto;
+	job->downlink = srv->default_downlink;
+	if (m->format[0] != '\0') {
+		job->downlink_auto = false;
+		aps_format_parse(m->format, &job->downlink);
+	}
+	srv->counters.jobs_started++;
+	aps_log_info("server", "job started job=%s world_size=%u scaling=%s downlink=%s mode=%s%s",
+	             job->name, job->world_size, aps_scaling_name(job->scaling),
+	             job->downlink_auto ? "auto" : job->downlink.name,
+	             optim->kind == APS_OPTIM_NONE ? "allreduce" : "optimize ", m->optimizer);
+	aps_optimize_job_start(srv, job, optim);
+	*out = job;
+	return 0;
+}
+
+static void refuse_hello(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m,
+                         int code, const char *why)
+{
+	srv->counters.refused_hello++;
+	aps_server_send_error(srv, &s->peer, code, m, "%s", why);
+}
+
+/*
+ * Every session of the job waits to reconnect, and a new client asks for the
+ * rank of one of them: that one's process is gone, and with it (most likely)
+ * the whole run, as when every rank was killed and the job started again.
+ * (Sessions that wait while a HELLO asks for a free rank may be one blip's.)
+ */
+static bool abandoned(const struct aps_job *job)
+{
+	for (uint32_t r = 0; r < job->world_size; r++) {
+		if (job->ranks[r] != NULL && job->ranks[r]->detached_ms == 0)
+			return false;
+	}
+	return true;
+}
+
+/* Ends an abandoned job; the last rank out frees it. */
+static void end_abandoned(struct aps_server *srv, struct aps_job *job)
+{
+	uint32_t left = aps_job_connected(job);
+
+	for (uint32_t r = 0; left > 0 && r < job->world_size; r++) {
+		if (job->ranks[r] == NULL)
+			continue;
+		left--;
+		aps_server_evict_detached(srv, job->ranks[r]); /* frees job with the last */
+	}
+}
+
+/* A second HELLO of a joined session: said again after a reconnect, its WELCOME
+ * may be lost, and the answer is the same; as another rank or job it is refused. */
+static void hello_again(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m)
+{
+	if (s->rank == m->rank && strcmp(s->job->name, m->job) == 0) {
+		srv->counters.resent++;
+		aps_join_welcome(srv, s, 0);
+		return;
+	}
+	refuse_hello(srv, s, m, APS_EPROTO, "this connection already joined a job");
+}
+
+/* Whether the job refuses m (and why): options that differ, or a rank it cannot take. */
+static int job_refuses(struct aps_server *srv, struct aps_job *job, const struct aps_msg *m,
+                       const char *spec, char *why, size_t len)
+{
+	if (options_differ(job, srv->opts.policy.automatic, m, spec, why, len))
+		return APS_EMISMATCH;
+	if (job->ranks[m->rank] != NULL && job->ranks[m->rank]->detached_ms != 0) {
+		/* A new client for a rank whose connection closed: the old one is gone. */
+		aps_server_evict_detached(srv, job->ranks[m->rank]);
+		if (aps_jobs_find(&srv->jobs, m->job) != job)
+			return 0; /* it was the last: the job ended, a new one starts */
+	}
+	if (job->departed[0] != '\0') {
+		snprintf(why, len,
+		         "job '%.40s' cannot go on (%.100s); it ends when its last rank leaves: "
+		         "use another job name, or wait",
+		         m->job, job->departed);
+		return APS_EBUSY;
+	}
+	if (job->ranks[m->rank] != NULL) {
+		snprintf(why, len, "rank %u of job '%s' is held by a live session", m->rank,
+		         m->job);
+		return APS_EBUSY;
+	}
+	return 0;
+}
+
+/* What a new job refuses: lowp needs global scaling; there is a limit of jobs. */
+static int new_job_refuses(struct aps_server *srv, const struct aps_msg *m, char *why, size_t len)
+{
+	if (lowp_needs_global(srv->opts.lowp, m)) {
+		snprintf(why, len,
+		         "this daemon sums in low precision (sum = lowp): jobs "
+		         "must use scaling 'global', rank %u asks for '%s'",
+		         m->rank, aps_scaling_name((enum aps_scaling)m->scaling));
+		return APS_EMISMATCH;
+	}
+	if (srv->jobs.n_jobs >= srv->opts.max_jobs) {
+		snprintf(why, len, "cannot start job '%s': %u jobs is the limit", m->job,
+		         srv->opts.max_jobs);
+		return APS_ERANGE;
+	}
+	return 0;
+}
+
+void aps_handle_hello(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m)
+{
+	char why[APS_MSG_TEXT_MAX + 1], spec[APS_OPTIM_SPEC_MAX] = "";
+	struct aps_optim_config optim;
+	struct aps_job *job;
+	int ret;
+
+	if (s->job != NULL)
+		return hello_again(srv, s, m);
+	if (aps_optimize_parse_hello(m, &optim, why, sizeof(why)) < 0)
+		return refuse_hello(srv, s, m, APS_EINVAL, why);
+	if (optim.kind != APS_OPTIM_NONE)
+		aps_optim_describe(&optim, spec, sizeof(spec));
+	if (optim.kind != APS_OPTIM_NONE && srv->opts.lowp)
+		return refuse_hello(srv, s, m, APS_EMISMATCH,
+		                    "this daemon sums in low precision (sum = lowp): optimize mode "
+		                    "needs the fp32 sum");
+	job = aps_jobs_find(&srv->jobs, m->job);
+	if (job != NULL && m->rank < job->world_size && job->ranks[m->rank] != NULL &&
+	    job->ranks[m->rank]->detached_ms != 0 && abandoned(job)) {
+		end_abandoned(srv, job);
+		job = NULL;
+	}
+	ret = job != NULL ? job_refuses(srv, job, m, spec, why, sizeof(why)) : 0;
+	job = aps_jobs_find(&srv->jobs, m->job); /* gone if its last rank was evicted */
+	if (ret == 0 && job == NULL)
+		ret = new_job_refuses(srv, m, why, sizeof(why));
+	if (ret == 0 && job == NULL && create_job(srv, m, &optim, &job) < 0)
+		ret = APS_ENOMEM;
+	if (ret < 0)
+		return refuse_hello(srv, s, m, ret, ret == APS_ENOMEM ? "out of memory" : why);
+	s->job = job;
+	s->rank = m->rank;
+	job->ranks[m->rank] = s;
+	aps_log_debug("server", "hello job=%s rank=%u", job->name, m->rank);
+	aps_join_welcome(srv, s, 0);
+}
+
+void aps_join_welcome(struct aps_server *srv, struct aps_session *s, uint32_t flags)
+{
+	struct aps_job *job = s->job;
+	struct aps_msg w;
+
+	aps_handle_identity(&w, APS_MSG_WELCOME, job, s->rank);
+	w.step = job->barrier_step; /* the job's next barrier: a rank that is back joins it */
+	w.scaling = (int)job->scaling;
+	w.flags = flags;
+	if (!job->downlink_auto)
+		snprintf(w.format, sizeof(w.format), "%s", job->downlink.name);
+	snprintf(w.optimizer, sizeof(w.optimizer), "%s", job->optim_spec);
+	aps_server_send(srv, &s->peer, &w, NULL);
+}
