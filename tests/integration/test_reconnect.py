@@ -173,26 +173,12 @@ def test_a_rank_that_does_not_come_back_is_lost_after_the_grace(daemon_factory):
     assert "connection closed job=default rank=2 waiting_ms=800" in daemon.log_path.read_text()
 
 
-def test_without_a_grace_a_closed_connection_is_lost_at_once(daemon_factory):
-    daemon = daemon_factory(extra=("--reconnect_grace_ms", "0"))
-    proxy = BlipProxy(port_of(daemon.endpoint))
-    try:
-        procs = [start_worker(proxy.endpoint, r, 2, [4097], steps=400, jitter_ms=2,
-                              timeout_ms=20000) for r in range(2)]
-        daemon.wait_for_log("hello job=default rank=1")
-        time.sleep(0.3)
-        proxy.cut()
-        results = collect(procs, 30)
-    finally:
-        proxy.close()
-    assert any("APS_EPEERLOST" in out or "APS_ENOSESSION" in out for _, out in results), results
-    assert counters(daemon)["reconnects"] == 0
-
-
-def test_without_a_grace_a_session_is_not_taken_over(daemon_factory):
-    # apsd still holds the old connection (only the workers' side was reset):
-    # with no grace, the client on its new connection is a stranger at once,
-    # and its calls fail instead of waiting for results apsd did not keep
+@pytest.mark.parametrize("server_sees_it", [True, False], ids=["reset", "silent"])
+def test_without_a_grace_a_blip_fails_the_calls_at_once(daemon_factory, server_sees_it):
+    # reconnect_grace_ms = 0: a closed connection is lost at once ("reset"),
+    # and when apsd still holds the old connection (only the workers' side
+    # was reset: "silent") the client on its new one is a stranger; either
+    # way the calls fail at once instead of waiting for what apsd did not keep
     daemon = daemon_factory(extra=("--reconnect_grace_ms", "0"))
     proxy = BlipProxy(port_of(daemon.endpoint))
     try:
@@ -201,15 +187,17 @@ def test_without_a_grace_a_session_is_not_taken_over(daemon_factory):
         daemon.wait_for_log("hello job=default rank=1")
         time.sleep(0.3)
         start = time.monotonic()
-        proxy.cut(server_sees_it=False)
+        proxy.cut(server_sees_it)
         results = collect(procs, 30)
         waited = time.monotonic() - start
     finally:
         proxy.close()
     assert all(code == 3 for code, _ in results), results
+    assert all("APS_EPEERLOST" in out or "APS_ENOSESSION" in out for _, out in results), results
     assert waited < 5, waited
     assert counters(daemon)["reconnects"] == 0
-    assert "its connection was replaced" in daemon.log_path.read_text()
+    if not server_sees_it:
+        assert "its connection was replaced" in daemon.log_path.read_text()
 
 
 def test_a_job_started_again_right_after_its_ranks_were_killed(daemon_factory):
