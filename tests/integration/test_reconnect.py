@@ -146,7 +146,7 @@ def test_joining_survives_resets(daemon_factory):
     import aps
     daemon = daemon_factory()
     proxy = BlipProxy(port_of(daemon.endpoint))
-    jobs, failures = 12, []
+    jobs, failures = 20, []
 
     def rank(r):
         try:
@@ -161,7 +161,7 @@ def test_joining_survives_resets(daemon_factory):
 
     cuts = ranks_while_cutting(proxy, rank, 2, every_s=0.05)
     assert not failures, failures
-    assert cuts >= 5, cuts
+    assert cuts >= 3, cuts  # the joins did meet resets
 
 
 def test_a_rank_that_does_not_come_back_is_lost_after_the_grace(daemon_factory):
