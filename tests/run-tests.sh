@@ -37,7 +37,7 @@ ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 
 echo "== integration under ASan+UBSan"
 pytest_suite build-asan/integration.junit.xml tests/integration APS_BUILD=build-asan \
-	ASAN_OPTIONS=detect_leaks=1 LSAN_OPTIONS=suppressions=$PWD/tests/lsan.supp UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+	ASAN_OPTIONS=detect_leaks=1 LSAN_OPTIONS=suppressions=$PWD/tests/lsan.supp:print_suppressions=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 
 echo "== fuzz (libFuzzer under ASan+UBSan, about 20 s per harness)"
 tests/fuzz/run-fuzz.sh 20
