@@ -24,7 +24,8 @@
 	X(EBUSY, -13, "resource busy")                         \
 	X(ESYS, -14, "system call failed")                     \
 	X(ECONFIG, -15, "bad configuration")                   \
-	X(ENOSESSION, -16, "apsd does not know this session")
+	X(ENOSESSION, -16, "apsd does not know this session")  \
+	X(EACCES, -17, "not allowed")
 
 enum aps_err {
 	APS_OK = 0,

@@ -51,6 +51,11 @@ void aps_envelope_from_msg(const struct aps_msg *m, uint32_t payload_crc, Aps__E
 	env->optimizer = (char *)m->optimizer;
 	env->lr = m->lr;
 	env->updates = m->updates;
+	env->session.data = (uint8_t *)m->session;
+	env->session.len = m->has_session ? sizeof(m->session) : 0;
+	env->job_token = (char *)m->job_token;
+	env->max_message_bytes = m->max_message_bytes;
+	env->keepalive_ms = m->keepalive_ms;
 }
 
 static void copy_string(char *dst, size_t cap, const char *src)
@@ -100,4 +105,10 @@ void aps_envelope_to_msg(const Aps__Envelope *env, struct aps_msg *m)
 	copy_string(m->optimizer, sizeof(m->optimizer), env->optimizer);
 	m->lr = env->lr;
 	m->updates = env->updates;
+	m->has_session = env->session.len == sizeof(m->session);
+	if (m->has_session)
+		memcpy(m->session, env->session.data, sizeof(m->session));
+	copy_string(m->job_token, sizeof(m->job_token), env->job_token);
+	m->max_message_bytes = env->max_message_bytes;
+	m->keepalive_ms = env->keepalive_ms;
 }

@@ -10,17 +10,20 @@
 
 #include "common/format.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #define APS_PROTO_VERSION_MAJOR 1
-#define APS_PROTO_VERSION_MINOR 5
+#define APS_PROTO_VERSION_MINOR 6
 
-#define APS_MSG_JOB_MAX   64  /* bytes of a job name, NUL excluded */
-#define APS_MSG_NAME_MAX  255 /* bytes of a tensor name, NUL excluded */
-#define APS_MSG_TEXT_MAX  255 /* bytes of an error text, NUL excluded */
-#define APS_MSG_LIST_MAX  256 /* entries of waiting_for and of exponents */
-#define APS_MSG_OPTIM_MAX 127 /* bytes of an optimizer spec, NUL excluded */
+#define APS_MSG_JOB_MAX     64  /* bytes of a job name, NUL excluded */
+#define APS_MSG_NAME_MAX    255 /* bytes of a tensor name, NUL excluded */
+#define APS_MSG_TEXT_MAX    255 /* bytes of an error text, NUL excluded */
+#define APS_MSG_LIST_MAX    256 /* entries of waiting_for and of exponents */
+#define APS_MSG_OPTIM_MAX   127 /* bytes of an optimizer spec, NUL excluded */
+#define APS_MSG_TOKEN_MAX   128 /* bytes of a job token, NUL excluded */
+#define APS_MSG_SESSION_LEN 16  /* bytes of a session token */
 
 /* Envelope.flags bits (aps.proto); every other bit is rejected. */
 #define APS_MSG_FLAG_SKIP        (1u << 0) /* PUSH/RESULT: no data, no payload frame */
@@ -29,9 +32,12 @@
 #define APS_MSG_FLAG_UPDATE      (1u << 3) /* optimize mode: PUSH a gradient, RESULT an update */
 #define APS_MSG_FLAG_REJOIN      (1u << 4) /* REGISTER: step is where this rank is */
 #define APS_MSG_FLAG_RESUMED     (1u << 5) /* WELCOME: the connection came back (1.5) */
-#define APS_MSG_FLAGS_KNOWN                                                     \
-	(APS_MSG_FLAG_SKIP | APS_MSG_FLAG_LOWP_SUM | APS_MSG_FLAG_POLICY_AUTO | \
-	 APS_MSG_FLAG_UPDATE | APS_MSG_FLAG_REJOIN | APS_MSG_FLAG_RESUMED)
+#define APS_MSG_FLAG_RESUME      (1u << 6) /* HELLO: take the session `session` back (1.6) */
+#define APS_MSG_FLAG_ALIVE       (1u << 7) /* HEARTBEAT: about no call, liveness only (1.6) */
+#define APS_MSG_FLAGS_KNOWN                                                                       \
+	(APS_MSG_FLAG_SKIP | APS_MSG_FLAG_LOWP_SUM | APS_MSG_FLAG_POLICY_AUTO |                   \
+	 APS_MSG_FLAG_UPDATE | APS_MSG_FLAG_REJOIN | APS_MSG_FLAG_RESUMED | APS_MSG_FLAG_RESUME | \
+	 APS_MSG_FLAG_ALIVE)
 
 /* aps_msg.scaling when the sender states no mode (the job's default). */
 #define APS_MSG_SCALING_UNSET (-1)
@@ -97,6 +103,12 @@ struct aps_msg {
 	char optimizer[APS_MSG_OPTIM_MAX + 1]; /* HELLO/WELCOME: "" all-reduce, else optimize */
 	float lr;                              /* PUSH with APS_MSG_FLAG_UPDATE */
 	uint64_t updates; /* REGISTERED, WEIGHTS: the tensor's optimizer updates */
+	/* 1.6: WELCOME and HELLO flagged RESUME; all zero when absent */
+	uint8_t session[APS_MSG_SESSION_LEN];
+	bool has_session;
+	char job_token[APS_MSG_TOKEN_MAX + 1]; /* HELLO: "" none */
+	uint64_t max_message_bytes;            /* WELCOME */
+	uint32_t keepalive_ms;                 /* WELCOME */
 	/*
 	 * Frame 1, borrowed: NULL when the message has no payload frame. Packing
 	 * writes payload_len and the CRC32C of these bytes into the header.

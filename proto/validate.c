@@ -193,6 +193,27 @@ static int check_optimizer(struct check *c, const Aps__Envelope *env)
 	return 0;
 }
 
+/* 1.6: a session token only on WELCOME and HELLO, a job token only on HELLO. */
+static int check_tokens(struct check *c, const Aps__Envelope *env)
+{
+	int type = (int)env->type;
+	bool hello = type == APS_MSG_HELLO, welcome = type == APS_MSG_WELCOME;
+
+	if (env->session.len != 0 && env->session.len != APS_MSG_SESSION_LEN)
+		return fail(c, APS_MSG_FAULT_BAD_TOKEN, "session token of %zu bytes, not %d",
+		            env->session.len, APS_MSG_SESSION_LEN);
+	if (env->session.len != 0 && !hello && !welcome)
+		return fail(c, APS_MSG_FAULT_BAD_TOKEN, "session token on a %s", c->what);
+	if (strlen(env->job_token) > APS_MSG_TOKEN_MAX || !ascii_only(env->job_token, '!'))
+		return fail(c, APS_MSG_FAULT_BAD_TOKEN,
+		            "job token is not 1..%d visible ASCII bytes", APS_MSG_TOKEN_MAX);
+	if (env->job_token[0] != '\0' && !hello)
+		return fail(c, APS_MSG_FAULT_BAD_TOKEN, "job token on a %s", c->what);
+	if ((env->max_message_bytes != 0 || env->keepalive_ms != 0) && !welcome)
+		return fail(c, APS_MSG_FAULT_BAD_TOKEN, "a WELCOME's limits on a %s", c->what);
+	return 0;
+}
+
 /* What struct aps_msg cannot hold: long strings, long lists, unknown enums. */
 static int check_envelope(struct check *c, const Aps__Envelope *env)
 {
@@ -221,7 +242,8 @@ static int check_envelope(struct check *c, const Aps__Envelope *env)
 	if ((unsigned)env->scaling > (unsigned)APS__SCALING_MODE__SCALING_GLOBAL)
 		return fail(c, APS_MSG_FAULT_BAD_SCALE, "scaling mode %d is unknown",
 		            (int)env->scaling);
-	return check_optimizer(c, env);
+	ret = check_tokens(c, env);
+	return ret < 0 ? ret : check_optimizer(c, env);
 }
 
 static bool anonymous(const struct aps_msg *m)
@@ -351,6 +373,12 @@ static int check_scale_flags_error(struct check *c)
 		            m->flags & ~APS_MSG_FLAGS_KNOWN);
 	if ((m->flags & APS_MSG_FLAG_RESUMED) && m->type != APS_MSG_WELCOME)
 		return fail(c, APS_MSG_FAULT_BAD_FLAGS, "RESUMED on a %s (a WELCOME's only)",
+		            c->what);
+	if ((m->flags & APS_MSG_FLAG_RESUME) && (m->type != APS_MSG_HELLO || !m->has_session))
+		return fail(c, APS_MSG_FAULT_BAD_FLAGS,
+		            "RESUME on a %s (a HELLO's only, with a session token)", c->what);
+	if ((m->flags & APS_MSG_FLAG_ALIVE) && m->type != APS_MSG_HEARTBEAT)
+		return fail(c, APS_MSG_FAULT_BAD_FLAGS, "ALIVE on a %s (a HEARTBEAT's only)",
 		            c->what);
 	if (is_error && (m->error_code >= 0 || m->error_text[0] == '\0'))
 		return fail(c, APS_MSG_FAULT_BAD_ERROR,

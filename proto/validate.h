@@ -38,7 +38,8 @@
 	X(BAD_LENGTH, "bad_length", "payload length differs from header or count")          \
 	X(BAD_CRC, "bad_crc", "payload CRC32C differs from the header")                     \
 	X(NONFINITE, "nonfinite", "inf or NaN inside a payload")                            \
-	X(BAD_OPTIMIZER, "bad_optimizer", "optimizer spec or learning rate out of range")
+	X(BAD_OPTIMIZER, "bad_optimizer", "optimizer spec or learning rate out of range")   \
+	X(BAD_TOKEN, "bad_token", "session or job token malformed, or on the wrong type")
 
 enum aps_msg_fault_kind {
 	APS_MSG_FAULT_NONE = 0,

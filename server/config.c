@@ -77,22 +77,33 @@ static const struct key keys[] = {
 	{ KEY(downlink), .type = KEY_CHOICE, .choices = downlinks, .def = "auto",
 	  .help = "format of results; auto answers in each tensor's uplink format" },
 	{ KEY(heartbeat_ms), .type = KEY_INT, .min = 100, .max = 60000, .def = "1000",
-	  .help = "milliseconds between heartbeats" },
+	  .help = "milliseconds between the daemon's checks of its workers' liveness" },
 	{ KEY(heartbeat_timeout_ms), .type = KEY_INT, .min = 200, .max = 600000, .def = "5000",
-	  .help = "milliseconds of silence after which a session is dead (>= 2 * heartbeat_ms)" },
+	  .help = "milliseconds a joined worker may stay silent before its connection is taken "
+	          "for dead (>= 2 * heartbeat_ms; workers speak every third of it)" },
 	{ KEY(reconnect_grace_ms), .type = KEY_INT, .min = 0, .max = 600000, .def = "1500",
 	  .help = "milliseconds a rank whose connection closed keeps its place for it to "
 	          "reconnect (0: lost at once)" },
 	{ KEY(max_jobs), .type = KEY_INT, .min = 1, .max = 4096, .def = "64",
 	  .help = "jobs served at once" },
+	{ KEY(max_connections), .type = KEY_INT, .min = 0, .max = 1 << 20, .def = "0",
+	  .help = "connections open at once; one more is shut at once (0: from RLIMIT_NOFILE, "
+	          "two descriptors a connection and 64 spare)" },
+	{ KEY(join_timeout_ms), .type = KEY_INT, .min = 100, .max = 86400000, .def = "60000",
+	  .help = "a connection that has not joined a job, or a job whose ranks have not all "
+	          "joined, within this many milliseconds is dropped (its slot freed)" },
 	{ KEY(max_ranks), .type = KEY_INT, .min = 1, .max = 65536, .def = "1024",
 	  .help = "ranks (world size) of one job" },
 	{ KEY(max_tensors), .type = KEY_INT, .min = 1, .max = 1048576, .def = "65536",
 	  .help = "tensors registered by one job" },
 	{ KEY(max_job_bytes), .type = KEY_SIZE, .min = KIB, .max = 1024 * GIB, .def = "8G",
 	  .help = "fp32 bytes of the tensors one job may register (suffixes k, M, G)" },
-	{ KEY(max_message_bytes), .type = KEY_SIZE, .min = KIB, .max = 4 * GIB, .def = "1G",
-	  .help = "largest message accepted (suffixes k, M, G)" },
+	{ KEY(max_total_bytes), .type = KEY_SIZE, .min = 0, .max = 1024 * 1024 * GIB, .def = "0",
+	  .help = "fp32 bytes the tensors of every job together may hold (0: half the memory "
+	          "of the machine or of its cgroup)" },
+	{ KEY(max_message_bytes), .type = KEY_SIZE, .min = 0, .max = 4 * GIB, .def = "0",
+	  .help = "largest frame accepted; a larger one closes its connection (0: chunk_bytes "
+	          "+ 64k, the largest a worker sends)" },
 	{ KEY(drain_batch), .type = KEY_INT, .min = 1, .max = 65536, .def = "256",
 	  .help = "messages read per socket wake-up" },
 	{ KEY(scaling), .type = KEY_CHOICE, .choices = scalings, .def = "local",
@@ -586,6 +597,23 @@ static int check_sum(struct loader *ld)
 	            scalings[ld->cfg.scaling]);
 }
 
+/* A worker's largest frame is one fp32 chunk: a smaller limit would close its connections. */
+static int check_message_size(struct loader *ld)
+{
+	const struct origin *a = origin_of(ld, "max_message_bytes");
+	const struct origin *b = origin_of(ld, "chunk_bytes");
+	uint64_t max = ld->cfg.max_message_bytes, chunk = ld->cfg.chunk_bytes;
+	char where[APS_CONFIG_ERROR_MAX];
+
+	if (max == 0 || max >= chunk + 64 * KIB)
+		return 0;
+	origin_describe(a->seq > b->seq ? a : b, where, sizeof(where));
+	return fail(ld->err,
+	            "%s: max_message_bytes (%llu) must hold a chunk: at least chunk_bytes (%llu) "
+	            "+ 64k, or 0",
+	            where, (unsigned long long)max, (unsigned long long)chunk);
+}
+
 static int check_cross(struct loader *ld)
 {
 	const struct origin *a = origin_of(ld, "heartbeat_ms");
@@ -594,7 +622,9 @@ static int check_cross(struct loader *ld)
 	char where[APS_CONFIG_ERROR_MAX];
 
 	if ((long long)timeout >= 2LL * hb)
-		return check_sum(ld) < 0 || check_rules(ld) < 0 ? APS_ECONFIG : check_security(ld);
+		return check_sum(ld) < 0 || check_rules(ld) < 0 || check_message_size(ld) < 0
+		               ? APS_ECONFIG
+		               : check_security(ld);
 	origin_describe(a->seq > b->seq ? a : b, where, sizeof(where));
 	return fail(ld->err,
 	            "%s: heartbeat_timeout_ms (%d) must be at least twice heartbeat_ms (%d)", where,

@@ -47,7 +47,10 @@ struct aps_config {
 	int max_ranks;                           /* world size limit of one job */
 	int max_tensors;                         /* tensors registered by one job */
 	uint64_t max_job_bytes;                  /* fp32 bytes of one job's tensors */
-	uint64_t max_message_bytes;              /* largest payload frame accepted */
+	uint64_t max_message_bytes;              /* largest frame accepted; 0: chunk_bytes + 64k */
+	uint64_t max_total_bytes;                /* of every job together; 0: half the memory */
+	int max_connections;                     /* 0: from RLIMIT_NOFILE */
+	int join_timeout_ms;                     /* to join, and for a job to fill */
 	int drain_batch;                         /* messages read per ZMQ_FD wake-up */
 	enum aps_scaling scaling;                /* of jobs whose HELLO states none */
 	enum aps_sum sum;                        /* how pushes are summed */

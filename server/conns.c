@@ -1,10 +1,42 @@
-/* Connection ids from descriptors and socket-monitor events (conns.h). */
+/* The daemon's connections: ids, duplicates, deadlines, causes of closes (conns.h). */
 #include "server/conns.h"
 
 #include "common/err.h"
 
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define GONE_EVENTS (POLLRDHUP | POLLHUP | POLLERR)
+
+void aps_conns_init(struct aps_conns *t, size_t max, uint64_t join_timeout_ms)
+{
+	memset(t, 0, sizeof(*t));
+	t->max = max;
+	t->join_timeout_ms = join_timeout_ms;
+}
+
+static struct aps_conn *slot_of_id(struct aps_conns *t, uint64_t id)
+{
+	uint64_t fd = (id & 0xffffffffu) - 1;
+
+	if (id == 0 || fd >= t->cap || t->slots[fd].id != id)
+		return NULL;
+	return &t->slots[fd];
+}
+
+struct aps_conn *aps_conns_find(struct aps_conns *t, uint64_t id)
+{
+	return slot_of_id(t, id);
+}
 
 uint64_t aps_conns_id(const struct aps_conns *t, int fd)
 {
@@ -12,31 +44,94 @@ uint64_t aps_conns_id(const struct aps_conns *t, int fd)
 
 	if (fd < 0)
 		return 0;
-	accepts = (size_t)fd < t->cap ? t->accepts[fd] : 0;
+	/* The id even after the close was read: its last messages may still come. */
+	accepts = (size_t)fd < t->cap ? t->slots[fd].accepts : 0;
 	return (uint64_t)accepts << 32 | ((uint64_t)(uint32_t)fd + 1);
 }
 
-int aps_conns_accepted(struct aps_conns *t, int fd)
+static int grow(struct aps_conns *t, int fd)
 {
-	if (fd < 0)
-		return APS_EINVAL;
-	if ((size_t)fd >= t->cap) {
-		size_t cap = (size_t)fd + 1 > 2 * t->cap ? (size_t)fd + 1 : 2 * t->cap;
-		uint32_t *grown = realloc(t->accepts, cap * sizeof(*grown));
-		if (grown == NULL)
-			return APS_ENOMEM;
-		memset(grown + t->cap, 0, (cap - t->cap) * sizeof(*grown));
-		t->accepts = grown;
-		t->cap = cap;
-	}
-	t->accepts[fd]++;
+	size_t cap = (size_t)fd + 1 > 2 * t->cap ? (size_t)fd + 1 : 2 * t->cap;
+	struct aps_conn *grown = realloc(t->slots, cap * sizeof(*grown));
+
+	if (grown == NULL)
+		return APS_ENOMEM;
+	memset(grown + t->cap, 0, (cap - t->cap) * sizeof(*grown));
+	t->slots = grown;
+	t->cap = cap;
 	return 0;
 }
 
-int aps_conns_closed(struct aps_conns *t, int fd)
+static void describe_peer(int fd, char *buf, size_t len)
 {
-	if (fd < 0)
-		return APS_EINVAL;
+	struct sockaddr_storage ss;
+	socklen_t sl = sizeof(ss);
+	char host[INET6_ADDRSTRLEN] = "?";
+	int port = 0;
+
+	snprintf(buf, len, "unknown");
+	if (fd < 0 || getpeername(fd, (struct sockaddr *)&ss, &sl) < 0)
+		return;
+	if (ss.ss_family == AF_INET) {
+		struct sockaddr_in *in = (struct sockaddr_in *)&ss;
+		inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
+		port = ntohs(in->sin_port);
+	} else if (ss.ss_family == AF_INET6) {
+		struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)&ss;
+		inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
+		port = ntohs(in6->sin6_port);
+	} else {
+		snprintf(buf, len, "local");
+		return;
+	}
+	snprintf(buf, len, "%s:%d", host, port);
+}
+
+void aps_conns_handshake_failed(struct aps_conns *t)
+{
+	t->handshake_failures++;
+	t->cnt.handshakes_failed++;
+}
+
+void aps_conns_handshake_succeeded(struct aps_conns *t)
+{
+	t->handshakes++;
+}
+
+size_t aps_conns_parked(const struct aps_conns *t)
+{
+	uint64_t quiet = 0; /* open, no message yet: handshaken or not, it is not counted */
+
+	for (size_t fd = 0; fd < t->cap; fd++)
+		quiet += t->slots[fd].id != 0 && t->slots[fd].msgs == 0;
+	if (t->handshakes <= t->delivering + quiet)
+		return 0;
+	return (size_t)(t->handshakes - t->delivering - quiet);
+}
+
+static bool peer_gone(int fd)
+{
+	struct pollfd p = { .fd = fd, .events = POLLRDHUP };
+
+	return fd >= 0 && poll(&p, 1, 0) == 1 && (p.revents & GONE_EVENTS);
+}
+
+static enum aps_conn_cause cause_of(struct aps_conns *t, const struct aps_conn *c)
+{
+	if (c->dropped_ms != 0)
+		return APS_CONN_DROPPED;
+	if (c->dup < 0 || peer_gone(c->dup))
+		return APS_CONN_PEER;
+	if (c->msgs == 0 && t->handshake_failures > 0) {
+		t->handshake_failures--;
+		return APS_CONN_HANDSHAKE;
+	}
+	t->cnt.zmtp_refused++;
+	return APS_CONN_ZMTP;
+}
+
+static int push_closed(struct aps_conns *t, uint64_t id)
+{
 	if (t->n_closed == t->cap_closed) {
 		size_t cap = t->cap_closed ? 2 * t->cap_closed : 16;
 		uint64_t *grown = realloc(t->closed, cap * sizeof(*grown));
@@ -45,8 +140,204 @@ int aps_conns_closed(struct aps_conns *t, int fd)
 		t->closed = grown;
 		t->cap_closed = cap;
 	}
-	t->closed[t->n_closed++] = aps_conns_id(t, fd);
+	t->closed[t->n_closed++] = id;
 	return 0;
+}
+
+/* The slot's connection is over: its id is reported, its duplicate closed. */
+static void retire(struct aps_conns *t, struct aps_conn *c)
+{
+	push_closed(t, c->id);
+	if (c->dup >= 0)
+		close(c->dup);
+	c->dup = -1;
+	c->id = 0;
+	t->live--;
+}
+
+int aps_conns_accepted(struct aps_conns *t, int fd, uint64_t now)
+{
+	struct aps_conn *c;
+
+	if (fd < 0)
+		return APS_EINVAL;
+	if ((size_t)fd >= t->cap && grow(t, fd) < 0)
+		return APS_ENOMEM;
+	c = &t->slots[fd];
+	if (c->id != 0)
+		retire(t, c); /* its close was never read: the number is a new connection's */
+	*c = (struct aps_conn){ .accepts = c->accepts + 1, .accepted_ms = now };
+	c->id = aps_conns_id(t, fd);
+	c->deadline_ms = now + t->join_timeout_ms;
+	c->dup = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+	describe_peer(c->dup, c->address, sizeof(c->address));
+	t->live++;
+	t->cnt.accepted++;
+	if (t->live <= t->max)
+		return 0;
+	t->cnt.refused++;
+	aps_conns_drop(t, c->id, now);
+	return APS_EBUSY;
+}
+
+int aps_conns_closed(struct aps_conns *t, int fd, const char **address)
+{
+	struct aps_conn *c;
+	int cause;
+
+	if (fd < 0 || (size_t)fd >= t->cap || t->slots[fd].id == 0)
+		return -1;
+	c = &t->slots[fd];
+	cause = (int)cause_of(t, c);
+	if (address != NULL)
+		*address = c->address; /* the slot keeps it until its next accept */
+	retire(t, c);
+	return cause;
+}
+
+void aps_conns_delivered(struct aps_conns *t, uint64_t id, const struct aps_peer *peer)
+{
+	uint64_t fd = (id & 0xffffffffu) - 1;
+	struct aps_conn *c;
+
+	/* Also when its close was read already: the last messages come after it. */
+	if (id == 0 || fd >= t->cap || t->slots[fd].accepts != (uint32_t)(id >> 32))
+		return;
+	c = &t->slots[fd];
+	if (c->msgs++ == 0) {
+		c->peer = *peer;
+		t->delivering++;
+	}
+}
+
+void aps_conns_admit(struct aps_conns *t, uint64_t id, bool admitted, uint64_t now)
+{
+	struct aps_conn *c = slot_of_id(t, id);
+
+	if (c != NULL)
+		c->deadline_ms = admitted ? 0 : now + t->join_timeout_ms;
+}
+
+int aps_conns_drop(struct aps_conns *t, uint64_t id, uint64_t now)
+{
+	struct aps_conn *c = slot_of_id(t, id);
+
+	if (c == NULL)
+		return APS_EINVAL;
+	if (c->dropped_ms == 0)
+		c->dropped_ms = now > 0 ? now : 1;
+	/* ZeroMQ reads end-of-file on its own descriptor and closes the connection. */
+	if (c->dup >= 0)
+		shutdown(c->dup, SHUT_RDWR);
+	return 0;
+}
+
+size_t aps_conns_drop_peer(struct aps_conns *t, const struct aps_peer *peer, uint64_t now)
+{
+	size_t n = 0;
+
+	for (size_t fd = 0; fd < t->cap; fd++) {
+		struct aps_conn *c = &t->slots[fd];
+		if (c->id != 0 && c->msgs > 0 && aps_peer_equal(&c->peer, peer)) {
+			aps_conns_drop(t, c->id, now);
+			n++;
+		}
+	}
+	return n;
+}
+
+/* Marks the connections whose peer has hung up (ZeroMQ should close them soon). */
+static void note_gone(struct aps_conns *t, uint64_t now)
+{
+	struct pollfd *p = malloc((t->live ? t->live : 1) * sizeof(*p));
+	size_t *slot = malloc((t->live ? t->live : 1) * sizeof(*slot));
+	size_t n = 0;
+
+	for (size_t fd = 0; p != NULL && slot != NULL && fd < t->cap && n < t->live; fd++) {
+		const struct aps_conn *c = &t->slots[fd];
+		if (c->id == 0 || c->dup < 0 || c->gone_ms != 0 || c->dropped_ms != 0)
+			continue;
+		slot[n] = fd;
+		p[n++] = (struct pollfd){ .fd = c->dup, .events = POLLRDHUP };
+	}
+	if (n > 0 && poll(p, n, 0) > 0) {
+		for (size_t i = 0; i < n; i++) {
+			if (p[i].revents & GONE_EVENTS)
+				t->slots[slot[i]].gone_ms = now;
+		}
+	}
+	free(slot);
+	free(p);
+}
+
+/* Bytes wait unread in the socket, and nothing came of it since the last look. */
+static void note_backlog(struct aps_conn *c, uint64_t now)
+{
+	int queued = 0;
+
+	if (c->dup < 0 || ioctl(c->dup, FIONREAD, &queued) < 0 || queued == 0 ||
+	    (c->backlog_ms != 0 && c->msgs != c->backlog_msgs)) {
+		c->backlog_ms = 0;
+		if (queued == 0)
+			return;
+	}
+	if (c->backlog_ms == 0) {
+		c->backlog_ms = now;
+		c->backlog_msgs = c->msgs;
+	}
+}
+
+static bool stuck(struct aps_conn *c, uint64_t now)
+{
+	uint64_t since = c->dropped_ms ? c->dropped_ms : c->gone_ms;
+
+	note_backlog(c, now);
+	if (c->backlog_ms != 0 && now - c->backlog_ms >= APS_CONNS_STUCK_MS)
+		return true;
+	return since != 0 && now - since >= APS_CONNS_STUCK_MS;
+}
+
+/* ZeroMQ's descriptor no longer is the socket apsd's duplicate holds: ZeroMQ
+ * closed it without an event (it does so when it terminates a listener). */
+static bool orphaned(int fd, int dup)
+{
+	struct stat a, b;
+
+	if (dup < 0)
+		return false;
+	if (fstat(dup, &b) < 0)
+		return true;
+	return fstat(fd, &a) < 0 || a.st_ino != b.st_ino || a.st_dev != b.st_dev;
+}
+
+size_t aps_conns_tick(struct aps_conns *t, uint64_t now)
+{
+	size_t n_stuck = 0;
+
+	for (size_t fd = 0; fd < t->cap; fd++) {
+		if (t->slots[fd].id != 0 && orphaned((int)fd, t->slots[fd].dup))
+			retire(t, &t->slots[fd]);
+	}
+	for (size_t fd = 0; fd < t->cap; fd++) {
+		struct aps_conn *c = &t->slots[fd];
+		if (c->id == 0 || c->deadline_ms == 0 || now < c->deadline_ms || c->dropped_ms)
+			continue;
+		t->cnt.unjoined_dropped++;
+		aps_conns_drop(t, c->id, now);
+	}
+	note_gone(t, now);
+	for (size_t fd = 0; fd < t->cap; fd++)
+		n_stuck += t->slots[fd].id != 0 && stuck(&t->slots[fd], now);
+	return n_stuck;
+}
+
+void aps_conns_forget_all(struct aps_conns *t)
+{
+	for (size_t fd = 0; fd < t->cap; fd++) {
+		if (t->slots[fd].id != 0)
+			retire(t, &t->slots[fd]);
+	}
+	t->handshake_failures = t->handshakes = t->delivering = 0;
 }
 
 uint64_t *aps_conns_take_closed(struct aps_conns *t, size_t *n)
@@ -61,7 +352,11 @@ uint64_t *aps_conns_take_closed(struct aps_conns *t, size_t *n)
 
 void aps_conns_free(struct aps_conns *t)
 {
-	free(t->accepts);
+	for (size_t fd = 0; fd < t->cap; fd++) {
+		if (t->slots[fd].id != 0 && t->slots[fd].dup >= 0)
+			close(t->slots[fd].dup);
+	}
+	free(t->slots);
 	free(t->closed);
 	memset(t, 0, sizeof(*t));
 }

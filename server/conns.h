@@ -1,34 +1,136 @@
 /*
- * Connection ids. ZeroMQ tells the daemon which file descriptor a message came
- * on (ZMQ_SRCFD) and, through a socket monitor, when a descriptor was accepted
- * or closed. The kernel reuses descriptor numbers at once, and the monitor's
- * events arrive on another socket than the messages, so a descriptor alone
- * cannot tell an old connection from a new one: a late "closed" could end the
- * session of a new connection that got the same number. Counting each
- * number's accepts, in the monitor's order, can: an id is (accepts, fd), and
- * a "closed" names the id that was current when it happened.
+ * The daemon's connections, as ZeroMQ's socket monitor reports them. The
+ * network's room: it knows descriptors and routing ids, no jobs.
+ *
+ * Each accepted descriptor gets
+ *  - an id that tells it from a later connection on the same number: the
+ *    kernel reuses numbers at once, and the monitor's events arrive on another
+ *    socket than the messages, so a late "closed" must not end a new
+ *    connection's session. The id is (accepts on that number) << 32 | fd + 1;
+ *  - a duplicate descriptor of apsd's own, so that apsd can shut the
+ *    connection down and look at it (has the peer hung up?) without racing
+ *    ZeroMQ, which closes and reuses its own number whenever it likes;
+ *  - a deadline to be admitted by (join_timeout_ms; the protocol admits a
+ *    connection whose session joined a job), after which it is dropped.
+ * At most max connections are open: one more is shut down at once.
+ *
+ * When ZeroMQ reports a close, the cause is told apart: the peer hung up,
+ * apsd dropped it, or ZeroMQ closed it itself (a frame over
+ * max_message_bytes, bytes that are not ZMTP, a failed handshake).
+ *
+ * It also finds connections ZeroMQ will never close. libzmq 4.3 leaves an
+ * engine whose input had stopped (its pipe full, or taken over) waiting
+ * forever once its peer hangs up, with its descriptor and buffers
+ * (docs/RELIABILITY.md); such a connection is stuck when its peer has been
+ * gone, or apsd has dropped it, for APS_CONNS_STUCK_MS without a close, or
+ * when bytes have waited unread in its socket for that long while it
+ * delivered nothing (apsd reads every connection it is given: ZeroMQ has
+ * stopped reading this one). Only closing the socket frees it (zbridge.c).
  */
 #ifndef APS_SERVER_CONNS_H
 #define APS_SERVER_CONNS_H
 
+#include "server/peer.h"
+
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
-struct aps_conns {
-	uint32_t *accepts; /* by descriptor: connections accepted on it so far */
-	size_t cap;
-	uint64_t *closed; /* ids closed and not yet reported */
-	size_t n_closed, cap_closed;
+#define APS_CONNS_STUCK_MS 3000
+/* Parked connections (see aps_conns_parked) that make the bridge reset its socket. */
+#define APS_CONNS_PARKED_MAX 64
+
+enum aps_conn_cause {
+	APS_CONN_PEER,    /* the peer hung up (or its host reset the connection) */
+	APS_CONN_DROPPED, /* apsd shut it down (limit, deadline, or asked to) */
+	APS_CONN_ZMTP,    /* ZeroMQ closed it after its handshake: an oversized frame or not ZMTP */
+	APS_CONN_HANDSHAKE, /* ZeroMQ closed it in its handshake (CURVE refused, not ZMTP) */
 };
 
-/* The id of the connection now on fd (0 when fd < 0). */
+struct aps_conn {
+	uint64_t id; /* 0: the slot is free */
+	int dup;     /* apsd's duplicate of ZeroMQ's descriptor, -1 when dup failed */
+	uint32_t accepts;
+	uint64_t accepted_ms;
+	uint64_t deadline_ms;  /* dropped when not admitted by then; 0: admitted */
+	uint64_t dropped_ms;   /* when apsd shut it down; 0: it did not */
+	uint64_t gone_ms;      /* when its peer was first seen gone; 0: not yet */
+	uint64_t msgs;         /* messages it delivered */
+	uint64_t backlog_ms;   /* since when bytes wait unread in its socket while it delivers
+	                          nothing (ZeroMQ stopped reading it); 0: none */
+	uint64_t backlog_msgs; /* msgs when that began */
+	struct aps_peer peer;  /* its routing id, from its first message */
+	char address[48];      /* "ip:port" of the peer, "local" for ipc */
+};
+
+struct aps_conns_counters {
+	uint64_t accepted;
+	uint64_t refused;          /* over max_connections */
+	uint64_t unjoined_dropped; /* not admitted within join_timeout_ms */
+	uint64_t zmtp_refused;     /* closed by ZeroMQ after the handshake */
+	uint64_t handshakes_failed;
+};
+
+struct aps_conns {
+	struct aps_conn *slots; /* by ZeroMQ's descriptor */
+	size_t cap;
+	size_t live, max;
+	uint64_t join_timeout_ms;
+	uint64_t *closed; /* ids closed and not yet reported */
+	size_t n_closed, cap_closed;
+	uint64_t handshake_failures;     /* failed handshakes not yet matched to a close */
+	uint64_t handshakes, delivering; /* since the last reset: handshakes that succeeded,
+	                                    connections whose first message came */
+	struct aps_conns_counters cnt;
+};
+
+/* An empty table for at most max connections. */
+void aps_conns_init(struct aps_conns *t, size_t max, uint64_t join_timeout_ms);
+
+/* The monitor's "accepted fd". Returns 0, or APS_EBUSY when it is one over the
+ * limit (it is shut down at once), or APS_ENOMEM. */
+int aps_conns_accepted(struct aps_conns *t, int fd, uint64_t now);
+
+/* The monitor's "handshake failed" and "succeeded" (they name no descriptor). */
+void aps_conns_handshake_failed(struct aps_conns *t);
+void aps_conns_handshake_succeeded(struct aps_conns *t);
+
+/*
+ * Connections libzmq parked since the last reset, at least: handshakes that
+ * succeeded for connections that never delivered a message and are closed.
+ * libzmq parks a connection whose routing id is in use and never reads it;
+ * it keeps its pipe (about 15 KiB, and what it held) until the socket closes.
+ */
+size_t aps_conns_parked(const struct aps_conns *t);
+
+/* The monitor's "closed fd": the id goes to the closed list. Returns its cause
+ * (and the connection's address, valid until the next call), or -1 when fd
+ * was not a connection. */
+int aps_conns_closed(struct aps_conns *t, int fd, const char **address);
+
+/* The id of the connection now on fd (0 when none). */
 uint64_t aps_conns_id(const struct aps_conns *t, int fd);
 
-/* The monitor's "accepted fd": later messages on fd belong to a new connection. */
-int aps_conns_accepted(struct aps_conns *t, int fd);
+/* The connection, or NULL when it has closed. */
+struct aps_conn *aps_conns_find(struct aps_conns *t, uint64_t id);
 
-/* The monitor's "closed fd": keeps the id of the connection that closed. */
-int aps_conns_closed(struct aps_conns *t, int fd);
+/* A message arrived on connection id from peer. */
+void aps_conns_delivered(struct aps_conns *t, uint64_t id, const struct aps_peer *peer);
+
+/* Admitted (a session joined on it): no deadline; or not any more (from now). */
+void aps_conns_admit(struct aps_conns *t, uint64_t id, bool admitted, uint64_t now);
+
+/* Shuts connection id down. Returns 0, or APS_EINVAL when it has closed. */
+int aps_conns_drop(struct aps_conns *t, uint64_t id, uint64_t now);
+
+/* Shuts down every connection whose messages came from peer; how many. */
+size_t aps_conns_drop_peer(struct aps_conns *t, const struct aps_peer *peer, uint64_t now);
+
+/* Drops connections past their deadline; returns how many are stuck. */
+size_t aps_conns_tick(struct aps_conns *t, uint64_t now);
+
+/* The listener was terminated and every connection with it: all are closed. */
+void aps_conns_forget_all(struct aps_conns *t);
 
 /* Moves the closed ids out (*n of them; the caller frees the array). */
 uint64_t *aps_conns_take_closed(struct aps_conns *t, size_t *n);

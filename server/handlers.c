@@ -102,31 +102,53 @@ static void step_mismatch(struct aps_server *srv, struct aps_job *job, const str
 	aps_server_error_job(srv, job, APS_EMISMATCH, text);
 }
 
-void aps_handle_register(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m)
+/*
+ * A new tensor must fit max_job_bytes and max_total_bytes (every job
+ * together): 0, or APS_ERANGE after an ERROR. Per element a job holds 4 fp32
+ * bytes of sum, in optimize mode weights, view and state, and with reconnects
+ * the last result kept.
+ */
+static int check_memory(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m)
 {
-	struct aps_job *job = s->job;
-	struct aps_tensor *t = aps_job_tensor_by_name(job, m->tensor_name);
-	int ret;
-
-	if (t != NULL && t->count != m->total_count)
-		return registration_mismatch(srv, job, t, m);
-	/* fp32 bytes per element: the sum, in optimize mode weights, view and state, and
-	 * with reconnects the last result kept (at most 4 bytes an element) */
+	const struct aps_job *job = s->job;
 	bool kept = srv->opts.reconnect_grace_ms > 0;
 	uint64_t per =
 	        4 * (1 + kept +
 	             (job->optim.kind != APS_OPTIM_NONE ? 2 + aps_optim_slots(&job->optim) : 0));
-	if (t == NULL && m->total_count > (srv->opts.max_job_bytes - job->tensor_bytes) / per) {
-		srv->counters.bad_state++;
-		aps_server_send_error(
-		        srv, &s->peer, APS_ERANGE, m,
-		        "cannot register tensor '%.80s' (%llu elements): job '%s' "
-		        "would hold %llu fp32 bytes, max_job_bytes is %llu",
-		        m->tensor_name, (unsigned long long)m->total_count, job->name,
-		        (unsigned long long)(job->tensor_bytes + m->total_count * per),
-		        (unsigned long long)srv->opts.max_job_bytes);
-		return;
+	uint64_t total = 0, max = srv->opts.max_total_bytes, limit = srv->opts.max_job_bytes;
+	const char *name = "max_job_bytes";
+
+	for (const struct aps_job *j = srv->jobs.jobs; j != NULL; j = j->next)
+		total += j->tensor_bytes;
+	if (m->total_count <= (srv->opts.max_job_bytes - job->tensor_bytes) / per) {
+		if (max == 0 || (total <= max && m->total_count <= (max - total) / per))
+			return 0;
+		name = "max_total_bytes";
+		limit = max;
 	}
+	srv->counters.bad_state++;
+	srv->counters.refused_memory++;
+	aps_server_send_error(srv, &s->peer, APS_ERANGE, m,
+	                      "cannot register tensor '%.80s' (%llu elements): job '%s' would "
+	                      "hold %llu fp32 bytes and every job %llu; %s is %llu",
+	                      m->tensor_name, (unsigned long long)m->total_count, job->name,
+	                      (unsigned long long)(job->tensor_bytes + m->total_count * per),
+	                      (unsigned long long)(total + m->total_count * per), name,
+	                      (unsigned long long)limit);
+	return APS_ERANGE;
+}
+
+void aps_handle_register(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m)
+{
+	struct aps_job *job = s->job;
+	struct aps_tensor *t = aps_job_tensor_by_name(job, m->tensor_name);
+	bool kept = srv->opts.reconnect_grace_ms > 0;
+	int ret;
+
+	if (t != NULL && t->count != m->total_count)
+		return registration_mismatch(srv, job, t, m);
+	if (t == NULL && check_memory(srv, s, m) < 0)
+		return;
 	bool rejoin = (m->flags & APS_MSG_FLAG_REJOIN) != 0;
 
 	if (rejoin && t != NULL && m->step != t->round.step && !job->absent[s->rank])
@@ -474,9 +496,12 @@ void aps_handle_heartbeat(struct aps_server *srv, struct aps_session *s, const s
 	struct aps_tensor *t = aps_job_tensor(job, m->tensor_id);
 	struct aps_msg r;
 
-	if (strcmp(m->tensor_name, "@resume") == 0)
-		return; /* a client back on a new connection: that was all (server.c) */
 	aps_handle_identity(&r, APS_MSG_HEARTBEAT, job, s->rank);
+	if (m->flags & APS_MSG_FLAG_ALIVE) {
+		r.flags = APS_MSG_FLAG_ALIVE; /* about no call: the client hears apsd lives */
+		aps_server_send(srv, &s->peer, &r, NULL);
+		return;
+	}
 	r.tensor_id = m->tensor_id;
 	r.step = m->step;
 	if (strcmp(m->tensor_name, "@barrier") == 0) {

@@ -35,6 +35,10 @@ struct aps_session {
 	uint64_t msgs_in, bytes_in, bytes_out;
 	uint32_t reconnects; /* connections that came back: resent calls are expected */
 	char address[64];    /* the peer's address as ZeroMQ reports it */
+	char user[41];       /* CURVE: the Z85 key it authenticated with; "" without CURVE */
+	uint8_t token[APS_MSG_SESSION_LEN]; /* from its HELLO: what takes the session back */
+	struct aps_peer moved_from;         /* its routing id before it last moved (len 0: none):
+	                                       late messages from there are dropped */
 };
 
 /* What the stats socket reports about a tensor. */
@@ -109,6 +113,9 @@ struct aps_job {
 	 * collective call is answered APS_EPEERLOST with this text at once.
 	 */
 	char departed[APS_MSG_TEXT_MAX + 1];
+	char token[APS_MSG_TOKEN_MAX + 1]; /* its first HELLO's job token: the others' must match */
+	uint64_t created_ms;               /* its first HELLO */
+	bool filled;                       /* every rank has joined once: no deadline */
 };
 
 struct aps_jobs {

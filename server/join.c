@@ -1,18 +1,24 @@
 /*
- * Joining a job: the HELLO handler. A HELLO creates its job or must agree
- * with it (world size, scaling, downlink, policy, optimizer); a rank is
- * taken by one session at a time. A session waiting to reconnect
+ * Joining a job: the HELLO handler, and who may. A HELLO must first be let in:
+ * a job's first HELLO fixes its job token and every later one must carry the
+ * same (else APS_EACCES, and the job is not touched); with CURVE, the key's
+ * allowlist line may name the jobs it may join. Then it creates its job or
+ * must agree with it (world size, scaling, downlink, policy, optimizer); a
+ * rank is taken by one session at a time. A session waiting to reconnect
  * (reconnect_grace_ms) gives its rank up to a new client, and a job whose
  * every session waits to reconnect is over when a new client asks for one
- * of their ranks (a new run).
+ * of their ranks (a new run). A job whose ranks have not all joined within
+ * join_timeout_ms of its first HELLO ends, and frees its slot.
  */
 #include "server/server_impl.h"
 
 #include "common/err.h"
 #include "common/log.h"
 
+#include <fnmatch.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/random.h>
 
 /* sum = lowp only works when every rank scales with one exponent. */
 static bool lowp_needs_global(bool lowp, const struct aps_msg *m)
@@ -65,6 +71,8 @@ static int create_job(struct aps_server *srv, const struct aps_msg *m,
 	ret = aps_jobs_create(&srv->jobs, m->job, m->world_size, &job);
 	if (ret < 0)
 		return ret;
+	snprintf(job->token, sizeof(job->token), "%s", m->job_token);
+	job->created_ms = uv_now(srv->loop);
 	job->lowp = srv->opts.lowp;
 	job->elastic = srv->opts.elastic;
 	job->policy = srv->opts.policy;
@@ -180,6 +188,80 @@ static int new_job_refuses(struct aps_server *srv, const struct aps_msg *m, char
 	return 0;
 }
 
+/* Tokens of any length, compared in time that does not depend on where they differ. */
+static bool same_token(const char *a, const char *b)
+{
+	size_t la = strlen(a), lb = strlen(b);
+	unsigned diff = la != lb;
+
+	for (size_t i = 0; i < APS_MSG_TOKEN_MAX; i++)
+		diff |= (unsigned)(i < la ? a[i] : 0) ^ (unsigned)(i < lb ? b[i] : 0);
+	return diff == 0;
+}
+
+/* The jobs a CURVE key may join, from its allowlist line ("" any). */
+static const char *key_jobs(const struct aps_server *srv, const char *user)
+{
+	for (size_t i = 0; srv->opts.curve_jobs != NULL && i < srv->opts.n_curve_allow; i++) {
+		if (strcmp(srv->opts.curve_allow[i], user) == 0)
+			return srv->opts.curve_jobs[i];
+	}
+	return "";
+}
+
+static bool key_may_join(const struct aps_server *srv, const char *user, const char *job)
+{
+	char globs[512], *save = NULL; /* an allowlist line's jobs (keys.h) */
+
+	snprintf(globs, sizeof(globs), "%s", key_jobs(srv, user));
+	if (globs[0] == '\0')
+		return true;
+	for (char *g = strtok_r(globs, " ", &save); g != NULL; g = strtok_r(NULL, " ", &save)) {
+		if (fnmatch(g, job, 0) == 0)
+			return true;
+	}
+	return false;
+}
+
+/* Whether this HELLO may touch its job at all: a job token, a key's jobs. */
+static bool let_in(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m)
+{
+	const struct aps_job *job = aps_jobs_find(&srv->jobs, m->job);
+	const char *why = NULL;
+
+	if (!key_may_join(srv, s->user, m->job))
+		why = "its CURVE key may not join this job (curve_allow_file)";
+	else if (job != NULL && !same_token(job->token, m->job_token))
+		why = m->job_token[0] == '\0' ? "the job has a job token and this HELLO has none"
+		                              : "the job token differs";
+	if (why == NULL)
+		return true;
+	srv->counters.refused_token++;
+	aps_log_warn("server", "refused a hello job=%s rank=%u address=%s reason=\"%s\"", m->job,
+	             m->rank, s->address, why);
+	aps_server_send_error(srv, &s->peer, APS_EACCES, m, "not allowed in job '%s': %s", m->job,
+	                      why);
+	return false;
+}
+
+/* The HELLO's token (its client's choice), or one of apsd's for a client without. */
+static int take_token(struct aps_session *s, const struct aps_msg *m)
+{
+	if (m->has_session) {
+		memcpy(s->token, m->session, sizeof(s->token));
+		return 0;
+	}
+	return getrandom(s->token, sizeof(s->token), 0) == (ssize_t)sizeof(s->token) ? 0 : APS_ESYS;
+}
+
+/* A job is filled once every rank has joined: from then on it has no deadline. */
+static void joined(struct aps_server *srv, struct aps_job *job, struct aps_session *s)
+{
+	aps_zbridge_admit(srv->bridge, s->conn, true);
+	if (!job->filled && aps_job_connected(job) == job->world_size)
+		job->filled = true;
+}
+
 void aps_handle_hello(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m)
 {
 	char why[APS_MSG_TEXT_MAX + 1], spec[APS_OPTIM_SPEC_MAX] = "";
@@ -189,6 +271,19 @@ void aps_handle_hello(struct aps_server *srv, struct aps_session *s, const struc
 
 	if (s->job != NULL)
 		return hello_again(srv, s, m);
+	if (m->version_minor < APS_PROTO_VERSION_MINOR) {
+		snprintf(why, sizeof(why),
+		         "this client speaks protocol %u.%u; apsd needs %d.%d (keepalives, session "
+		         "tokens): use the libaps of apsd's release",
+		         m->version_major, m->version_minor, APS_PROTO_VERSION_MAJOR,
+		         APS_PROTO_VERSION_MINOR);
+		return refuse_hello(srv, s, m, APS_EPROTO, why);
+	}
+	if (!let_in(srv, s, m))
+		return;
+	if (take_token(s, m) < 0)
+		return refuse_hello(srv, s, m, APS_ESYS,
+		                    "no randomness for a session token (getrandom failed)");
 	if (aps_optimize_parse_hello(m, &optim, why, sizeof(why)) < 0)
 		return refuse_hello(srv, s, m, APS_EINVAL, why);
 	if (optim.kind != APS_OPTIM_NONE)
@@ -214,6 +309,7 @@ void aps_handle_hello(struct aps_server *srv, struct aps_session *s, const struc
 	s->job = job;
 	s->rank = m->rank;
 	job->ranks[m->rank] = s;
+	joined(srv, job, s);
 	aps_log_debug("server", "hello job=%s rank=%u", job->name, m->rank);
 	aps_join_welcome(srv, s, 0);
 }
@@ -230,5 +326,61 @@ void aps_join_welcome(struct aps_server *srv, struct aps_session *s, uint32_t fl
 	if (!job->downlink_auto)
 		snprintf(w.format, sizeof(w.format), "%s", job->downlink.name);
 	snprintf(w.optimizer, sizeof(w.optimizer), "%s", job->optim_spec);
+	memcpy(w.session, s->token, sizeof(w.session));
+	w.has_session = true;
+	w.max_message_bytes = (uint64_t)srv->opts.max_message_bytes;
+	w.keepalive_ms = (uint32_t)srv->opts.heartbeat_timeout_ms;
 	aps_server_send(srv, &s->peer, &w, NULL);
+}
+
+/* "1, 2": the ranks of job that never joined. */
+static void missing_ranks(const struct aps_job *job, char *buf, size_t len)
+{
+	size_t used = 0;
+
+	buf[0] = '\0';
+	for (uint32_t r = 0; r < job->world_size && used + 12 < len; r++) {
+		if (job->ranks[r] == NULL)
+			used += (size_t)snprintf(buf + used, len - used, "%s%u", used ? ", " : "",
+			                         r);
+	}
+}
+
+/* A job whose ranks did not all arrive in time: its ranks are told, its slot freed. */
+static void expire(struct aps_server *srv, struct aps_job *job)
+{
+	char ranks[96], text[APS_MSG_TEXT_MAX + 1];
+
+	missing_ranks(job, ranks, sizeof(ranks));
+	snprintf(text, sizeof(text),
+	         "job '%.64s' did not fill within join_timeout_ms = %llu: %s %s never joined",
+	         job->name, (unsigned long long)srv->opts.join_timeout_ms,
+	         strchr(ranks, ',') ? "ranks" : "rank", ranks);
+	srv->counters.jobs_expired++;
+	aps_log_warn("server", "job expired job=%s reason=\"%s\"", job->name, text);
+	aps_server_error_job(srv, job, APS_ETIMEDOUT, text);
+	for (uint32_t r = 0; r < job->world_size; r++) {
+		struct aps_session *s = job->ranks[r];
+		if (s == NULL)
+			continue;
+		job->ranks[r] = NULL;
+		s->job = NULL;
+		if (s->detached_ms != 0) {
+			aps_jobs_drop_session(&srv->jobs, s);
+			continue;
+		}
+		aps_zbridge_admit(srv->bridge, s->conn, false);
+	}
+	aps_server_end_job(srv, job);
+}
+
+void aps_join_tick(struct aps_server *srv, uint64_t now)
+{
+	struct aps_job *job = srv->jobs.jobs, *next;
+
+	for (; job != NULL; job = next) {
+		next = job->next;
+		if (!job->filled && now - job->created_ms >= srv->opts.join_timeout_ms)
+			expire(srv, job);
+	}
 }

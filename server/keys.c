@@ -13,38 +13,71 @@
 static const char z85_alphabet[] = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
                                    ".-:+=^!/*?&<>()[]{}@%$#";
 
-static int add_key(struct aps_keys *out, const char *key)
+static int add_key(struct aps_keys *out, const char *key, const char *jobs)
 {
 	char(*grown)[APS_KEY_Z85_LEN + 1] = realloc(out->keys, (out->n + 1) * sizeof(*grown));
+	char(*grown_jobs)[APS_KEY_JOBS_MAX];
 
 	if (grown == NULL)
 		return APS_ENOMEM;
 	out->keys = grown;
-	snprintf(out->keys[out->n++], APS_KEY_Z85_LEN + 1, "%s", key);
+	grown_jobs = realloc(out->jobs, (out->n + 1) * sizeof(*grown_jobs));
+	if (grown_jobs == NULL)
+		return APS_ENOMEM;
+	out->jobs = grown_jobs;
+	snprintf(out->keys[out->n], APS_KEY_Z85_LEN + 1, "%s", key);
+	snprintf(out->jobs[out->n++], APS_KEY_JOBS_MAX, "%s", jobs);
+	return 0;
+}
+
+/* The job globs after a key: visible ASCII words, up to a '#' comment. */
+static int parse_jobs(char *rest, char *jobs, size_t cap, const char **reason)
+{
+	size_t used = 0;
+
+	jobs[0] = '\0';
+	for (char *w = strtok(rest, " \t"); w != NULL && w[0] != '#'; w = strtok(NULL, " \t")) {
+		for (const char *c = w; *c; c++) {
+			if (*c < '!' || *c > '~') {
+				*reason = "a job name is not visible ASCII";
+				return APS_ECONFIG;
+			}
+		}
+		if (strlen(w) > 64 || used + strlen(w) + 2 > cap) {
+			*reason = "a job name is longer than 64 bytes, or the line's jobs than 511";
+			return APS_ECONFIG;
+		}
+		used += (size_t)snprintf(jobs + used, cap - used, "%s%s", used ? " " : "", w);
+	}
 	return 0;
 }
 
 static int parse_line(char *line, struct aps_keys *out, const char **reason)
 {
-	char *key = line + strspn(line, " \t");
+	char *key = line + strspn(line, " \t"), *rest, jobs[APS_KEY_JOBS_MAX];
+	size_t len;
 
 	key[strcspn(key, "\r\n")] = '\0';
-	for (size_t n = strlen(key); n > 0 && (key[n - 1] == ' ' || key[n - 1] == '\t'); n--)
-		key[n - 1] = '\0';
 	if (key[0] == '\0' || key[0] == '#')
 		return 0;
-	if (strlen(key) != APS_KEY_Z85_LEN || strspn(key, z85_alphabet) != APS_KEY_Z85_LEN) {
+	len = strcspn(key, " \t");
+	rest = key + len;
+	if (*rest != '\0')
+		*rest++ = '\0';
+	if (len != APS_KEY_Z85_LEN || strspn(key, z85_alphabet) != APS_KEY_Z85_LEN) {
 		*reason = "not a Z85 key of 40 characters";
 		return APS_ECONFIG;
 	}
-	return add_key(out, key);
+	if (parse_jobs(rest, jobs, sizeof(jobs), reason) < 0)
+		return APS_ECONFIG;
+	return add_key(out, key, jobs);
 }
 
 int aps_keys_load(const char *path, struct aps_keys *out, char *why, size_t why_len)
 {
 	FILE *f = fopen(path, "r");
 	const char *reason = NULL;
-	char line[256];
+	char line[APS_KEY_JOBS_MAX + 64];
 	int ret = 0, lineno = 0;
 
 	memset(out, 0, sizeof(*out));
@@ -61,10 +94,13 @@ int aps_keys_load(const char *path, struct aps_keys *out, char *why, size_t why_
 		ret = APS_ECONFIG;
 		reason = "no key in the file";
 	}
-	if (ret == 0 && (out->list = malloc(out->n * sizeof(*out->list))) == NULL)
+	if (ret == 0 && ((out->list = malloc(out->n * sizeof(*out->list))) == NULL ||
+	                 (out->job_list = malloc(out->n * sizeof(*out->job_list))) == NULL))
 		ret = APS_ENOMEM;
-	for (size_t i = 0; ret == 0 && i < out->n; i++)
+	for (size_t i = 0; ret == 0 && i < out->n; i++) {
 		out->list[i] = out->keys[i];
+		out->job_list[i] = out->jobs[i];
+	}
 	if (ret < 0) {
 		snprintf(why, why_len, "%s:%d: %s", path, lineno,
 		         reason ? reason : "out of memory");
@@ -77,6 +113,8 @@ void aps_keys_free(struct aps_keys *k)
 {
 	free(k->keys);
 	free(k->list);
+	free(k->jobs);
+	free(k->job_list);
 	memset(k, 0, sizeof(*k));
 }
 

@@ -1,7 +1,9 @@
 /*
  * CURVE key files: one Z85 key (40 characters) per line, '#' comments. The
  * daemon reads its secret key and the allowlist of workers' public keys;
- * `apsctl keygen` writes them.
+ * `apsctl keygen` writes them. An allowlist line may name, after its key, the
+ * jobs that key may join (names or globs, "train-* eval"); without any, the
+ * key may join every job.
  */
 #ifndef APS_SERVER_KEYS_H
 #define APS_SERVER_KEYS_H
@@ -10,9 +12,13 @@
 
 #define APS_KEY_Z85_LEN 40
 
+#define APS_KEY_JOBS_MAX 512 /* bytes of one line's job list */
+
 struct aps_keys {
 	char (*keys)[APS_KEY_Z85_LEN + 1];
 	const char **list; /* n pointers into keys, for APIs that take a string array */
+	char (*jobs)[APS_KEY_JOBS_MAX]; /* per key: space-separated job globs, "" any job */
+	const char **job_list;          /* n pointers into jobs */
 	size_t n;
 };
 

@@ -8,6 +8,7 @@
 #include "common/statspath.h"
 #include "common/trace.h"
 #include "server/config.h"
+#include "server/hostlimits.h"
 #include "server/keys.h"
 #include "server/metrics.h"
 #include "server/notify.h"
@@ -126,6 +127,25 @@ static const char *checkpoint_dir(const struct aps_config *cfg)
 	return state != NULL && state[0] != '\0' && strchr(state, ':') == NULL ? state : NULL;
 }
 
+/* Limits that default from the machine: descriptors, memory, the largest frame. */
+static void resolve_limits(struct daemon *d, struct aps_server_opts *o)
+{
+	const struct aps_config *cfg = &d->cfg;
+	uint64_t nofile = aps_hostlimits_raise_nofile();
+
+	o->max_connections = cfg->max_connections > 0 ? (size_t)cfg->max_connections
+	                                              : aps_hostlimits_connections(nofile);
+	o->max_total_bytes =
+	        cfg->max_total_bytes > 0 ? cfg->max_total_bytes : aps_hostlimits_memory() / 2;
+	o->max_message_bytes = (int64_t)(cfg->max_message_bytes > 0 ? cfg->max_message_bytes
+	                                                            : cfg->chunk_bytes + 65536);
+	aps_log_info("apsd",
+	             "limits max_connections=%zu nofile=%llu max_total_bytes=%llu "
+	             "max_message_bytes=%lld",
+	             o->max_connections, (unsigned long long)nofile,
+	             (unsigned long long)o->max_total_bytes, (long long)o->max_message_bytes);
+}
+
 static struct aps_server_opts server_opts(struct daemon *d)
 {
 	const struct aps_config *cfg = &d->cfg;
@@ -137,7 +157,7 @@ static struct aps_server_opts server_opts(struct daemon *d)
 		.heartbeat_ms = cfg->heartbeat_ms,
 		.heartbeat_timeout_ms = cfg->heartbeat_timeout_ms,
 		.reconnect_grace_ms = cfg->reconnect_grace_ms,
-		.max_message_bytes = (int64_t)cfg->max_message_bytes,
+		.join_timeout_ms = (uint64_t)cfg->join_timeout_ms,
 		.drain_batch = cfg->drain_batch,
 		.max_jobs = (uint32_t)cfg->max_jobs,
 		.max_ranks = (uint32_t)cfg->max_ranks,
@@ -190,10 +210,12 @@ static int start(struct daemon *d, uv_loop_t *loop)
 		return ret;
 	}
 	opts = server_opts(d);
+	resolve_limits(d, &opts);
 	aps_config_get_policy(&d->cfg, &opts.policy);
 	if (d->secret.n > 0) {
 		opts.curve_secret = d->secret.keys[0];
 		opts.curve_allow = d->allow.list;
+		opts.curve_jobs = d->allow.job_list;
 		opts.n_curve_allow = d->allow.n;
 	}
 	ret = aps_server_new(&d->srv, loop, &opts);

@@ -48,13 +48,10 @@ static void render_daemon(FILE *f, const struct aps_server *srv)
 	        (unsigned long long)c->faults[APS_MSG_FAULT_##name]);
 	APS_MSG_FAULT_MAP(APS_METRIC_FAULT)
 #undef APS_METRIC_FAULT
-	counter(f, "messages_in", "ZeroMQ messages received.", z->msgs_in);
-	counter(f, "messages_out", "ZeroMQ messages sent.", z->msgs_out);
-	counter(f, "bytes_in", "Bytes received.", z->bytes_in);
-	counter(f, "bytes_out", "Bytes sent.", z->bytes_out);
-	counter(f, "sends_queued", "Sends that waited because a peer's pipe was full.", z->queued);
-	counter(f, "sends_unroutable", "Sends to a peer that had gone.", z->unroutable);
-	counter(f, "sends_dropped", "Queued sends discarded at shutdown.", z->dropped);
+#define APS_METRIC_BRIDGE(name, metric, help) counter(f, metric, help, z->name);
+	APS_ZBRIDGE_COUNTER_MAP(APS_METRIC_BRIDGE)
+#undef APS_METRIC_BRIDGE
+	gauge(f, "connections_open", "Connections open now.", (double)z->open_connections);
 	gauge(f, "uptime_seconds", "Seconds since the daemon started.",
 	      (double)(uv_now(srv->loop) - srv->started_ms) / 1000.0);
 	gauge(f, "jobs", "Jobs being served.", srv->jobs.n_jobs);

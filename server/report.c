@@ -30,13 +30,11 @@ static json_t *counters(const struct aps_server *srv)
 	APS_MSG_FAULT_MAP(APS_REPORT_FAULT)
 #undef APS_REPORT_FAULT
 	json_object_set_new(o, "bad_messages", bad);
-	json_object_set_new(o, "msgs_in", json_integer((json_int_t)z->msgs_in));
-	json_object_set_new(o, "msgs_out", json_integer((json_int_t)z->msgs_out));
-	json_object_set_new(o, "bytes_in", json_integer((json_int_t)z->bytes_in));
-	json_object_set_new(o, "bytes_out", json_integer((json_int_t)z->bytes_out));
-	json_object_set_new(o, "queued", json_integer((json_int_t)z->queued));
-	json_object_set_new(o, "unroutable", json_integer((json_int_t)z->unroutable));
-	json_object_set_new(o, "dropped", json_integer((json_int_t)z->dropped));
+#define APS_REPORT_BRIDGE(name, metric, help) \
+	json_object_set_new(o, #name, json_integer((json_int_t)z->name));
+	APS_ZBRIDGE_COUNTER_MAP(APS_REPORT_BRIDGE)
+#undef APS_REPORT_BRIDGE
+	json_object_set_new(o, "connections_open", json_integer((json_int_t)z->open_connections));
 	return o;
 }
 

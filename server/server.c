@@ -2,7 +2,8 @@
  * The daemon's spine: creates the bridge, turns each received message into a
  * checked struct aps_msg (proto/validate.c is the only gate), finds the
  * sender's session and hands the message to its handler (handlers.c). It also
- * owns sending, ERROR replies, and what happens when a rank is lost.
+ * owns sending, ERROR replies, what happens when a rank is lost, and the
+ * clock that checks graces, silences (reconnect.c) and job deadlines (join.c).
  */
 #include "server/server_impl.h"
 
@@ -11,18 +12,17 @@
 #include "common/err.h"
 #include "common/log.h"
 
+#include <malloc.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define GRACE_TICK_MS 50 /* how often detached sessions are checked */
-
-static void on_grace_timer(uv_timer_t *timer);
+#define TICK_MS 50 /* how often graces, silences and job deadlines are checked */
 
 static uint64_t now_ms(const struct aps_server *srv)
 {
-	return uv_now(srv->loop);
+	return uv_now(srv->loop) > 0 ? uv_now(srv->loop) : 1;
 }
 
 void aps_server_send(struct aps_server *srv, const struct aps_peer *peer, struct aps_msg *m,
@@ -102,6 +102,8 @@ void aps_server_rank_gone(struct aps_server *srv, struct aps_session *s, bool lo
 	}
 	job->ranks[s->rank] = NULL;
 	s->job = NULL;
+	if (s->detached_ms == 0)
+		aps_zbridge_admit(srv->bridge, s->conn, false); /* it may join again, in time */
 	if (job->elastic && aps_job_connected(job) > 0) {
 		/* The job goes on without it; rounds that waited for it finish now. */
 		job->absent[s->rank] = true;
@@ -122,90 +124,15 @@ void aps_server_rank_gone(struct aps_server *srv, struct aps_session *s, bool lo
 		aps_log_info("server", "job ended job=%s rounds=%llu", job->name,
 		             (unsigned long long)job->rounds_completed);
 		aps_optimize_checkpoint(srv, job, "job ended");
-		aps_jobs_remove(&srv->jobs, job);
+		aps_server_end_job(srv, job);
 	}
 }
 
-/*
- * Reconnects (docs/RELIABILITY.md). A client keeps its routing id for the
- * life of its socket, so a connection that closed and came back (a network
- * blip) brings the same session back: for reconnect_grace_ms after the close
- * its rank keeps its place, rounds wait for it, and the first message on the
- * new connection takes the session over. The client is then told (WELCOME
- * flagged RESUMED) to send its calls in flight again; what apsd had already
- * seen of them is answered again or dropped (resend.c). A rank not back
- * within the grace is lost, as if its connection had just closed.
- */
-static void detach(struct aps_server *srv, struct aps_session *s)
+void aps_server_end_job(struct aps_server *srv, struct aps_job *job)
 {
-	s->detached_ms = now_ms(srv) > 0 ? now_ms(srv) : 1;
-	aps_log_warn("server", "connection closed job=%s rank=%u waiting_ms=%d", s->job->name,
-	             s->rank, srv->opts.reconnect_grace_ms);
-	if (!uv_is_active((uv_handle_t *)srv->grace_timer))
-		uv_timer_start(srv->grace_timer, on_grace_timer, GRACE_TICK_MS, GRACE_TICK_MS);
-}
-
-static void reconnected(struct aps_server *srv, struct aps_session *s, const struct aps_inmsg *in)
-{
-	struct aps_job *job = s->job;
-
-	aps_log_info("server", "rank reconnected job=%s rank=%u away_ms=%llu", job->name, s->rank,
-	             (unsigned long long)(s->detached_ms ? now_ms(srv) - s->detached_ms : 0));
-	s->conn = in->conn;
-	s->detached_ms = 0;
-	s->reconnects++;
-	snprintf(s->address, sizeof(s->address), "%s", in->address);
-	srv->counters.reconnects++;
-	aps_join_welcome(srv, s, APS_MSG_FLAG_RESUMED);
-}
-
-/*
- * A joined session's client on another connection: the session goes on there
- * (NULL with reconnect_grace_ms = 0: the rank is lost, the client a stranger).
- */
-static struct aps_session *taken_back(struct aps_server *srv, struct aps_session *s,
-                                      const struct aps_inmsg *in)
-{
-	if (srv->opts.reconnect_grace_ms > 0) {
-		reconnected(srv, s, in);
-		return s;
-	}
-	aps_server_rank_gone(srv, s, true, "its connection was replaced");
-	aps_jobs_drop_session(&srv->jobs, s);
-	return NULL;
-}
-
-/* Ranks whose connection did not come back within the grace are lost. */
-static void on_grace_timer(uv_timer_t *timer)
-{
-	struct aps_server *srv = timer->data;
-	struct aps_session *s = srv->jobs.sessions, *next;
-	uint64_t now = now_ms(srv), grace = (uint64_t)srv->opts.reconnect_grace_ms;
-	char why[96];
-	bool waiting = false;
-
-	for (; s != NULL; s = next) {
-		next = s->next;
-		if (s->detached_ms == 0)
-			continue;
-		if (s->job != NULL && now - s->detached_ms < grace) {
-			waiting = true;
-			continue;
-		}
-		snprintf(why, sizeof(why), "connection closed, not back within %llu ms",
-		         (unsigned long long)grace);
-		if (s->job != NULL)
-			aps_server_rank_gone(srv, s, true, why);
-		aps_jobs_drop_session(&srv->jobs, s);
-	}
-	if (!waiting)
-		uv_timer_stop(timer);
-}
-
-void aps_server_evict_detached(struct aps_server *srv, struct aps_session *s)
-{
-	aps_server_rank_gone(srv, s, true, "connection closed, and a new client took its rank");
-	aps_jobs_drop_session(&srv->jobs, s);
+	aps_jobs_remove(&srv->jobs, job);
+	/* The job's buffers go back to the system, not only to the allocator. */
+	malloc_trim(0);
 }
 
 /* A collective call of a job that lost a rank: it could only time out. */
@@ -235,6 +162,19 @@ static bool job_incomplete(struct aps_server *srv, struct aps_session *s, const 
 	srv->counters.refused_incomplete++;
 	aps_server_send_error(srv, &s->peer, APS_EPEERLOST, m, "%s", s->job->departed);
 	return true;
+}
+
+/*
+ * A message from a session's routing id on another connection. A client's
+ * routing id is its socket's, one connection long, so this is a late message
+ * of the session's old connection, counted on the new one because its
+ * descriptor number was reused by then (ZMQ_SRCFD names a number, not a
+ * connection), or a stranger who knows the id. Either way it is dropped: the
+ * client sends its calls again once its session is back.
+ */
+static void stale(struct aps_server *srv)
+{
+	srv->counters.stale_messages++;
 }
 
 /* Only a joined session may send anything but HELLO, and only as itself. */
@@ -320,9 +260,15 @@ static void on_message(void *ctx, struct aps_inmsg *in)
 	}
 	aps_trace_stage(srv->opts.trace, "receive", t0, aps_msg_type_name(m.type), m.step,
 	                (uint32_t)m.tensor_id);
+	if (m.type == APS_MSG_HELLO && aps_reconnect_hello(srv, in, &m))
+		return; /* a session taken back by its token, from any connection */
 	s = aps_jobs_find_session(&srv->jobs, &in->peer);
-	if (s != NULL && s->msgs_in > 0 && s->job != NULL && in->conn != s->conn)
-		s = taken_back(srv, s, in);
+	if (s != NULL && s->msgs_in > 0 && in->conn != s->conn)
+		return stale(srv); /* its routing id proves nothing */
+	if (s != NULL && s->job != NULL && s->detached_ms != 0)
+		return stale(srv); /* a late message of its closed connection */
+	if (s == NULL && m.type != APS_MSG_HELLO && aps_reconnect_moved_from(srv, &in->peer))
+		return stale(srv); /* a late message of a connection the session left */
 	if (!session_may_send(srv, s, &m, &in->peer))
 		return;
 	if (s == NULL && (s = aps_jobs_session(&srv->jobs, &in->peer)) == NULL) {
@@ -334,6 +280,7 @@ static void on_message(void *ctx, struct aps_inmsg *in)
 		s->conn = in->conn;
 		s->joined_ms = now_ms(srv);
 		snprintf(s->address, sizeof(s->address), "%s", in->address);
+		snprintf(s->user, sizeof(s->user), "%s", in->user);
 	}
 	s->last_seen_ms = now_ms(srv);
 	s->msgs_in++;
@@ -352,13 +299,22 @@ static void on_disconnect(void *ctx, uint64_t conn)
 		if (s->conn != conn || s->detached_ms != 0)
 			continue;
 		if (s->job != NULL && srv->opts.reconnect_grace_ms > 0 && !srv->stopping) {
-			detach(srv, s);
+			aps_reconnect_detach(srv, s, "connection closed");
 			continue;
 		}
 		if (s->job != NULL)
 			aps_server_rank_gone(srv, s, true, "connection closed");
 		aps_jobs_drop_session(&srv->jobs, s);
 	}
+}
+
+static void on_tick(uv_timer_t *timer)
+{
+	struct aps_server *srv = timer->data;
+	uint64_t now = now_ms(srv);
+
+	aps_reconnect_tick(srv, now);
+	aps_join_tick(srv, now);
 }
 
 static int init_downlink(struct aps_server *srv)
@@ -391,8 +347,14 @@ int aps_server_new(struct aps_server **out, uv_loop_t *loop, const struct aps_se
 {
 	static const struct aps_zbridge_ops ops = { on_message, on_disconnect };
 	struct aps_zbridge_opts zo = {
-		o->endpoint,    o->heartbeat_ms, o->heartbeat_timeout_ms, o->max_message_bytes,
-		o->drain_batch, o->curve_secret, o->curve_allow,          o->n_curve_allow
+		.endpoint = o->endpoint,
+		.max_message_bytes = o->max_message_bytes,
+		.drain_batch = o->drain_batch,
+		.max_connections = o->max_connections,
+		.join_timeout_ms = o->join_timeout_ms,
+		.curve_secret = o->curve_secret,
+		.curve_allow = o->curve_allow,
+		.n_curve_allow = o->n_curve_allow,
 	};
 	struct aps_server *srv = calloc(1, sizeof(*srv));
 	int ret;
@@ -409,19 +371,20 @@ int aps_server_new(struct aps_server **out, uv_loop_t *loop, const struct aps_se
 	if (ret == 0 && o->checkpoint_dir != NULL && o->checkpoint_dir[0] != '\0')
 		ret = aps_ckpt_queue_new(&srv->ckpt, loop, o->checkpoint_dir, o->checkpoint_keep,
 		                         on_checkpoint, srv);
-	srv->grace_timer = ret == 0 ? malloc(sizeof(*srv->grace_timer)) : NULL;
-	if (ret == 0 && srv->grace_timer == NULL)
+	srv->tick_timer = ret == 0 ? malloc(sizeof(*srv->tick_timer)) : NULL;
+	if (ret == 0 && srv->tick_timer == NULL)
 		ret = APS_ENOMEM;
 	if (ret == 0)
 		ret = aps_zbridge_new(&srv->bridge, loop, &zo, &ops, srv);
 	if (ret < 0) {
-		free(srv->grace_timer);
+		free(srv->tick_timer);
 		aps_ckpt_queue_free(srv->ckpt);
 		free(srv);
 		return ret;
 	}
-	uv_timer_init(loop, srv->grace_timer);
-	srv->grace_timer->data = srv;
+	uv_timer_init(loop, srv->tick_timer);
+	srv->tick_timer->data = srv;
+	uv_timer_start(srv->tick_timer, on_tick, TICK_MS, TICK_MS);
 	*out = srv;
 	return 0;
 }
@@ -453,8 +416,8 @@ void aps_server_stop(struct aps_server *srv)
 	aps_zbridge_free(srv->bridge, 1000);
 	srv->bridge = NULL;
 	/* Its own memory: the handle may close after the server is freed. */
-	uv_close((uv_handle_t *)srv->grace_timer, free_handle_cb);
-	srv->grace_timer = NULL;
+	uv_close((uv_handle_t *)srv->tick_timer, free_handle_cb);
+	srv->tick_timer = NULL;
 }
 
 void aps_server_free(struct aps_server *srv)
@@ -472,28 +435,33 @@ const struct aps_server_counters *aps_server_counters(const struct aps_server *s
 	return &srv->counters;
 }
 
+/* Appends " name=value" to line while it fits. */
+static void add_count(char *line, size_t cap, size_t *used, const char *name, uint64_t value)
+{
+	int n;
+
+	if (*used >= cap)
+		return;
+	n = snprintf(line + *used, cap - *used, " %s=%llu", name, (unsigned long long)value);
+	*used = n < 0 ? cap : *used + (size_t)n;
+}
+
 void aps_server_log_counters(const struct aps_server *srv)
 {
 	const struct aps_server_counters *c = &srv->counters;
 	const struct aps_zbridge_counters *z = &srv->bridge_counters;
-	char line[1024];
-	int used = 0;
+	char line[4096] = "";
+	size_t used = 0;
 
-#define APS_SERVER_COUNTER_PRINT(name, text)                                          \
-	used += snprintf(line + used, sizeof(line) - (size_t)used, " %s=%llu", #name, \
-	                 (unsigned long long)c->name);
+#define APS_SERVER_COUNTER_PRINT(name, text) add_count(line, sizeof(line), &used, #name, c->name);
 	APS_SERVER_COUNTER_MAP(APS_SERVER_COUNTER_PRINT)
 #undef APS_SERVER_COUNTER_PRINT
-#define APS_MSG_FAULT_PRINT(name, stat, text)                                        \
-	used += snprintf(line + used, sizeof(line) - (size_t)used, " %s=%llu", stat, \
-	                 (unsigned long long)c->faults[APS_MSG_FAULT_##name]);
+#define APS_MSG_FAULT_PRINT(name, stat, text) \
+	add_count(line, sizeof(line), &used, stat, c->faults[APS_MSG_FAULT_##name]);
 	APS_MSG_FAULT_MAP(APS_MSG_FAULT_PRINT)
 #undef APS_MSG_FAULT_PRINT
-	aps_log_info("server",
-	             "counters msgs_in=%llu msgs_out=%llu bytes_in=%llu bytes_out=%llu "
-	             "queued=%llu unroutable=%llu dropped=%llu%s",
-	             (unsigned long long)z->msgs_in, (unsigned long long)z->msgs_out,
-	             (unsigned long long)z->bytes_in, (unsigned long long)z->bytes_out,
-	             (unsigned long long)z->queued, (unsigned long long)z->unroutable,
-	             (unsigned long long)z->dropped, line);
+#define APS_BRIDGE_PRINT(name, metric, help) add_count(line, sizeof(line), &used, #name, z->name);
+	APS_ZBRIDGE_COUNTER_MAP(APS_BRIDGE_PRINT)
+#undef APS_BRIDGE_PRINT
+	aps_log_info("server", "counters%s", line);
 }

@@ -14,24 +14,30 @@
 #include <uv.h>
 
 /* Daemon-wide counters; APS_MSG_FAULT_MAP adds one per kind of bad message. */
-#define APS_SERVER_COUNTER_MAP(X)                                                            \
-	X(rounds, "rounds completed (all-reduce and broadcast)")                             \
-	X(barriers, "barriers completed")                                                    \
-	X(jobs_started, "jobs started")                                                      \
-	X(peers_lost, "ranks lost: connection closed or timed out")                          \
-	X(reconnects, "ranks whose connection closed and came back within the grace")        \
-	X(resent, "calls a reconnected rank sent again: answered again or dropped as seen")  \
-	X(errors_sent, "ERROR replies sent")                                                 \
-	X(bad_frames, "messages with a wrong number of frames")                              \
-	X(bad_session, "messages from a peer that has not joined a job, or as another rank") \
-	X(bad_state, "messages the job refused: unknown tensor, wrong step, duplicate")      \
-	X(refused_hello, "HELLOs refused: rank taken, world size or options differ, limits") \
-	X(refused_incomplete, "collective calls refused: the job lost a rank")               \
-	X(policy_switches, "format changes decided by the precision policy")                 \
-	X(updates, "optimizer updates applied (optimize mode, one per tensor and step)")     \
-	X(checkpoints, "checkpoints written")                                                \
-	X(checkpoint_failures, "checkpoints that could not be written")                      \
-	X(resumed, "jobs resumed from a checkpoint")
+#define APS_SERVER_COUNTER_MAP(X)                                                             \
+	X(rounds, "rounds completed (all-reduce and broadcast)")                              \
+	X(barriers, "barriers completed")                                                     \
+	X(jobs_started, "jobs started")                                                       \
+	X(peers_lost, "ranks lost: connection closed or timed out")                           \
+	X(reconnects, "ranks whose connection closed and came back within the grace")         \
+	X(resent, "calls a reconnected rank sent again: answered again or dropped as seen")   \
+	X(errors_sent, "ERROR replies sent")                                                  \
+	X(bad_frames, "messages with a wrong number of frames")                               \
+	X(bad_session, "messages from a peer that has not joined a job, or as another rank")  \
+	X(stale_messages, "late messages of a connection taken for closed: dropped")          \
+	X(bad_state, "messages the job refused: unknown tensor, wrong step, duplicate")       \
+	X(refused_hello, "HELLOs refused: rank taken, world size or options differ, limits")  \
+	X(refused_incomplete, "collective calls refused: the job lost a rank")                \
+	X(policy_switches, "format changes decided by the precision policy")                  \
+	X(updates, "optimizer updates applied (optimize mode, one per tensor and step)")      \
+	X(checkpoints, "checkpoints written")                                                 \
+	X(checkpoint_failures, "checkpoints that could not be written")                       \
+	X(resumed, "jobs resumed from a checkpoint")                                          \
+	X(refused_token, "HELLOs refused: the job token differs, or the key may not join")    \
+	X(refused_resume, "HELLOs to resume a session apsd does not know (token, job, rank)") \
+	X(silent_dropped, "ranks whose connection said nothing for heartbeat_timeout_ms")     \
+	X(jobs_expired, "jobs ended because their ranks did not all join in join_timeout_ms") \
+	X(refused_memory, "registrations refused: max_job_bytes or max_total_bytes")
 
 struct aps_server_counters {
 #define APS_SERVER_COUNTER_FIELD(name, text) uint64_t name;
@@ -43,15 +49,18 @@ struct aps_server_counters {
 struct aps_server_opts {
 	const char *endpoint;
 	const char *downlink; /* "auto" or a format name: the default of new jobs */
-	int heartbeat_ms;
-	int heartbeat_timeout_ms;
-	int reconnect_grace_ms; /* a closed connection's session waits this long; 0: lost */
+	int heartbeat_ms; /* how often a worker speaks (told in WELCOME: a third of the timeout) */
+	int heartbeat_timeout_ms; /* a joined connection silent this long is dropped */
+	int reconnect_grace_ms;   /* a closed connection's session waits this long; 0: lost */
 	int64_t max_message_bytes;
 	int drain_batch;
 	uint32_t max_jobs;
 	uint32_t max_ranks;
 	uint32_t max_tensors;
 	uint64_t max_job_bytes;   /* fp32 bytes of the tensors of one job */
+	uint64_t max_total_bytes; /* the same, of every job together */
+	size_t max_connections;   /* open at once */
+	uint64_t join_timeout_ms; /* to join (a connection), to fill (a job) */
 	enum aps_scaling scaling; /* of jobs whose HELLO states none */
 	bool lowp;                /* sum = lowp: the paper's rounded sum, global scaling only */
 	bool elastic;             /* jobs shrink when a rank is lost (docs/RELIABILITY.md) */
@@ -61,6 +70,7 @@ struct aps_server_opts {
 	struct aps_policy_config policy; /* hybrid precision of new jobs */
 	const char *curve_secret;        /* Z85; NULL: no CURVE */
 	const char *const *curve_allow;  /* Z85 public keys of the workers let in */
+	const char *const *curve_jobs;   /* per key: the job globs it may join, "" any */
 	size_t n_curve_allow;
 	const char *checkpoint_dir; /* NULL or "": no checkpoints */
 	uint64_t checkpoint_steps;  /* every this many updates; 0: only at stop and job end */

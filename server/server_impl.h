@@ -25,7 +25,7 @@ struct aps_server {
 	uint64_t started_ms;
 	bool stopping;
 	struct aps_ckpt_queue *ckpt; /* NULL: no checkpoint_dir */
-	uv_timer_t *grace_timer;     /* runs while a session waits to reconnect (owned) */
+	uv_timer_t *tick_timer;      /* graces, silences, job deadlines (owned) */
 };
 
 #define APS_SERVER_HEADER_MAX 4096 /* bytes of a header frame the daemon packs */
@@ -57,8 +57,26 @@ void aps_join_welcome(struct aps_server *srv, struct aps_session *s, uint32_t fl
 void aps_handle_identity(struct aps_msg *m, enum aps_msg_type type, const struct aps_job *job,
                          uint32_t rank);
 
-/* A session waiting to reconnect whose rank a new client asks for: lost now. */
+/* Frees a job whose last rank left, and gives its memory back to the system. */
+void aps_server_end_job(struct aps_server *srv, struct aps_job *job);
+
+/* reconnect.c: a session waiting to reconnect whose rank a new client asks for: lost now. */
 void aps_server_evict_detached(struct aps_server *srv, struct aps_session *s);
+/* reconnect.c: s's connection closed or went silent (why): it waits for reconnect_grace_ms. */
+void aps_reconnect_detach(struct aps_server *srv, struct aps_session *s, const char *why);
+/*
+ * reconnect.c: a HELLO that names a session apsd knows (its token, job and
+ * rank) takes it to in's connection, answered WELCOME (RESUMED when it asked
+ * to RESUME); one flagged RESUME of a session apsd does not know gets
+ * APS_ENOSESSION. False for a first HELLO, which join.c handles.
+ */
+bool aps_reconnect_hello(struct aps_server *srv, struct aps_inmsg *in, const struct aps_msg *m);
+/* reconnect.c: a session moved away from peer (its late messages are stale). */
+bool aps_reconnect_moved_from(const struct aps_server *srv, const struct aps_peer *peer);
+/* reconnect.c: graces that ran out, joined sessions that went silent. */
+void aps_reconnect_tick(struct aps_server *srv, uint64_t now);
+/* join.c: jobs whose ranks did not all arrive within join_timeout_ms end. */
+void aps_join_tick(struct aps_server *srv, uint64_t now);
 
 void aps_handle_hello(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m);
 void aps_handle_register(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m);

@@ -4,33 +4,68 @@
  * until empty, a drain that stops at the batch limit re-arms itself through a
  * uv_idle handle, and every send (which can consume the edge) schedules a
  * drain too. Sends use ZMQ_ROUTER_MANDATORY and ZMQ_DONTWAIT: a full pipe
- * gives EAGAIN and the message waits in a FIFO, retried from a timer; a
- * peer that has gone gives EHOSTUNREACH and the message is counted as
- * unroutable. Nothing is dropped while the socket is open.
- * Disconnects come from a socket monitor as fds; each message carries the fd
- * it arrived on (ZMQ_SRCFD). The monitor's accepts and closes, read before
- * each message is handed up, turn fds into connection ids (conns.h), which
- * is how the caller maps one to the other; closes are reported once every
- * message that waited has been handed up (a BYE before its disconnect).
+ * gives EAGAIN and the message waits in its peer's queue (outq.h), retried
+ * from a timer; a peer that has gone gives EHOSTUNREACH and the message is
+ * counted as unroutable.
+ *
+ * Connections come from a socket monitor as descriptors; each message carries
+ * the descriptor it arrived on (ZMQ_SRCFD). The monitor's events, read before
+ * each message is handed up, keep the connection table (conns.h); closes are
+ * reported once every message that waited has been handed up (a BYE before
+ * its disconnect).
+ *
+ * What libzmq 4.3 gets wrong with hostile peers, and what this file does
+ * instead (docs/RELIABILITY.md): no ZMTP heartbeats (an engine whose input
+ * had stopped aborts the process on its next heartbeat once its peer hangs
+ * up: libzmq issues 3937, 4364, 4767), liveness is the protocol's
+ * (HEARTBEAT flagged ALIVE, server.c); no ROUTER_HANDOVER (the engine of a
+ * connection taken over is never freed: a descriptor per takeover), a session
+ * is taken back by its token instead. A connection that reuses a live routing
+ * id is still parked by libzmq and, once flooded and closed, never freed:
+ * conns.c finds such stuck connections and this file then resets the
+ * listener, which frees them with every other connection (each client
+ * reconnects and takes its session back).
  */
 #include "server/zbridge.h"
 
 #include "common/err.h"
 #include "common/log.h"
 #include "server/conns.h"
+#include "server/outq.h"
 #include "server/zbridge_zap.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <malloc.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
 #include <zmq.h>
 
-#define MAX_FRAMES 3 /* identity, header, payload */
-/* Sends waiting for full pipes, all peers together: a peer that never reads
- * loses its replies past this, the daemon never grows without bound. */
-#define QUEUE_MAX         65536
+#define MAX_FRAMES        3 /* identity, header, payload */
 #define FLUSH_INTERVAL_MS 1
+#define TICK_MS           250
+/* A flood on a parked connection costs one listener reset, at most this often. */
+#define RESET_INTERVAL_MS 10000
+#define STUCK_URGENT      64                          /* descriptors: reset now */
+#define PARKED_URGENT     (16 * APS_CONNS_PARKED_MAX) /* about 15 MiB: reset now */
+#define PARKED_LINGER     8 /* parked this many for RESET_INTERVAL_MS: reset */
+/* What a parked connection can hold: its pipe's messages (each up to max_message_bytes). */
+#define ROUTER_RCVHWM 256
+/* A reset waits this long at most for the old socket to let its endpoint go. */
+#define RESET_WAIT_MS 2000
+#define RESET_POLL_MS 10
+#define MONITOR_EVENTS                                                                \
+	(ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_CLOSED |             \
+	 ZMQ_EVENT_MONITOR_STOPPED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED |                  \
+	 ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | \
+	 ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
 
 struct frames {
 	zmq_msg_t part[MAX_FRAMES];
@@ -39,29 +74,31 @@ struct frames {
 	size_t bytes;
 };
 
-struct outmsg {
-	struct outmsg *next;
-	struct aps_peer peer;
-	struct aps_sbuf *payload;
-	size_t hdr_len;
-	uint8_t hdr[];
-};
-
 struct aps_zbridge {
 	uv_loop_t *loop;
-	void *zctx, *router, *monitor;
-	uv_poll_t router_poll, monitor_poll;
+	void *zctx;
+	void *router, *monitor; /* NULL while a reset waits for the old socket */
+	uv_poll_t *router_poll, *monitor_poll;
+	void *old_monitor; /* a reset: the closed socket's monitor, until it says it is gone */
+	uint64_t reset_ms; /* when the reset began; 0: none */
+	struct aps_zbridge_opts opts; /* for the sockets a reset opens (strings borrowed) */
 	uv_idle_t idle;
-	uv_timer_t flush_timer;
+	uv_timer_t flush_timer, tick_timer, reset_timer;
 	int open_handles;
-	struct outmsg *queue;
-	size_t queue_len;
+	struct aps_outq outq;
 	int drain_batch;
+	int64_t max_message_bytes;
 	struct aps_zbridge_ops ops;
 	void *ctx;
 	struct aps_zbridge_counters cnt;
 	struct aps_zap *zap; /* NULL without CURVE */
 	struct aps_conns conns;
+	char endpoint[256];       /* as bound (ZMQ_LAST_ENDPOINT): what a reset binds again */
+	int listen_fd;            /* a duplicate of the listening socket, for the next socket
+	                             (ZMQ_USE_FD): the port is never free across a reset; -1 */
+	uint64_t last_reset_ms;   /* 0: never */
+	uint64_t parked_since_ms; /* when a parked connection was first counted; 0: none */
+	uint64_t refused_logged_ms, refused_unlogged;
 };
 
 static void on_idle(uv_idle_t *h);
@@ -72,14 +109,22 @@ struct held_frame {
 	zmq_msg_t msg;
 };
 
-bool aps_peer_equal(const struct aps_peer *a, const struct aps_peer *b)
+static uint64_t now_ms(const struct aps_zbridge *b)
 {
-	return a->len == b->len && memcmp(a->id, b->id, a->len) == 0;
+	return uv_now(b->loop) > 0 ? uv_now(b->loop) : 1;
 }
 
 const struct aps_zbridge_counters *aps_zbridge_counters(struct aps_zbridge *b)
 {
+	const struct aps_conns_counters *c = &b->conns.cnt;
+
 	aps_zap_counts(b->zap, &b->cnt.auth_accepted, &b->cnt.auth_refused);
+	b->cnt.connections = c->accepted;
+	b->cnt.refused_connections = c->refused;
+	b->cnt.unjoined_dropped = c->unjoined_dropped;
+	b->cnt.zmtp_refused = c->zmtp_refused;
+	b->cnt.handshakes_failed = c->handshakes_failed;
+	b->cnt.open_connections = b->conns.live;
 	return &b->cnt;
 }
 
@@ -125,6 +170,13 @@ static void close_frames(struct frames *f)
 	f->n = 0;
 }
 
+static const char *property(zmq_msg_t *m, const char *name)
+{
+	const char *v = zmq_msg_gets(m, name);
+
+	return v != NULL ? v : "";
+}
+
 static void deliver(struct aps_zbridge *b, struct frames *f)
 {
 	struct aps_inmsg m = { .nframes = f->total - 1, .priv = f };
@@ -133,15 +185,15 @@ static void deliver(struct aps_zbridge *b, struct frames *f)
 	b->cnt.msgs_in++;
 	b->cnt.bytes_in += f->bytes;
 	if (id_len == 0 || id_len > APS_PEER_ID_MAX || f->n < 2) {
-		b->cnt.bad_frames++;
+		b->cnt.empty_messages++;
 		return;
 	}
 	m.peer.len = (uint8_t)id_len;
 	memcpy(m.peer.id, zmq_msg_data(&f->part[0]), id_len);
 	m.conn = aps_conns_id(&b->conns, zmq_msg_get(&f->part[1], ZMQ_SRCFD));
-	m.address = zmq_msg_gets(&f->part[1], "Peer-Address");
-	if (m.address == NULL)
-		m.address = "";
+	aps_conns_delivered(&b->conns, m.conn, &m.peer);
+	m.address = property(&f->part[1], "Peer-Address");
+	m.user = property(&f->part[1], "User-Id");
 	m.hdr = zmq_msg_data(&f->part[1]);
 	m.hdr_len = zmq_msg_size(&f->part[1]);
 	if (f->n == 3) {
@@ -182,21 +234,70 @@ static void schedule_drain(struct aps_zbridge *b)
 		uv_idle_start(&b->idle, on_idle);
 }
 
-/* Reads the monitor's events: accepts count at once, closes wait in b->conns. */
+/* One line a second at most for connections over the limit, with their count. */
+static void log_refused(struct aps_zbridge *b)
+{
+	uint64_t now = now_ms(b);
+
+	b->refused_unlogged++;
+	if (now - b->refused_logged_ms < 1000)
+		return;
+	aps_log_warn("zbridge",
+	             "refused connections count=%llu reason=\"max_connections=%zu open\"",
+	             (unsigned long long)b->refused_unlogged, b->conns.max);
+	b->refused_logged_ms = now;
+	b->refused_unlogged = 0;
+}
+
+static void on_closed_fd(struct aps_zbridge *b, int fd)
+{
+	const char *address = "";
+	int cause = aps_conns_closed(&b->conns, fd, &address);
+
+	if (cause == APS_CONN_ZMTP)
+		aps_log_warn("zbridge",
+		             "connection closed by ZeroMQ address=%s reason=\"a frame over "
+		             "max_message_bytes (%lld), or bytes that are not ZMTP\"",
+		             address, (long long)b->max_message_bytes);
+	else if (cause == APS_CONN_HANDSHAKE)
+		aps_log_debug("zbridge", "handshake failed address=%s", address);
+}
+
+static void on_event(struct aps_zbridge *b, uint16_t event, int32_t value)
+{
+	switch (event) {
+	case ZMQ_EVENT_ACCEPTED:
+		if (aps_conns_accepted(&b->conns, value, now_ms(b)) == APS_EBUSY)
+			log_refused(b);
+		break;
+	case ZMQ_EVENT_DISCONNECTED:
+		on_closed_fd(b, value);
+		break;
+	case ZMQ_EVENT_HANDSHAKE_SUCCEEDED:
+		aps_conns_handshake_succeeded(&b->conns);
+		break;
+	case ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+	case ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL:
+	case ZMQ_EVENT_HANDSHAKE_FAILED_AUTH:
+		aps_conns_handshake_failed(&b->conns);
+		break;
+	default:
+		break;
+	}
+}
+
+/* Reads the monitor's events in order (accepts before their connections' messages). */
 static void read_monitor(struct aps_zbridge *b)
 {
 	struct frames f;
 
 	while (b->monitor != NULL && readable(b->monitor) && recv_frames(b->monitor, &f)) {
 		uint16_t event;
-		int32_t fd;
+		int32_t value;
 		if (f.n >= 1 && zmq_msg_size(&f.part[0]) >= 6) {
 			memcpy(&event, zmq_msg_data(&f.part[0]), sizeof(event));
-			memcpy(&fd, (uint8_t *)zmq_msg_data(&f.part[0]) + 2, sizeof(fd));
-			if (event == ZMQ_EVENT_ACCEPTED)
-				aps_conns_accepted(&b->conns, fd);
-			else if (event == ZMQ_EVENT_DISCONNECTED)
-				aps_conns_closed(&b->conns, fd);
+			memcpy(&value, (uint8_t *)zmq_msg_data(&f.part[0]) + 2, sizeof(value));
+			on_event(b, event, value);
 		}
 		close_frames(&f);
 	}
@@ -256,9 +357,10 @@ static void free_sbuf_cb(void *data, void *hint)
 }
 
 /* 0 sent, APS_EBUSY when the peer's pipe is full, APS_ECONN when it is gone. */
-static int try_send(struct aps_zbridge *b, const struct aps_peer *peer, const uint8_t *hdr,
-                    size_t hdr_len, struct aps_sbuf *payload)
+static int try_send(void *ctx, const struct aps_peer *peer, const uint8_t *hdr, size_t hdr_len,
+                    struct aps_sbuf *payload)
 {
+	struct aps_zbridge *b = ctx;
 	zmq_msg_t m;
 
 	if (zmq_send(b->router, peer->id, peer->len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
@@ -277,41 +379,39 @@ static int try_send(struct aps_zbridge *b, const struct aps_peer *peer, const ui
 	return 0;
 }
 
-static bool peer_queued(const struct aps_zbridge *b, const struct aps_peer *peer,
-                        const struct outmsg *before)
+/* A peer whose replies pile up unread: its queue goes, and its connection. */
+static void drop_slow_reader(struct aps_zbridge *b, const struct aps_peer *peer)
 {
-	for (const struct outmsg *q = b->queue; q != NULL && q != before; q = q->next) {
-		if (aps_peer_equal(&q->peer, peer))
-			return true;
-	}
-	return false;
+	size_t lost = aps_outq_discard(&b->outq, peer);
+	size_t conns = aps_conns_drop_peer(&b->conns, peer, now_ms(b));
+
+	b->cnt.dropped += lost;
+	b->cnt.slow_readers++;
+	aps_log_warn("zbridge",
+	             "dropped a slow reader replies_unread=%zu connections=%zu reason=\"its "
+	             "replies piled up: it does not read them\"",
+	             lost, conns);
 }
 
 static int enqueue(struct aps_zbridge *b, const struct aps_peer *peer, const uint8_t *hdr,
                    size_t hdr_len, struct aps_sbuf *payload)
 {
-	struct outmsg *m, **tail = &b->queue;
+	int ret = aps_outq_push(&b->outq, peer, hdr, hdr_len, payload);
 
-	if (b->queue_len >= QUEUE_MAX) {
-		if (b->cnt.dropped++ % 1000 == 0)
-			aps_log_warn("zbridge",
-			             "send queue full (%d messages): dropping replies to "
-			             "peers that do not read",
-			             QUEUE_MAX);
-		return APS_ENOMEM;
+	if (ret == APS_EBUSY && b->outq.total >= APS_OUTQ_TOTAL_MAX) {
+		/* Every queue together is full: the longest is the slowest reader. */
+		const struct aps_outq_peer *worst = aps_outq_longest(&b->outq);
+		struct aps_peer slow = worst->peer;
+		drop_slow_reader(b, &slow);
+		if (!aps_peer_equal(&slow, peer))
+			ret = aps_outq_push(&b->outq, peer, hdr, hdr_len, payload);
+	} else if (ret == APS_EBUSY) {
+		drop_slow_reader(b, peer);
 	}
-	m = malloc(sizeof(*m) + hdr_len);
-	if (m == NULL)
-		return APS_ENOMEM;
-	m->next = NULL;
-	m->peer = *peer;
-	m->payload = payload ? aps_sbuf_ref(payload) : NULL;
-	m->hdr_len = hdr_len;
-	memcpy(m->hdr, hdr, hdr_len);
-	while (*tail != NULL)
-		tail = &(*tail)->next;
-	*tail = m;
-	b->queue_len++;
+	if (ret < 0) {
+		b->cnt.dropped++;
+		return ret;
+	}
 	b->cnt.queued++;
 	if (!uv_is_active((uv_handle_t *)&b->flush_timer))
 		uv_timer_start(&b->flush_timer, on_flush_timer, FLUSH_INTERVAL_MS,
@@ -319,28 +419,14 @@ static int enqueue(struct aps_zbridge *b, const struct aps_peer *peer, const uin
 	return 0;
 }
 
-/* Retries queued messages in order; a peer's later messages wait for its earlier ones. */
 static void flush_queue(struct aps_zbridge *b)
 {
-	struct outmsg **link = &b->queue;
+	size_t sent = 0, lost = 0;
 
-	while (*link != NULL) {
-		struct outmsg *m = *link;
-		int ret = APS_EBUSY;
-		if (!peer_queued(b, &m->peer, m))
-			ret = try_send(b, &m->peer, m->hdr, m->hdr_len, m->payload);
-		if (ret == APS_EBUSY) {
-			link = &m->next;
-			continue;
-		}
-		if (ret == APS_ECONN)
-			b->cnt.unroutable++;
-		*link = m->next;
-		aps_sbuf_unref(m->payload);
-		free(m);
-		b->queue_len--;
-	}
-	if (b->queue == NULL)
+	if (b->router != NULL)
+		aps_outq_flush(&b->outq, try_send, b, &sent, &lost);
+	b->cnt.unroutable += lost;
+	if (b->outq.total == 0)
 		uv_timer_stop(&b->flush_timer);
 }
 
@@ -356,7 +442,7 @@ int aps_zbridge_send(struct aps_zbridge *b, const struct aps_peer *peer, const u
 
 	if (b->router == NULL)
 		return APS_ECONN;
-	if (peer_queued(b, peer, NULL))
+	if (aps_outq_waiting(&b->outq, peer))
 		return enqueue(b, peer, hdr, hdr_len, payload);
 	ret = try_send(b, peer, hdr, hdr_len, payload);
 	if (ret == APS_EBUSY)
@@ -366,64 +452,67 @@ int aps_zbridge_send(struct aps_zbridge *b, const struct aps_peer *peer, const u
 	return ret;
 }
 
+void aps_zbridge_admit(struct aps_zbridge *b, uint64_t conn, bool admitted)
+{
+	aps_conns_admit(&b->conns, conn, admitted, now_ms(b));
+}
+
+int aps_zbridge_drop(struct aps_zbridge *b, uint64_t conn)
+{
+	return aps_conns_drop(&b->conns, conn, now_ms(b));
+}
+
 static int set_int(void *sock, int opt, int value)
 {
 	return zmq_setsockopt(sock, opt, &value, sizeof(value));
 }
 
-/* CURVE on the ROUTER, with the ZAP handler that checks every worker's key. */
-static int enable_curve(struct aps_zbridge *b, const struct aps_zbridge_opts *o)
+/* CURVE on the ROUTER; the ZAP handler that checks every worker's key runs once. */
+static int enable_curve(struct aps_zbridge *b, void *router)
 {
-	int ret = aps_zap_start(&b->zap, b->zctx, b->loop, o->curve_allow, o->n_curve_allow);
+	const struct aps_zbridge_opts *o = &b->opts;
+	int ret = b->zap != NULL ? 0
+	                         : aps_zap_start(&b->zap, b->zctx, b->loop, o->curve_allow,
+	                                         o->n_curve_allow);
 
 	if (ret < 0) {
 		aps_log_error("zbridge", "cannot start the ZAP handler: %s", aps_strerror(ret));
 		return ret;
 	}
-	set_int(b->router, ZMQ_CURVE_SERVER, 1);
-	if (zmq_setsockopt(b->router, ZMQ_CURVE_SECRETKEY, o->curve_secret, 40) < 0 ||
-	    zmq_setsockopt(b->router, ZMQ_ZAP_DOMAIN, "apsd", 4) < 0) {
+	set_int(router, ZMQ_CURVE_SERVER, 1);
+	if (zmq_setsockopt(router, ZMQ_CURVE_SECRETKEY, o->curve_secret, 40) < 0 ||
+	    zmq_setsockopt(router, ZMQ_ZAP_DOMAIN, "apsd", 4) < 0) {
 		aps_log_error("zbridge", "the CURVE secret key is not a Z85 key");
 		return APS_EINVAL;
 	}
 	return 0;
 }
 
-static int open_router(struct aps_zbridge *b, const struct aps_zbridge_opts *o)
+/* ROUTER options: no ZMTP heartbeats and no handover (see the top of this file). */
+static void set_router_options(const struct aps_zbridge_opts *o, void *router)
 {
 	int64_t max_msg = o->max_message_bytes;
 
-	b->router = zmq_socket(b->zctx, ZMQ_ROUTER);
-	if (b->router == NULL)
-		return APS_ECONN;
-	set_int(b->router, ZMQ_ROUTER_MANDATORY, 1);
-	/* A client that reconnects (same routing id) before its old connection is
-	 * known dead takes its id over, instead of being refused until then. */
-	set_int(b->router, ZMQ_ROUTER_HANDOVER, 1);
-	set_int(b->router, ZMQ_LINGER, 0);
-	if (o->heartbeat_ms > 0) {
-		set_int(b->router, ZMQ_HEARTBEAT_IVL, o->heartbeat_ms);
-		set_int(b->router, ZMQ_HEARTBEAT_TIMEOUT, o->heartbeat_timeout_ms);
-		set_int(b->router, ZMQ_HEARTBEAT_TTL, o->heartbeat_timeout_ms);
-	}
+	set_int(router, ZMQ_ROUTER_MANDATORY, 1);
+	set_int(router, ZMQ_LINGER, 0);
+	set_int(router, ZMQ_RCVHWM, ROUTER_RCVHWM);
+	/* A peer whose host vanished without a word is found by the protocol's liveness;
+	 * TCP keepalive frees the connections that no session watches. */
+	set_int(router, ZMQ_TCP_KEEPALIVE, 1);
+	set_int(router, ZMQ_TCP_KEEPALIVE_IDLE, 60);
+	set_int(router, ZMQ_TCP_KEEPALIVE_INTVL, 10);
+	set_int(router, ZMQ_TCP_KEEPALIVE_CNT, 3);
 	if (max_msg > 0)
-		zmq_setsockopt(b->router, ZMQ_MAXMSGSIZE, &max_msg, sizeof(max_msg));
-	if (o->curve_secret != NULL && enable_curve(b, o) < 0)
-		return APS_ECONN;
-	if (zmq_bind(b->router, o->endpoint) < 0) {
-		aps_log_error("zbridge", "cannot listen endpoint=%s reason=\"%s\"", o->endpoint,
-		              zmq_strerror(errno));
-		return APS_ECONN;
-	}
-	return 0;
+		zmq_setsockopt(router, ZMQ_MAXMSGSIZE, &max_msg, sizeof(max_msg));
 }
 
 static int open_monitor(struct aps_zbridge *b)
 {
-	char addr[64];
+	static unsigned serial;
+	char addr[80];
 
-	snprintf(addr, sizeof(addr), "inproc://apsd-monitor-%p", (void *)b);
-	if (zmq_socket_monitor(b->router, addr, ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED) < 0)
+	snprintf(addr, sizeof(addr), "inproc://apsd-monitor-%p-%u", (void *)b, serial++);
+	if (zmq_socket_monitor(b->router, addr, MONITOR_EVENTS) < 0)
 		return APS_ECONN;
 	b->monitor = zmq_socket(b->zctx, ZMQ_PAIR);
 	if (b->monitor == NULL || zmq_connect(b->monitor, addr) < 0)
@@ -432,18 +521,253 @@ static int open_monitor(struct aps_zbridge *b)
 	return 0;
 }
 
-static int start_poll(struct aps_zbridge *b, void *sock, uv_poll_t *poll)
+/* One of the bridge's handles closed; the last one frees the bridge. */
+static void handle_gone(struct aps_zbridge *b)
 {
+	if (--b->open_handles == 0) {
+		aps_conns_free(&b->conns);
+		free(b);
+	}
+}
+
+static void free_handle_cb(uv_handle_t *h)
+{
+	struct aps_zbridge *b = h->data;
+
+	free(h);
+	handle_gone(b);
+}
+
+static int start_poll(struct aps_zbridge *b, void *sock, uv_poll_t **out)
+{
+	uv_poll_t *poll = malloc(sizeof(*poll));
 	int fd;
 	size_t len = sizeof(fd);
 
-	if (zmq_getsockopt(sock, ZMQ_FD, &fd, &len) < 0)
+	if (poll == NULL)
+		return APS_ENOMEM;
+	if (zmq_getsockopt(sock, ZMQ_FD, &fd, &len) < 0 || uv_poll_init(b->loop, poll, fd) < 0) {
+		free(poll);
 		return APS_ECONN;
-	if (uv_poll_init(b->loop, poll, fd) < 0)
-		return APS_ECONN;
+	}
 	poll->data = b;
 	b->open_handles++;
+	*out = poll;
 	return uv_poll_start(poll, UV_READABLE, on_router_ready) < 0 ? APS_ECONN : 0;
+}
+
+/* Stops watching a socket's fd before the socket (and the fd) goes away. */
+static void stop_poll(uv_poll_t **poll)
+{
+	if (*poll == NULL)
+		return;
+	uv_poll_stop(*poll);
+	uv_close((uv_handle_t *)*poll, free_handle_cb);
+	*poll = NULL;
+}
+
+/* A listening socket's address as ZMQ_LAST_ENDPOINT writes it; "" when not one. */
+static void listener_name(int fd, char *buf, size_t len)
+{
+	struct sockaddr_storage ss;
+	socklen_t sl = sizeof(ss);
+	char host[INET6_ADDRSTRLEN];
+	int listening = 0;
+	socklen_t ol = sizeof(listening);
+
+	buf[0] = '\0';
+	if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &ol) < 0 || !listening ||
+	    getsockname(fd, (struct sockaddr *)&ss, &sl) < 0)
+		return;
+	if (ss.ss_family == AF_INET) {
+		const struct sockaddr_in *in = (const struct sockaddr_in *)&ss;
+		inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
+		snprintf(buf, len, "tcp://%s:%d", host, ntohs(in->sin_port));
+	} else if (ss.ss_family == AF_INET6) {
+		const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)&ss;
+		inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
+		snprintf(buf, len, "tcp://[%s]:%d", host, ntohs(in6->sin6_port));
+	} else if (ss.ss_family == AF_UNIX) {
+		snprintf(buf, len, "ipc://%.200s", ((const struct sockaddr_un *)&ss)->sun_path);
+	}
+}
+
+/* A duplicate of the listening socket ZeroMQ made for endpoint, found among the
+ * process's descriptors; -1 when there is none (inproc, an odd address form). */
+static int keep_listener(const char *endpoint)
+{
+	struct rlimit rl;
+	char name[256];
+	int max = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < 65536 ? (int)rl.rlim_cur
+	                                                                    : 65536;
+
+	for (int fd = 0; fd < max; fd++) {
+		listener_name(fd, name, sizeof(name));
+		if (name[0] != '\0' && strcmp(name, endpoint) == 0)
+			return fcntl(fd, F_DUPFD_CLOEXEC, 0);
+	}
+	return -1;
+}
+
+/* A new ROUTER socket on the endpoint (on the kept listening socket after a reset),
+ * with its monitor, watched by the loop. */
+static int open_socket(struct aps_zbridge *b, const char *endpoint)
+{
+	size_t len = sizeof(b->endpoint);
+	int ret = APS_ECONN;
+	int fd = b->listen_fd >= 0 ? fcntl(b->listen_fd, F_DUPFD_CLOEXEC, 0) : -1;
+
+	b->router = zmq_socket(b->zctx, ZMQ_ROUTER);
+	if (b->router == NULL) {
+		if (fd >= 0)
+			close(fd);
+		return APS_ECONN;
+	}
+	set_router_options(&b->opts, b->router);
+	if (fd >= 0 && set_int(b->router, ZMQ_USE_FD, fd) < 0) {
+		close(fd);
+		fd = -1;
+	}
+	if (b->opts.curve_secret != NULL && enable_curve(b, b->router) < 0)
+		return APS_ECONN;
+	if (zmq_bind(b->router, endpoint) < 0) {
+		if (fd >= 0)
+			close(fd); /* not taken by ZeroMQ */
+		aps_log_error("zbridge", "cannot listen endpoint=%s reason=\"%s\"", endpoint,
+		              zmq_strerror(errno));
+		return APS_ECONN;
+	}
+	if (endpoint != b->endpoint &&
+	    zmq_getsockopt(b->router, ZMQ_LAST_ENDPOINT, b->endpoint, &len) < 0)
+		snprintf(b->endpoint, sizeof(b->endpoint), "%s", endpoint);
+	if (b->listen_fd < 0)
+		b->listen_fd = keep_listener(b->endpoint);
+	ret = open_monitor(b);
+	if (ret == 0)
+		ret = start_poll(b, b->router, &b->router_poll);
+	if (ret == 0)
+		ret = start_poll(b, b->monitor, &b->monitor_poll);
+	/* Messages may already wait: the fd only signals changes. */
+	schedule_drain(b);
+	return ret;
+}
+
+/* Closes the socket; its monitor is closed too, or kept (a reset waits on it). */
+static void close_socket(struct aps_zbridge *b, int linger_ms, bool keep_monitor)
+{
+	stop_poll(&b->router_poll);
+	stop_poll(&b->monitor_poll);
+	if (b->router != NULL) {
+		if (!keep_monitor)
+			zmq_socket_monitor(b->router, NULL, 0);
+		set_int(b->router, ZMQ_LINGER, linger_ms);
+		zmq_close(b->router);
+		b->router = NULL;
+	}
+	if (b->monitor != NULL && keep_monitor)
+		b->old_monitor = b->monitor;
+	else if (b->monitor != NULL)
+		zmq_close(b->monitor);
+	b->monitor = NULL;
+}
+
+/* True once the old socket's monitor says its listener closed, or that it is gone. */
+static bool old_socket_gone(struct aps_zbridge *b)
+{
+	struct frames f;
+	bool gone = false;
+
+	while (!gone && readable(b->old_monitor) && recv_frames(b->old_monitor, &f)) {
+		uint16_t event = 0;
+		if (f.n >= 1 && zmq_msg_size(&f.part[0]) >= 2)
+			memcpy(&event, zmq_msg_data(&f.part[0]), sizeof(event));
+		gone = event == ZMQ_EVENT_CLOSED || event == ZMQ_EVENT_MONITOR_STOPPED;
+		close_frames(&f);
+	}
+	return gone;
+}
+
+static void on_reset_timer(uv_timer_t *t)
+{
+	struct aps_zbridge *b = t->data;
+	uint64_t now = now_ms(b);
+
+	/* Without the listening socket of our own, the endpoint must be free first. */
+	if (b->listen_fd < 0 && b->old_monitor != NULL && !old_socket_gone(b) &&
+	    now - b->reset_ms < RESET_WAIT_MS)
+		return;
+	if (b->old_monitor != NULL) {
+		zmq_close(b->old_monitor);
+		b->old_monitor = NULL;
+	}
+	if (open_socket(b, b->endpoint) < 0) {
+		close_socket(b, 0, false); /* the endpoint is not free yet: next time */
+		return;
+	}
+	uv_timer_stop(t);
+	b->reset_ms = 0;
+	malloc_trim(0); /* what the old socket held goes back to the system */
+	aps_log_info("zbridge", "listening again endpoint=%s after_ms=%llu", b->endpoint,
+	             (unsigned long long)(now - b->last_reset_ms));
+}
+
+/*
+ * The socket goes, with every connection and every pipe libzmq holds for them
+ * (only closing the socket frees a parked connection's), and a new one binds
+ * the endpoint once the old one has let it go. Every client reconnects and
+ * takes its session back.
+ */
+static void reset_socket(struct aps_zbridge *b, const char *why)
+{
+	aps_log_warn("zbridge",
+	             "resetting the socket endpoint=%s reason=\"%s\": every worker reconnects",
+	             b->endpoint, why);
+	b->cnt.listener_resets++;
+	b->last_reset_ms = b->reset_ms = now_ms(b);
+	b->parked_since_ms = 0;
+	close_socket(b, 0, true);
+	aps_conns_forget_all(&b->conns);
+	b->cnt.dropped += aps_outq_clear(&b->outq);
+	report_closed(b);
+	uv_timer_start(&b->reset_timer, on_reset_timer, RESET_POLL_MS, RESET_POLL_MS);
+}
+
+static void on_tick(uv_timer_t *t)
+{
+	struct aps_zbridge *b = t->data;
+	uint64_t now = now_ms(b);
+	size_t stuck, parked;
+	char why[160];
+
+	uint64_t unjoined = b->conns.cnt.unjoined_dropped;
+
+	if (b->router == NULL)
+		return;
+	read_monitor(b);
+	stuck = aps_conns_tick(&b->conns, now);
+	parked = aps_conns_parked(&b->conns);
+	if (b->conns.cnt.unjoined_dropped > unjoined)
+		aps_log_warn("zbridge",
+		             "dropped connections count=%llu reason=\"not joined a job within "
+		             "join_timeout_ms = %llu\"",
+		             (unsigned long long)(b->conns.cnt.unjoined_dropped - unjoined),
+		             (unsigned long long)b->conns.join_timeout_ms);
+	report_closed(b);
+	if (parked > 0 && b->parked_since_ms == 0)
+		b->parked_since_ms = now;
+	/* A few parked ones are cleared too, in time: what they hold goes back. */
+	bool lingering = parked >= PARKED_LINGER && now - b->parked_since_ms >= RESET_INTERVAL_MS;
+	if (stuck == 0 && parked < APS_CONNS_PARKED_MAX && !lingering)
+		return;
+	/* At most one reset in RESET_INTERVAL_MS, unless what is held grows past a bound. */
+	if (b->last_reset_ms != 0 && now - b->last_reset_ms < RESET_INTERVAL_MS &&
+	    stuck < STUCK_URGENT && parked < PARKED_URGENT)
+		return;
+	snprintf(why, sizeof(why),
+	         "%zu connections ZeroMQ will never close, %zu it parked: peers that reused a "
+	         "live routing id",
+	         stuck, parked);
+	reset_socket(b, why);
 }
 
 static void init_handles(struct aps_zbridge *b)
@@ -452,7 +776,11 @@ static void init_handles(struct aps_zbridge *b)
 	b->idle.data = b;
 	uv_timer_init(b->loop, &b->flush_timer);
 	b->flush_timer.data = b;
-	b->open_handles += 2;
+	uv_timer_init(b->loop, &b->tick_timer);
+	b->tick_timer.data = b;
+	uv_timer_init(b->loop, &b->reset_timer);
+	b->reset_timer.data = b;
+	b->open_handles += 4;
 }
 
 int aps_zbridge_new(struct aps_zbridge **out, uv_loop_t *loop, const struct aps_zbridge_opts *o,
@@ -466,86 +794,55 @@ int aps_zbridge_new(struct aps_zbridge **out, uv_loop_t *loop, const struct aps_
 	b->loop = loop;
 	b->ops = *ops;
 	b->ctx = ctx;
+	b->opts = *o;
+	b->listen_fd = -1;
 	b->drain_batch = o->drain_batch > 0 ? o->drain_batch : 256;
+	b->max_message_bytes = o->max_message_bytes;
+	aps_conns_init(&b->conns, o->max_connections, o->join_timeout_ms);
 	b->zctx = zmq_ctx_new();
-	if (b->zctx == NULL)
-		goto err_free;
+	if (b->zctx == NULL) {
+		free(b);
+		return ret;
+	}
 	init_handles(b);
-	ret = open_router(b, o);
-	if (ret == 0)
-		ret = open_monitor(b);
-	if (ret == 0)
-		ret = start_poll(b, b->router, &b->router_poll);
-	if (ret == 0)
-		ret = start_poll(b, b->monitor, &b->monitor_poll);
-	if (ret < 0)
-		goto err_close;
-	/* Messages may already wait: the fd only signals changes. */
-	schedule_drain(b);
+	ret = open_socket(b, o->endpoint);
+	if (ret < 0) {
+		aps_zbridge_free(b, 0);
+		return ret;
+	}
+	uv_timer_start(&b->tick_timer, on_tick, TICK_MS, TICK_MS);
 	*out = b;
 	return 0;
-err_close:
-	aps_zbridge_free(b, 0);
-	return ret;
-err_free:
-	free(b);
-	return ret;
 }
 
 static void on_handle_closed(uv_handle_t *h)
 {
-	struct aps_zbridge *b = h->data;
-
-	if (--b->open_handles == 0) {
-		aps_conns_free(&b->conns);
-		free(b);
-	}
-}
-
-static void close_sockets(struct aps_zbridge *b, int linger_ms)
-{
-	if (b->router != NULL) {
-		zmq_socket_monitor(b->router, NULL, 0);
-		set_int(b->router, ZMQ_LINGER, linger_ms);
-		zmq_close(b->router);
-		b->router = NULL;
-	}
-	if (b->monitor != NULL) {
-		zmq_close(b->monitor);
-		b->monitor = NULL;
-	}
-	aps_zap_stop(b->zap);
-	b->zap = NULL;
-	if (b->zctx != NULL) {
-		zmq_ctx_term(b->zctx);
-		b->zctx = NULL;
-	}
+	handle_gone(h->data);
 }
 
 void aps_zbridge_free(struct aps_zbridge *b, int linger_ms)
 {
-	uv_handle_t *handles[] = { (uv_handle_t *)&b->idle, (uv_handle_t *)&b->flush_timer,
-		                   (uv_handle_t *)&b->router_poll,
-		                   (uv_handle_t *)&b->monitor_poll };
-
 	if (b == NULL)
 		return;
-	/* Stop watching the sockets' fds before the sockets (and the fds) go away. */
-	if (b->router_poll.loop != NULL)
-		uv_poll_stop(&b->router_poll);
-	if (b->monitor_poll.loop != NULL)
-		uv_poll_stop(&b->monitor_poll);
+	uv_handle_t *handles[] = { (uv_handle_t *)&b->idle, (uv_handle_t *)&b->flush_timer,
+		                   (uv_handle_t *)&b->tick_timer, (uv_handle_t *)&b->reset_timer };
+
 	flush_queue(b);
-	while (b->queue != NULL) {
-		struct outmsg *m = b->queue;
-		b->queue = m->next;
-		aps_sbuf_unref(m->payload);
-		free(m);
-		b->cnt.dropped++;
-	}
-	close_sockets(b, linger_ms);
+	b->cnt.dropped += aps_outq_clear(&b->outq);
+	aps_zbridge_counters(b); /* the last figures, for whoever copies them */
+	close_socket(b, linger_ms, false);
+	if (b->old_monitor != NULL)
+		zmq_close(b->old_monitor);
+	b->old_monitor = NULL;
+	aps_zap_stop(b->zap);
+	b->zap = NULL;
+	if (b->listen_fd >= 0)
+		close(b->listen_fd);
+	b->listen_fd = -1;
+	zmq_ctx_term(b->zctx);
+	b->zctx = NULL;
 	for (size_t i = 0; i < sizeof(handles) / sizeof(handles[0]); i++) {
-		if (handles[i]->loop != NULL && !uv_is_closing(handles[i]))
+		if (!uv_is_closing(handles[i]))
 			uv_close(handles[i], on_handle_closed);
 	}
 }

@@ -1,27 +1,22 @@
 /*
  * The ZeroMQ ROUTER socket bridged into the libuv loop: the only file of the
  * daemon that includes zmq.h. It receives whole multipart messages and hands
- * them up, sends replies without ever blocking or silently dropping (a queue
- * per peer when the peer's pipe is full), and reports disconnected peers.
+ * them up, sends replies without ever blocking (a queue per peer when the
+ * peer's pipe is full, outq.h), reports closed connections, and keeps every
+ * peer within its limits (conns.h): max_connections, join_timeout_ms, slow
+ * readers, and the connections libzmq itself would never close.
  */
 #ifndef APS_SERVER_ZBRIDGE_H
 #define APS_SERVER_ZBRIDGE_H
 
 #include "common/sbuf.h"
+#include "server/peer.h"
 #include "server/round.h"
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <uv.h>
-
-#define APS_PEER_ID_MAX 255
-
-/* A peer's ZeroMQ routing id. */
-struct aps_peer {
-	uint8_t len;
-	uint8_t id[APS_PEER_ID_MAX];
-};
 
 /* One received message: identity, header frame, optional payload frame. */
 struct aps_inmsg {
@@ -33,34 +28,57 @@ struct aps_inmsg {
 	const uint8_t *payload; /* NULL when there is no payload frame */
 	size_t payload_len;
 	const char *address; /* the peer's address ("" when unknown) */
+	const char *user;    /* CURVE: the Z85 public key it authenticated with; "" */
 	void *priv;          /* the bridge's frames */
 };
 
 struct aps_zbridge_ops {
 	/* A message; valid until the callback returns unless its payload is taken. */
 	void (*on_message)(void *ctx, struct aps_inmsg *m);
-	/* The connection conn closed (peer exited, crashed or timed out). */
+	/* The connection conn closed (peer exited, crashed, or apsd dropped it). */
 	void (*on_disconnect)(void *ctx, uint64_t conn);
 };
 
 struct aps_zbridge_opts {
 	const char *endpoint;
-	int heartbeat_ms;               /* ZMTP heartbeats; 0 = off */
-	int heartbeat_timeout_ms;       /* a silent connection is closed after this */
-	int64_t max_message_bytes;      /* ZMQ_MAXMSGSIZE */
+	int64_t max_message_bytes;      /* ZMQ_MAXMSGSIZE: a larger frame closes the connection */
 	int drain_batch;                /* messages per loop iteration */
+	size_t max_connections;         /* open at once; one more is shut at once */
+	uint64_t join_timeout_ms;       /* a connection not admitted by then is dropped */
 	const char *curve_secret;       /* Z85 secret key of the daemon; NULL: no CURVE */
 	const char *const *curve_allow; /* Z85 public keys of the workers let in */
 	size_t n_curve_allow;
 };
 
+/* The bridge's counters: X(name, Prometheus name, help). */
+#define APS_ZBRIDGE_COUNTER_MAP(X)                                                              \
+	X(msgs_in, "messages_in", "ZeroMQ messages received.")                                  \
+	X(msgs_out, "messages_out", "ZeroMQ messages sent.")                                    \
+	X(bytes_in, "bytes_in", "Bytes received.")                                              \
+	X(bytes_out, "bytes_out", "Bytes sent.")                                                \
+	X(queued, "sends_queued", "Sends that waited because a peer's pipe was full.")          \
+	X(unroutable, "sends_unroutable", "Sends to a peer that had gone.")                     \
+	X(dropped, "sends_dropped", "Queued sends discarded: peer dropped, or shutdown.")       \
+	X(empty_messages, "empty_messages", "Messages without a header frame.")                 \
+	X(connections, "connections", "Connections accepted.")                                  \
+	X(refused_connections, "refused_connections",                                           \
+	  "Connections shut at once: max_connections were open.")                               \
+	X(unjoined_dropped, "unjoined_dropped",                                                 \
+	  "Connections dropped that had not joined within join_timeout_ms.")                    \
+	X(zmtp_refused, "zmtp_refused",                                                         \
+	  "Connections ZeroMQ closed: a frame over max_message_bytes, or not ZMTP.")            \
+	X(handshakes_failed, "handshakes_failed", "ZMTP or CURVE handshakes that failed.")      \
+	X(slow_readers, "slow_readers", "Peers dropped because their replies piled up unread.") \
+	X(listener_resets, "listener_resets",                                                   \
+	  "Listener resets that freed connections ZeroMQ never closes.")                        \
+	X(auth_accepted, "auth_accepted", "CURVE handshakes accepted.")                         \
+	X(auth_refused, "auth_refused", "CURVE handshakes refused.")
+
 struct aps_zbridge_counters {
-	uint64_t msgs_in, msgs_out, bytes_in, bytes_out;
-	uint64_t queued;     /* sends that waited in a peer queue (its pipe was full) */
-	uint64_t unroutable; /* sends to a peer that had disconnected */
-	uint64_t dropped;    /* queued sends discarded when the socket closed */
-	uint64_t bad_frames; /* messages with a wrong number of frames */
-	uint64_t auth_accepted, auth_refused; /* CURVE handshakes */
+#define APS_ZBRIDGE_COUNTER_FIELD(name, metric, help) uint64_t name;
+	APS_ZBRIDGE_COUNTER_MAP(APS_ZBRIDGE_COUNTER_FIELD)
+#undef APS_ZBRIDGE_COUNTER_FIELD
+	uint64_t open_connections; /* a gauge: connections open now */
 };
 
 struct aps_zbridge;
@@ -78,13 +96,19 @@ int aps_zbridge_take_payload(struct aps_inmsg *m, struct aps_payload *out);
 /*
  * Sends hdr (copied) and, if not NULL, payload (a reference is taken; the
  * bytes are not copied) to peer. Never blocks: a full pipe queues the message.
- * Returns 0, APS_ENOMEM, or APS_ECONN when the peer is gone (counted as unroutable).
+ * Returns 0, APS_ENOMEM, APS_ECONN when the peer is gone (counted as
+ * unroutable), or APS_EBUSY when the peer's queue was full: the peer is a
+ * slow reader and its connection is dropped.
  */
 int aps_zbridge_send(struct aps_zbridge *b, const struct aps_peer *peer, const uint8_t *hdr,
                      size_t hdr_len, struct aps_sbuf *payload);
 
-const struct aps_zbridge_counters *aps_zbridge_counters(struct aps_zbridge *b);
+/* A session joined on conn (admitted: no deadline), or left it (the deadline runs again). */
+void aps_zbridge_admit(struct aps_zbridge *b, uint64_t conn, bool admitted);
 
-bool aps_peer_equal(const struct aps_peer *a, const struct aps_peer *b);
+/* Shuts connection conn down; on_disconnect follows. Returns 0 or APS_EINVAL (closed). */
+int aps_zbridge_drop(struct aps_zbridge *b, uint64_t conn);
+
+const struct aps_zbridge_counters *aps_zbridge_counters(struct aps_zbridge *b);
 
 #endif

@@ -55,14 +55,20 @@ static bool read_request(void *sock, zmq_msg_t *frames, size_t *n)
 	return true;
 }
 
-static void reply(void *sock, zmq_msg_t *request_id, bool ok)
+/* The user id of an accepted worker is its Z85 public key: every message it
+ * sends carries it (User-Id), for the jobs its allowlist line names. */
+static void reply(void *sock, zmq_msg_t *request_id, const uint8_t *key, bool ok)
 {
+	char user[41] = "";
+
+	if (ok)
+		zmq_z85_encode(user, key, KEY_BYTES);
 	zmq_send(sock, "1.0", 3, ZMQ_SNDMORE);
 	zmq_send(sock, zmq_msg_data(request_id), zmq_msg_size(request_id), ZMQ_SNDMORE);
 	zmq_send(sock, ok ? "200" : "400", 3, ZMQ_SNDMORE);
 	zmq_send(sock, ok ? "OK" : "key not allowed", ok ? 2 : 15, ZMQ_SNDMORE);
-	zmq_send(sock, "", 0, ZMQ_SNDMORE); /* user id */
-	zmq_send(sock, "", 0, 0);           /* metadata */
+	zmq_send(sock, user, strlen(user), ZMQ_SNDMORE);
+	zmq_send(sock, "", 0, 0); /* metadata */
 }
 
 static void answer(struct aps_zap *z, zmq_msg_t *f, size_t n)
@@ -82,7 +88,7 @@ static void answer(struct aps_zap *z, zmq_msg_t *f, size_t n)
 		             curve ? "its key is not allowed" : "not a CURVE handshake");
 	}
 	if (n >= 2)
-		reply(z->sock, &f[1], ok);
+		reply(z->sock, &f[1], ok ? zmq_msg_data(&f[6]) : NULL, ok);
 }
 
 static void on_ready(uv_poll_t *h, int status, int events)

@@ -60,6 +60,28 @@ static void test_api_errors_carry_a_message(void **state)
 	assert_string_equal(aps_strerror(APS_ESHORT), "buffer too short");
 }
 
+/* Options checked before anything connects (no daemon needed). */
+static void test_api_client_options_are_checked_first(void **state)
+{
+	struct aps_client_opts o;
+	aps_client *c = NULL;
+	char long_token[130];
+
+	(void)state;
+	aps_client_opts_init(&o);
+	o.endpoint = "tcp://127.0.0.1:1";
+	o.job_token = "two words";
+	assert_int_equal(aps_client_new(&c, &o), APS_EINVAL);
+	assert_non_null(strstr(aps_last_error(), "job_token must be 1 to 128 visible ASCII"));
+	memset(long_token, 'x', 129);
+	long_token[129] = '\0';
+	o.job_token = long_token;
+	assert_int_equal(aps_client_new(&c, &o), APS_EINVAL);
+	assert_null(c);
+	assert_string_equal(aps_err_name(APS_EACCES), "APS_EACCES");
+	assert_string_equal(aps_strerror(APS_EACCES), "not allowed");
+}
+
 static void test_api_format_info(void **state)
 {
 	struct aps_format_info info;
@@ -79,6 +101,7 @@ int main(void)
 		cmocka_unit_test(test_api_roundtrip_with_exponent),
 		cmocka_unit_test(test_api_errors_carry_a_message),
 		cmocka_unit_test(test_api_format_info),
+		cmocka_unit_test(test_api_client_options_are_checked_first),
 	};
 	return cmocka_run_group_tests_name("api", tests, NULL, NULL);
 }

@@ -122,14 +122,18 @@ static void test_config_defaults(void **state)
 	assert_int_equal(cfg.max_jobs, 64);
 	assert_int_equal(cfg.max_ranks, 1024);
 	assert_int_equal(cfg.max_tensors, 65536);
-	assert_true(cfg.max_message_bytes == 1024ull * 1024 * 1024);
+	assert_true(cfg.max_message_bytes == 0); /* chunk_bytes + 64k */
+	assert_true(cfg.max_total_bytes == 0);   /* half the memory */
+	assert_int_equal(cfg.max_connections, 0);
+	assert_int_equal(cfg.join_timeout_ms, 60000);
 	assert_int_equal(cfg.drain_batch, 256);
 	aps_config_describe(&cfg, line, sizeof(line));
 	assert_string_equal(
 	        line, "listen=tcp://127.0.0.1:5555 log_level=info downlink=auto "
 	              "heartbeat_ms=1000 heartbeat_timeout_ms=5000 reconnect_grace_ms=1500 "
-	              "max_jobs=64 "
-	              "max_ranks=1024 max_tensors=65536 max_job_bytes=8G max_message_bytes=1G "
+	              "max_jobs=64 max_connections=0 join_timeout_ms=60000 "
+	              "max_ranks=1024 max_tensors=65536 max_job_bytes=8G max_total_bytes=0 "
+	              "max_message_bytes=0 "
 	              "drain_batch=256 scaling=local sum=fp32 stats= metrics_listen= trace= "
 	              "curve_secret_key_file= curve_allow_file= elastic=no insecure=no "
 	              "policy=off rules= schedule_steps=0 schedule_format=fp32 "
@@ -216,11 +220,10 @@ static void test_config_file_errors(void **state)
 		                              "with an optional k, M or G suffix)" },
 		{ "max_message_bytes = -1k", "1: max_message_bytes = '-1k': not a size (a number "
 		                             "with an optional k, M or G suffix)" },
-		{ "max_message_bytes = 8G",
-		  "1: max_message_bytes = 8G: must be between 1k and 4G" },
-		{ "max_message_bytes = 1023", "1: max_message_bytes = 1023: must be between 1k and "
-		                              "4G" },
-		{ "max_message_bytes = 4097M", "1: max_message_bytes = 4097M: must be between 1k "
+		{ "max_message_bytes = 8G", "1: max_message_bytes = 8G: must be between 0 and 4G" },
+		{ "chunk_bytes = 1023", "1: chunk_bytes = 1023: must be between 1k and 1G" },
+		{ "chunk_bytes = 1025M", "1: chunk_bytes = 1025M: must be between 1k and 1G" },
+		{ "max_message_bytes = 4097M", "1: max_message_bytes = 4097M: must be between 0 "
 		                               "and 4G" },
 	};
 
@@ -315,8 +318,9 @@ static void test_config_flag_forms(void **state)
 
 	(void)state;
 	assert_int_equal(PARSE(&cfg, &err, "--listen", "ipc:///tmp/x", "--log-level=debug",
-	                       "--max_message_bytes", "2M", "--downlink=fp16", "--max-jobs", "5",
-	                       "--listen=inproc://y", "--heartbeat_timeout_ms=600000"),
+	                       "--max_message_bytes", "2M", "--chunk_bytes", "1M",
+	                       "--downlink=fp16", "--max-jobs", "5", "--listen=inproc://y",
+	                       "--heartbeat_timeout_ms=600000"),
 	                 0);
 	assert_false(exit_now);
 	assert_string_equal(cfg.listen, "inproc://y");
@@ -449,7 +453,7 @@ static void test_config_help_and_version(void **state)
 			fail_msg("usage lacks %s:\n%s", keys[i], text);
 	}
 	assert_non_null(strstr(text, "default tcp://127.0.0.1:5555"));
-	assert_non_null(strstr(text, "default 1G, 1k..4G"));
+	assert_non_null(strstr(text, "default 4M, 1k..1G"));
 	assert_non_null(strstr(text, "default 1000, 100..60000"));
 	free(text);
 	text = capture_stdout(&ret, &exit_now, "-h");
@@ -478,9 +482,9 @@ static void test_config_size_suffixes(void **state)
 
 	(void)state;
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-		snprintf(text, sizeof(text), "max_message_bytes = %s\n", cases[i].text);
+		snprintf(text, sizeof(text), "max_job_bytes = %s\n", cases[i].text);
 		assert_int_equal(load(text, &cfg, &err), 0);
-		assert_true(cfg.max_message_bytes == cases[i].bytes);
+		assert_true(cfg.max_job_bytes == cases[i].bytes);
 	}
 	cfg.max_message_bytes = 3 << 20;
 	aps_config_describe(&cfg, line, sizeof(line));
@@ -506,6 +510,13 @@ static void test_config_cross_key(void **state)
 	expect_file_error(
 	        "heartbeat_ms = 3000\n",
 	        "1: heartbeat_timeout_ms (5000) must be at least twice heartbeat_ms (3000)");
+	expect_file_error("max_message_bytes = 2M\n",
+	                  "1: max_message_bytes (2097152) must hold a chunk: at least chunk_bytes "
+	                  "(4194304) + 64k, or 0");
+	expect_file_error("max_message_bytes = 5M\nchunk_bytes = 8M\n",
+	                  "2: max_message_bytes (5242880) must hold a chunk: at least chunk_bytes "
+	                  "(8388608) + 64k, or 0");
+	assert_int_equal(load("max_message_bytes = 5M\nchunk_bytes = 1M\n", &cfg, &err), 0);
 	assert_int_equal(load("heartbeat_ms = 2500\n", &cfg, &err), 0);
 	assert_int_equal(PARSE(&cfg, &err, "--heartbeat-ms", "3000"), APS_ECONFIG);
 	assert_string_equal(err.message, "--heartbeat-ms: heartbeat_timeout_ms (5000) must be at "

@@ -16,6 +16,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -196,6 +197,11 @@ static void assert_msg_equal(const struct aps_msg *a, const struct aps_msg *b)
 	assert_string_equal(a->optimizer, b->optimizer);
 	assert_true(a->lr == b->lr);
 	assert_int_equal(a->updates, b->updates);
+	assert_int_equal(a->has_session, b->has_session);
+	assert_memory_equal(a->session, b->session, sizeof(a->session));
+	assert_string_equal(a->job_token, b->job_token);
+	assert_int_equal(a->max_message_bytes, b->max_message_bytes);
+	assert_int_equal(a->keepalive_ms, b->keepalive_ms);
 	assert_ptr_equal(a->payload, b->payload);
 	assert_int_equal(a->payload_len, b->payload_len);
 }
@@ -263,6 +269,82 @@ static void test_proto_pack_reports_short_buffer(void **state)
 	assert_int_equal(aps_msg_parse(NULL, hdr, 1, NULL, 0, false, &parsed, &fault), APS_EINVAL);
 }
 
+/* Protocol 1.6: session and job tokens, a WELCOME's limits, RESUME and ALIVE. */
+static void test_proto_tokens_round_trip_where_they_belong(void **state)
+{
+	struct aps_msg m;
+
+	(void)state;
+	make_valid(&m, APS_MSG_WELCOME);
+	memset(m.session, 0xa5, sizeof(m.session));
+	m.has_session = true;
+	m.max_message_bytes = 4 << 20;
+	m.keepalive_ms = 5000;
+	expect_ok(parse_msg(&m, true));
+	assert_msg_equal(&m, &parsed);
+	make_valid(&m, APS_MSG_HELLO);
+	snprintf(m.job_token, sizeof(m.job_token), "s3cret-%0120d", 7); /* 127 bytes */
+	m.flags = APS_MSG_FLAG_RESUME;
+	memset(m.session, 0x5a, sizeof(m.session));
+	m.has_session = true;
+	expect_ok(parse_msg(&m, false));
+	assert_msg_equal(&m, &parsed);
+	make_valid(&m, APS_MSG_HEARTBEAT);
+	m.flags = APS_MSG_FLAG_ALIVE;
+	expect_ok(parse_msg(&m, false));
+	expect_ok(parse_msg(&m, true));
+}
+
+static void test_proto_rejects_tokens_and_flags_out_of_place(void **state)
+{
+	struct aps_msg m;
+
+	(void)state;
+	make_valid(&m, APS_MSG_REGISTER);
+	strcpy(m.job_token, "t");
+	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_TOKEN);
+	make_valid(&m, APS_MSG_HELLO);
+	strcpy(m.job_token, "two words");
+	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_TOKEN);
+	make_valid(&m, APS_MSG_PUSH);
+	m.has_session = true;
+	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_TOKEN);
+	make_valid(&m, APS_MSG_HELLO);
+	m.max_message_bytes = 1;
+	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_TOKEN);
+	make_valid(&m, APS_MSG_HELLO);
+	m.flags = APS_MSG_FLAG_RESUME; /* and no token to resume by */
+	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_FLAGS);
+	make_valid(&m, APS_MSG_BARRIER);
+	m.flags = APS_MSG_FLAG_ALIVE;
+	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_FLAGS);
+	make_valid(&m, APS_MSG_WELCOME);
+	m.flags = APS_MSG_FLAG_RESUME;
+	m.has_session = true;
+	expect_fault(parse_msg(&m, true), APS_MSG_FAULT_BAD_FLAGS);
+}
+
+static void test_proto_rejects_a_session_token_of_another_length(void **state)
+{
+	Aps__Envelope env;
+	uint8_t buf[512], token[15] = { 1 };
+	size_t len;
+
+	(void)state;
+	aps__envelope__init(&env);
+	env.version_major = APS_PROTO_VERSION_MAJOR;
+	env.version_minor = APS_PROTO_VERSION_MINOR;
+	env.type = APS__MSG_TYPE__HELLO;
+	env.job = "default";
+	env.world_size = 2;
+	env.session.data = token;
+	env.session.len = sizeof(token);
+	len = aps__envelope__pack(&env, buf);
+	assert_int_equal(aps_msg_parse(limits(false), buf, len, NULL, 0, false, &parsed, &fault),
+	                 APS_EPROTO);
+	assert_int_equal(fault.kind, APS_MSG_FAULT_BAD_TOKEN);
+}
+
 static void test_proto_rejects_version_mismatch(void **state)
 {
 	struct aps_msg m;
@@ -271,7 +353,7 @@ static void test_proto_rejects_version_mismatch(void **state)
 	make_valid(&m, APS_MSG_HELLO);
 	m.version_major = APS_PROTO_VERSION_MAJOR + 1;
 	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_VERSION);
-	assert_non_null(strstr(fault.text, "HELLO: protocol version 2.5"));
+	assert_non_null(strstr(fault.text, "HELLO: protocol version 2.6"));
 	m.version_major = 0;
 	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_VERSION);
 	/* Another minor is compatible; an ERROR is read from any version. */
@@ -868,6 +950,9 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_proto_every_type_round_trips),
 		cmocka_unit_test(test_proto_round_trips_extremes),
+		cmocka_unit_test(test_proto_tokens_round_trip_where_they_belong),
+		cmocka_unit_test(test_proto_rejects_tokens_and_flags_out_of_place),
+		cmocka_unit_test(test_proto_rejects_a_session_token_of_another_length),
 		cmocka_unit_test(test_proto_pack_reports_short_buffer),
 		cmocka_unit_test(test_proto_rejects_version_mismatch),
 		cmocka_unit_test(test_proto_rejects_bad_type),

@@ -164,6 +164,12 @@ struct aps_client_opts {
 	                             (no shards) and not with rejoin: APS_EINVAL (a
 	                             restarted apsd resumes the job from its checkpoint, the
 	                             workers restart too) */
+	const char *job_token;    /* NULL or "": none. Else 1..128 visible ASCII bytes that
+	                             every rank of the job gives: the job's first HELLO
+	                             fixes it, and a HELLO without it, or with another, is
+	                             refused with APS_EACCES (a stranger cannot take a free
+	                             rank). Keep it secret; with CURVE it also never travels
+	                             in clear */
 };
 
 /**
@@ -184,7 +190,8 @@ size_t aps_client_opts_size(void);
  * On success *out owns a client to free with aps_client_close. Returns 0,
  * APS_EINVAL, APS_EFORMAT, APS_ETIMEDOUT (no daemon answered), APS_EBUSY (the
  * rank is held by a live session), APS_EMISMATCH (the job's world size or
- * options differ) or APS_ECONN.
+ * options differ), APS_EACCES (the job token differs, or apsd refused this
+ * client's CURVE key: "authentication failed") or APS_ECONN.
  */
 int aps_client_new(aps_client **out, const struct aps_client_opts *o);
 

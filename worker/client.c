@@ -16,10 +16,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
 
-#define HEADER_MAX 4096
+#define HEADER_MAX      4096
+#define JOIN_CLOSES_MAX 8 /* closes without an answer before joining gives up */
 
 void aps_client_opts_init(struct aps_client_opts *o)
 {
@@ -90,11 +92,36 @@ int aps_client_send(struct aps_client *c, struct aps_msg *m, struct aps_sbuf *bu
 	m->payload_len = data != NULL ? len : 0;
 	if (aps_msg_pack(m, hdr, sizeof(hdr), &hdr_len) < 0)
 		return APS_EINVAL;
+	/* A larger frame would close the connection: apsd's max_message_bytes. */
+	if (c->max_message_bytes > 0 &&
+	    (len > c->max_message_bytes || hdr_len > c->max_message_bytes))
+		return APS_ERANGE;
+	c->last_sent_ms = aps_client_now_ms();
+	/* No connection now: what would go now goes again when the session is back. */
+	if (!aps_transport_connected(c->tr))
+		return 0;
 	if (data != NULL)
 		ret = aps_transport_send_shared(c->tr, hdr, hdr_len, buf, data, len);
 	else
 		ret = aps_transport_send(c->tr, hdr, hdr_len, NULL, 0, false);
+	/* A joined client's calls go again on a new connection: they do not fail. */
+	if (ret < 0 && c->has_session) {
+		aps_resume_lost(c, "a send to apsd did not go");
+		return 0;
+	}
 	return ret;
+}
+
+/* "" (none) or 1..APS_MSG_TOKEN_MAX visible ASCII bytes. */
+static bool token_ok(const char *token)
+{
+	size_t n = strlen(token);
+
+	for (size_t i = 0; i < n; i++) {
+		if (token[i] < '!' || token[i] > '~')
+			return false;
+	}
+	return n <= APS_MSG_TOKEN_MAX;
 }
 
 static int check_opts(const struct aps_client_opts *o, struct aps_format *fmt,
@@ -127,6 +154,10 @@ static int check_opts(const struct aps_client_opts *o, struct aps_format *fmt,
 	if (o->optimizer != NULL && strlen(o->optimizer) > APS_MSG_OPTIM_MAX)
 		return aps_api_fail(APS_EINVAL, "optimizer is longer than %d bytes",
 		                    APS_MSG_OPTIM_MAX);
+	if (o->job_token != NULL && !token_ok(o->job_token))
+		return aps_api_fail(APS_EINVAL,
+		                    "job_token must be 1 to %d visible ASCII bytes (no spaces)",
+		                    APS_MSG_TOKEN_MAX);
 	/* The workers' weights would not be what a restarted daemon resumes from its checkpoint. */
 	if (o->optimizer != NULL && o->optimizer[0] != '\0' && o->rejoin)
 		return aps_api_fail(APS_EINVAL,
@@ -156,8 +187,43 @@ static void copy_opts(struct aps_client *c, const struct aps_client_opts *o,
 	snprintf(c->rules, sizeof(c->rules), "%s", o->rules != NULL ? o->rules : "");
 	snprintf(c->optimizer, sizeof(c->optimizer), "%s",
 	         o->optimizer != NULL ? o->optimizer : "");
+	snprintf(c->job_token, sizeof(c->job_token), "%s",
+	         o->job_token != NULL ? o->job_token : "");
 	aps_msg_limits_init(&c->limits);
 	c->limits.from_server = true;
+}
+
+/* The connection closed (closes so far) or could not be made before WELCOME: a new
+ * one after a pause that grows with tries, and HELLO again. */
+static int join_again(struct aps_client *c, unsigned closes, unsigned tries)
+{
+	struct aps_msg hello = c->hello;
+	struct timespec pause = { 0, (long)(tries < 5 ? 50 << tries : 1000) * 1000000L };
+
+	/* A refusal whose ERROR the reset connection lost: the handshake never worked. */
+	if (closes >= JOIN_CLOSES_MAX && aps_transport_curve(c->tr) &&
+	    !aps_transport_ever_handshook(c->tr))
+		return aps_api_fail(APS_EACCES,
+		                    "authentication failed: the CURVE handshake with apsd at %s "
+		                    "never completed in %u tries (is this client's public key in "
+		                    "the daemon's curve_allow_file, and curve_server_key the "
+		                    "daemon's public key?)",
+		                    c->endpoint, closes);
+	if (closes >= JOIN_CLOSES_MAX)
+		return aps_api_fail(APS_ECONN,
+		                    "joining the job: apsd at %s closed the connection %u times "
+		                    "before it answered (it may be at max_connections, or not take "
+		                    "this client: its log says why)",
+		                    c->endpoint, closes);
+	aps_transport_drop(c->tr); /* not to be connected again under its old routing id */
+	nanosleep(&pause, NULL);
+	if (aps_transport_renew(c->tr) < 0)
+		return aps_api_fail(APS_ECONN, "cannot connect to %s again", c->endpoint);
+	/* The HELLO or its WELCOME may be lost: say it again (apsd answers a HELLO of a
+	 * session it knows with WELCOME again). */
+	return aps_client_send(c, &hello, NULL, NULL, 0) < 0
+	               ? aps_api_fail(APS_ECONN, "cannot send to %s", c->endpoint)
+	               : 0;
 }
 
 /* Waits for WELCOME on this thread: the I/O thread does not exist yet. */
@@ -167,17 +233,25 @@ static int await_welcome(struct aps_client *c)
 	struct aps_msg_fault fault;
 	struct aps_rxmsg rx;
 	struct aps_msg m;
+	unsigned closes = 0, waits = 0;
 
 	for (;;) {
 		int64_t left = deadline - aps_client_now_ms();
 		int got = aps_transport_recv(c->tr, left > 0 ? (int)left : 0, &rx);
 		if (got < 0)
 			return aps_api_fail(APS_ECONN, "receive from %s failed", c->endpoint);
-		if (got == APS_TRANSPORT_RECV_RECONNECTED) {
-			/* The HELLO or its WELCOME may be lost: say it again (apsd answers
-			 * a HELLO of a session it knows with WELCOME again). */
-			struct aps_msg hello = c->hello;
-			aps_client_send(c, &hello, NULL, NULL, 0);
+		if (got == APS_TRANSPORT_RECV_REFUSED)
+			return aps_api_fail(APS_EACCES, "%s", aps_transport_refusal(c->tr));
+		if (got == APS_TRANSPORT_RECV_LOST || got == APS_TRANSPORT_RECV_NOCONN) {
+			/* Only a connection that closed counts; nothing listening yet is a wait. */
+			if (got == APS_TRANSPORT_RECV_LOST)
+				closes++;
+			else
+				waits++;
+			int ret = join_again(c, closes,
+			                     got == APS_TRANSPORT_RECV_LOST ? closes : waits);
+			if (ret < 0)
+				return ret;
 			continue;
 		}
 		if (got == 0)
@@ -200,6 +274,8 @@ static int await_welcome(struct aps_client *c)
 			snprintf(c->optimizer, sizeof(c->optimizer), "%s", m.optimizer);
 			c->barrier_step =
 			        m.step; /* a rank back in an elastic job joins the next one */
+			aps_resume_welcomed(c, &m);
+			c->last_recv_ms = aps_client_now_ms();
 			return 0;
 		}
 	}
@@ -209,10 +285,17 @@ static int hello(struct aps_client *c, const struct aps_client_opts *o)
 {
 	struct aps_msg m;
 
+	/* The session's token, ours for the client's life: every HELLO says it, and it
+	 * takes the session back after the connection closed (resume.c). */
+	if (getrandom(c->session, sizeof(c->session), 0) != (ssize_t)sizeof(c->session))
+		return aps_api_fail(APS_ESYS, "no randomness for a session token (getrandom)");
 	aps_client_msg(c, &m, APS_MSG_HELLO);
+	memcpy(m.session, c->session, sizeof(m.session));
+	m.has_session = true;
 	m.scaling = (int)c->scaling;
 	m.flags = c->policy_auto ? APS_MSG_FLAG_POLICY_AUTO : 0;
 	snprintf(m.optimizer, sizeof(m.optimizer), "%s", c->optimizer);
+	snprintf(m.job_token, sizeof(m.job_token), "%s", c->job_token);
 	if (o->downlink != NULL && strcmp(o->downlink, "auto") != 0)
 		snprintf(m.format, sizeof(m.format), "%s", o->downlink);
 	c->hello = m; /* said again if apsd restarts (rejoin) */
@@ -278,7 +361,7 @@ int aps_client_new(aps_client **out, const struct aps_client_opts *o)
 	if (c == NULL)
 		return aps_api_fail(APS_ENOMEM, "out of memory");
 	copy_opts(c, o, &fmt);
-	ret = aps_transport_open(&c->tr, o->endpoint, c->heartbeat_ms,
+	ret = aps_transport_open(&c->tr, o->endpoint,
 	                         &(struct aps_transport_curve){ o->curve_server_key,
 	                                                        o->curve_public_key,
 	                                                        o->curve_secret_key });

@@ -105,6 +105,7 @@ struct aps_client {
 	struct aps_trace *trace; /* NULL: no timeline */
 	bool policy_auto, error_feedback;
 	char optimizer[APS_MSG_OPTIM_MAX + 1]; /* the job's, as WELCOME says; "": all-reduce */
+	char job_token[APS_MSG_TOKEN_MAX + 1]; /* "": none */
 	char rules[512];
 	struct aps_msg_limits limits;
 	pthread_t io;
@@ -129,6 +130,15 @@ struct aps_client {
 	int64_t rejoin_deadline_ms, next_hello_ms;
 	struct aps_msg hello;        /* as first sent */
 	struct aps_sharded *sharded; /* several endpoints: the shards' clients (sharded.c) */
+	/* The connection's life (I/O thread, resume.c): */
+	uint8_t session[APS_MSG_SESSION_LEN]; /* the session's token, chosen at the first HELLO */
+	bool has_session;                     /* joined: a lost connection resumes it */
+	uint64_t max_message_bytes;           /* apsd's limit, from WELCOME (0: unknown) */
+	int keepalive_ms; /* apsd takes this rank for dead after this much silence */
+	int64_t last_sent_ms, last_recv_ms;
+	bool resuming;         /* HELLO flagged RESUME sent, WELCOME RESUMED due */
+	int64_t renew_due_ms;  /* the connection closed: a new one at this time (0: none) */
+	int64_t last_renew_ms; /* when the last new one went: the next waits RENEW_MS */
 };
 
 int64_t aps_client_now_ms(void);
@@ -202,11 +212,19 @@ int aps_io_send_simple(struct aps_client *c, struct aps_request *r); /* REGISTER
 int aps_io_send_exponents(struct aps_client *c, struct aps_request **batch, uint32_t n);
 int aps_io_send_pull(struct aps_client *c, struct aps_request *r);
 
-/* resume.c: the connection to apsd closed and came back; apsd will say RESUMED. */
-void aps_resume_reconnected(struct aps_client *c);
+/* resume.c: the connection to apsd closed, or apsd went silent (why): a new one is due. */
+void aps_resume_lost(struct aps_client *c, const char *why);
+/* resume.c: renews a lost connection when due, keeps a quiet one alive, takes a silent
+ * daemon's for dead; ms until it is due again. */
+int aps_resume_timers(struct aps_client *c, int64_t now);
 /* resume.c: apsd took the session back (WELCOME flagged RESUMED): every call in
  * flight goes again, each from where it is. */
 void aps_resume_calls(struct aps_client *c);
+/* resume.c: apsd does not know the session it was asked to take back (ERROR about
+ * HELLO, APS_ENOSESSION). True when handled. */
+bool aps_resume_refused(struct aps_client *c, const struct aps_msg *m);
+/* resume.c: what a WELCOME says of the session: its token and apsd's limits. */
+void aps_resume_welcomed(struct aps_client *c, const struct aps_msg *welcome);
 
 /* Encodes r's data for the wire once its scale exponent is known. */
 int aps_request_encode(struct aps_client *c, struct aps_request *r);

@@ -438,6 +438,8 @@ static void on_heartbeat(struct aps_client *c, const struct aps_msg *m)
 	bool barrier = strcmp(m->tensor_name, "@barrier") == 0;
 	struct aps_request *r = c->active;
 
+	if (m->flags & APS_MSG_FLAG_ALIVE)
+		return; /* the answer to a keepalive: apsd lives, that was all */
 	for (; r != NULL; r = r->next) {
 		if (barrier ? r->kind == REQ_BARRIER && r->step == m->step
 		            : r->kind != REQ_BARRIER && r->tensor_id == m->tensor_id &&
@@ -481,7 +483,7 @@ static void on_error(struct aps_client *c, const struct aps_msg *m)
 {
 	struct aps_request *r = NULL;
 
-	if (aps_rejoin_on_error(c, m))
+	if (aps_resume_refused(c, m) || aps_rejoin_on_error(c, m))
 		return;
 
 	if (m->error_code != APS_EPEERLOST && m->error_code != APS_EMISMATCH)
@@ -527,6 +529,7 @@ static void on_message(struct aps_client *c, const struct aps_msg *m)
 			aps_client_fail_all(c, APS_ECONN, "apsd is shutting down", true);
 		break;
 	case APS_MSG_WELCOME:
+		aps_resume_welcomed(c, m);
 		if (m->flags & APS_MSG_FLAG_RESUMED)
 			aps_resume_calls(c);
 		else
@@ -547,10 +550,17 @@ static void receive_all(struct aps_client *c)
 	int got;
 
 	while ((got = aps_transport_recv(c->tr, 0, &rx)) > 0) {
-		if (got == APS_TRANSPORT_RECV_RECONNECTED) {
-			aps_resume_reconnected(c);
-			continue;
+		if (got == APS_TRANSPORT_RECV_LOST || got == APS_TRANSPORT_RECV_NOCONN) {
+			aps_resume_lost(c, got == APS_TRANSPORT_RECV_LOST
+			                           ? "the connection to apsd closed"
+			                           : "apsd cannot be reached");
+			return;
 		}
+		if (got == APS_TRANSPORT_RECV_REFUSED) {
+			aps_client_fail_all(c, APS_EACCES, aps_transport_refusal(c->tr), true);
+			return;
+		}
+		c->last_recv_ms = aps_client_now_ms();
 		if (aps_msg_parse(&c->limits, rx.hdr, rx.hdr_len, rx.payload, rx.payload_len,
 		                  rx.payload != NULL, &m, &fault) < 0) {
 			aps_client_log(c, 1, "bad message from apsd: %s", fault.text);
@@ -616,6 +626,8 @@ static int run_timers(struct aps_client *c)
 		int64_t due = now + aps_rejoin_timers(c, now);
 		next = due < next ? due : next;
 	}
+	int64_t due = now + aps_resume_timers(c, now);
+	next = due < next ? due : next;
 	return next > now ? (int)(next - now) : 0;
 }
 
@@ -632,8 +644,12 @@ void *aps_client_io_main(void *arg)
 		}
 		if (ready & APS_TRANSPORT_WOKEN && read(c->wake_fd, &wakeups, sizeof(wakeups)) < 0)
 			wakeups = 0;
-		if (ready & APS_TRANSPORT_RECONNECTED)
-			aps_resume_reconnected(c);
+		if (ready & APS_TRANSPORT_REFUSED)
+			aps_client_fail_all(c, APS_EACCES, aps_transport_refusal(c->tr), true);
+		else if (ready & APS_TRANSPORT_LOST)
+			aps_resume_lost(c, "the connection to apsd closed");
+		else if (ready & APS_TRANSPORT_NOCONN)
+			aps_resume_lost(c, "apsd cannot be reached");
 		if (ready & APS_TRANSPORT_READABLE)
 			receive_all(c);
 	}

@@ -78,6 +78,8 @@ void aps_rejoin_begin(struct aps_client *c, const char *why)
 	aps_client_log(c, 1, "%.200s: joining job '%s' again; the calls in flight go again", why,
 	               c->job);
 	requeue_active(c);
+	c->has_session = false; /* the daemon that had it is gone */
+	c->resuming = false;
 	pthread_mutex_lock(&c->lock);
 	c->rejoining = true;
 	pthread_mutex_unlock(&c->lock);

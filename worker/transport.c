@@ -3,9 +3,10 @@
  * for one with zmq_poll. Frames of the last received message are kept here
  * until the next receive, so that the caller reads the payload in place.
  *
- * The socket has a random routing id of its own for its whole life, so that
- * apsd knows it again when ZeroMQ reconnects it after its connection closed;
- * a socket monitor tells when that happened (APS_TRANSPORT_RECONNECTED).
+ * Each socket has a random routing id of its own and lives for one
+ * connection: a socket monitor says when it closed (LOST) or when its
+ * handshake failed (REFUSED), and the client then renews the transport. No
+ * ZMTP heartbeats: liveness is the protocol's (HEARTBEAT flagged ALIVE).
  */
 #include "worker/transport.h"
 
@@ -23,11 +24,21 @@
 
 #define MAX_FRAMES     2
 #define ROUTING_ID_LEN 16
+#define KEY_LEN        40
+/* A socket whose connect failed has no pipe, a full pipe takes nothing: a send
+ * waits this long at most, then the connection is taken for lost (resume.c). */
+#define SEND_TIMEOUT_MS 200
 
 struct aps_transport {
 	void *zctx, *sock;
-	void *monitor;     /* PAIR socket reading the DEALER's connection events */
-	bool disconnected; /* the connection closed; ZeroMQ is reconnecting */
+	void *monitor;   /* PAIR socket reading the DEALER's connection events */
+	unsigned serial; /* sockets opened: names each monitor */
+	char endpoint[256];
+	bool curve;
+	char server_key[KEY_LEN + 1], public_key[KEY_LEN + 1], secret_key[KEY_LEN + 1];
+	char refusal[320];
+	unsigned handshakes; /* that succeeded, on every socket so far */
+	bool handshook;      /* this socket's did */
 	zmq_msg_t frame[MAX_FRAMES];
 	size_t nkept;
 };
@@ -37,13 +48,13 @@ static int set_int(void *sock, int opt, int value)
 	return zmq_setsockopt(sock, opt, &value, sizeof(value));
 }
 
-static int set_curve(void *sock, const struct aps_transport_curve *curve)
+static int set_curve(struct aps_transport *t)
 {
-	if (curve == NULL || curve->server_key == NULL)
+	if (!t->curve)
 		return 0;
-	if (zmq_setsockopt(sock, ZMQ_CURVE_SERVERKEY, curve->server_key, 40) < 0 ||
-	    zmq_setsockopt(sock, ZMQ_CURVE_PUBLICKEY, curve->public_key, 40) < 0 ||
-	    zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, curve->secret_key, 40) < 0)
+	if (zmq_setsockopt(t->sock, ZMQ_CURVE_SERVERKEY, t->server_key, KEY_LEN) < 0 ||
+	    zmq_setsockopt(t->sock, ZMQ_CURVE_PUBLICKEY, t->public_key, KEY_LEN) < 0 ||
+	    zmq_setsockopt(t->sock, ZMQ_CURVE_SECRETKEY, t->secret_key, KEY_LEN) < 0)
 		return APS_EINVAL;
 	return 0;
 }
@@ -78,8 +89,13 @@ static int open_monitor(struct aps_transport *t)
 {
 	char addr[64];
 
-	snprintf(addr, sizeof(addr), "inproc://aps-transport-%p", (void *)t);
-	if (zmq_socket_monitor(t->sock, addr, ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED) < 0)
+	snprintf(addr, sizeof(addr), "inproc://aps-transport-%p-%u", (void *)t, t->serial);
+	if (zmq_socket_monitor(t->sock, addr,
+	                       ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_CLOSED |
+	                               ZMQ_EVENT_HANDSHAKE_SUCCEEDED |
+	                               ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+	                               ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+	                               ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) < 0)
 		return APS_ECONN;
 	t->monitor = zmq_socket(t->zctx, ZMQ_PAIR);
 	if (t->monitor == NULL)
@@ -88,55 +104,122 @@ static int open_monitor(struct aps_transport *t)
 	return zmq_connect(t->monitor, addr) < 0 ? APS_ECONN : 0;
 }
 
-static void close_monitor(struct aps_transport *t)
+static void drop_frames(struct aps_transport *t);
+
+static void close_socket(struct aps_transport *t, int linger_ms)
 {
-	if (t->monitor == NULL)
-		return;
-	zmq_socket_monitor(t->sock, NULL, 0);
-	zmq_close(t->monitor);
-	t->monitor = NULL;
+	drop_frames(t);
+	if (t->monitor != NULL) {
+		zmq_socket_monitor(t->sock, NULL, 0);
+		zmq_close(t->monitor);
+		t->monitor = NULL;
+	}
+	if (t->sock != NULL) {
+		set_int(t->sock, ZMQ_LINGER, linger_ms);
+		zmq_close(t->sock);
+		t->sock = NULL;
+	}
 }
 
-int aps_transport_open(struct aps_transport **out, const char *endpoint, int heartbeat_ms,
+static int open_socket(struct aps_transport *t)
+{
+	int ret;
+
+	t->serial++;
+	t->sock = zmq_socket(t->zctx, ZMQ_DEALER);
+	if (t->sock == NULL)
+		return APS_ECONN;
+	set_int(t->sock, ZMQ_LINGER, 0);
+	set_int(t->sock, ZMQ_SNDTIMEO, SEND_TIMEOUT_MS);
+	/* Never again by itself: under its old routing id, after apsd dropped it or a
+	 * blip, the new connection would not be this session's (the client renews). */
+	set_int(t->sock, ZMQ_RECONNECT_IVL, -1);
+	ret = set_curve(t);
+	if (ret == 0 && (set_routing_id(t->sock) < 0 || open_monitor(t) < 0 ||
+	                 zmq_connect(t->sock, t->endpoint) < 0))
+		ret = APS_ECONN;
+	if (ret < 0)
+		close_socket(t, 0);
+	return ret;
+}
+
+static int copy_opts(struct aps_transport *t, const char *endpoint,
+                     const struct aps_transport_curve *curve)
+{
+	if (strlen(endpoint) >= sizeof(t->endpoint))
+		return APS_EINVAL;
+	snprintf(t->endpoint, sizeof(t->endpoint), "%s", endpoint);
+	if (curve == NULL || curve->server_key == NULL)
+		return 0;
+	if (curve->public_key == NULL || curve->secret_key == NULL ||
+	    strlen(curve->server_key) != KEY_LEN || strlen(curve->public_key) != KEY_LEN ||
+	    strlen(curve->secret_key) != KEY_LEN)
+		return APS_EINVAL;
+	t->curve = true;
+	memcpy(t->server_key, curve->server_key, KEY_LEN + 1);
+	memcpy(t->public_key, curve->public_key, KEY_LEN + 1);
+	memcpy(t->secret_key, curve->secret_key, KEY_LEN + 1);
+	return 0;
+}
+
+int aps_transport_open(struct aps_transport **out, const char *endpoint,
                        const struct aps_transport_curve *curve)
 {
-	int ret = APS_ECONN;
-
 	struct aps_transport *t = calloc(1, sizeof(*t));
+	int ret;
 
 	if (t == NULL)
 		return APS_ENOMEM;
-	t->zctx = zmq_ctx_new();
-	if (t->zctx == NULL)
-		goto err_free;
-	t->sock = zmq_socket(t->zctx, ZMQ_DEALER);
-	if (t->sock == NULL)
-		goto err_term;
-	set_int(t->sock, ZMQ_LINGER, 0);
-	/* A full pipe (the daemon gone) must fail a send, not block the I/O thread. */
-	set_int(t->sock, ZMQ_SNDTIMEO, heartbeat_ms > 0 ? heartbeat_ms : 1000);
-	if (heartbeat_ms > 0) {
-		set_int(t->sock, ZMQ_HEARTBEAT_IVL, heartbeat_ms);
-		set_int(t->sock, ZMQ_HEARTBEAT_TIMEOUT, 5 * heartbeat_ms);
+	ret = copy_opts(t, endpoint, curve);
+	if (ret == 0 && (t->zctx = zmq_ctx_new()) == NULL)
+		ret = APS_ECONN;
+	if (ret == 0)
+		ret = open_socket(t);
+	if (ret < 0) {
+		if (t->zctx != NULL)
+			zmq_ctx_term(t->zctx);
+		free(t);
+		return ret;
 	}
-	if (set_curve(t->sock, curve) < 0) {
-		ret = APS_EINVAL;
-		goto err_close;
-	}
-	if (set_routing_id(t->sock) < 0 || open_monitor(t) < 0)
-		goto err_close;
-	if (zmq_connect(t->sock, endpoint) < 0)
-		goto err_close;
 	*out = t;
 	return 0;
-err_close:
-	close_monitor(t);
-	zmq_close(t->sock);
-err_term:
-	zmq_ctx_term(t->zctx);
-err_free:
-	free(t);
-	return ret;
+}
+
+void aps_transport_drop(struct aps_transport *t)
+{
+	close_socket(t, 0);
+}
+
+bool aps_transport_connected(const struct aps_transport *t)
+{
+	return t->sock != NULL;
+}
+
+int aps_transport_renew(struct aps_transport *t)
+{
+	close_socket(t, 0);
+	t->handshook = false;
+	return open_socket(t);
+}
+
+const char *aps_transport_refusal(const struct aps_transport *t)
+{
+	return t->refusal;
+}
+
+bool aps_transport_ever_handshook(const struct aps_transport *t)
+{
+	return t->handshakes > 0;
+}
+
+bool aps_transport_handshook(const struct aps_transport *t)
+{
+	return t->handshook;
+}
+
+bool aps_transport_curve(const struct aps_transport *t)
+{
+	return t->curve;
 }
 
 static void drop_frames(struct aps_transport *t)
@@ -150,10 +233,7 @@ void aps_transport_close(struct aps_transport *t, int linger_ms)
 {
 	if (t == NULL)
 		return;
-	drop_frames(t);
-	close_monitor(t);
-	set_int(t->sock, ZMQ_LINGER, linger_ms);
-	zmq_close(t->sock);
+	close_socket(t, linger_ms);
 	zmq_ctx_term(t->zctx);
 	free(t);
 }
@@ -161,6 +241,8 @@ void aps_transport_close(struct aps_transport *t, int linger_ms)
 int aps_transport_send(struct aps_transport *t, const uint8_t *hdr, size_t hdr_len,
                        const void *payload, size_t payload_len, bool has_payload)
 {
+	if (t->sock == NULL)
+		return APS_ECONN;
 	if (zmq_send(t->sock, hdr, hdr_len, has_payload ? ZMQ_SNDMORE : 0) < 0)
 		return APS_ECONN;
 	if (has_payload && zmq_send(t->sock, payload, payload_len, 0) < 0)
@@ -179,7 +261,7 @@ int aps_transport_send_shared(struct aps_transport *t, const uint8_t *hdr, size_
 {
 	zmq_msg_t m;
 
-	if (zmq_send(t->sock, hdr, hdr_len, ZMQ_SNDMORE) < 0)
+	if (t->sock == NULL || zmq_send(t->sock, hdr, hdr_len, ZMQ_SNDMORE) < 0)
 		return APS_ECONN;
 	zmq_msg_init_data(&m, (void *)data, len, free_sbuf_cb, aps_sbuf_ref(buf));
 	if (zmq_msg_send(&m, t->sock, 0) < 0) {
@@ -189,22 +271,56 @@ int aps_transport_send_shared(struct aps_transport *t, const uint8_t *hdr, size_
 	return 0;
 }
 
-/* Reads the monitor's events; true when a closed connection came back. */
-static bool read_events(struct aps_transport *t)
+/* Why a handshake failed, from its monitor event. */
+static void note_refusal(struct aps_transport *t, uint16_t event, int32_t value)
 {
-	bool back = false;
+	if (event == ZMQ_EVENT_DISCONNECTED || event == ZMQ_EVENT_CLOSED)
+		return;
+	if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
+		snprintf(t->refusal, sizeof(t->refusal),
+		         "authentication failed: apsd at %.120s refused this client's CURVE key "
+		         "(status %d; is it in the daemon's curve_allow_file?)",
+		         t->endpoint, (int)value);
+	else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL &&
+	         value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
+		snprintf(t->refusal, sizeof(t->refusal),
+		         "the handshake with apsd at %.120s failed: %s", t->endpoint,
+		         t->curve ? "this client uses CURVE and the daemon does not"
+		                  : "the daemon uses CURVE and this client does not (set its "
+		                    "curve_server_key and key pair)");
+	else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL)
+		snprintf(t->refusal, sizeof(t->refusal),
+		         "the handshake with apsd at %.120s failed (ZMTP error 0x%x): does the "
+		         "daemon use CURVE, and is curve_server_key its public key?",
+		         t->endpoint, (unsigned)value);
+	else
+		snprintf(
+		        t->refusal, sizeof(t->refusal),
+		        "the handshake with apsd at %.120s failed: %.40s (does the daemon use CURVE "
+		        "when this client does not, or the other way round?)",
+		        t->endpoint, zmq_strerror(value));
+}
+
+/* Reads the monitor's events: a mask of APS_TRANSPORT_LOST and APS_TRANSPORT_REFUSED. */
+static int read_events(struct aps_transport *t)
+{
+	int what = 0;
 	zmq_msg_t part;
 
 	for (;;) {
 		uint16_t event = 0;
+		int32_t value = 0;
 		int more;
 		zmq_msg_init(&part);
 		if (zmq_msg_recv(&part, t->monitor, ZMQ_DONTWAIT) < 0) {
 			zmq_msg_close(&part);
-			return back;
+			return what;
 		}
-		if (zmq_msg_size(&part) >= sizeof(event))
+		if (zmq_msg_size(&part) >= sizeof(event) + sizeof(value)) {
 			memcpy(&event, zmq_msg_data(&part), sizeof(event));
+			memcpy(&value, (uint8_t *)zmq_msg_data(&part) + sizeof(event),
+			       sizeof(value));
+		}
 		more = zmq_msg_more(&part);
 		zmq_msg_close(&part);
 		while (more) { /* the endpoint's address */
@@ -212,30 +328,42 @@ static bool read_events(struct aps_transport *t)
 			more = zmq_msg_recv(&part, t->monitor, 0) >= 0 && zmq_msg_more(&part);
 			zmq_msg_close(&part);
 		}
-		if (event == ZMQ_EVENT_DISCONNECTED)
-			t->disconnected = true;
-		else if (event == ZMQ_EVENT_CONNECTED && t->disconnected) {
-			t->disconnected = false;
-			back = true;
+		if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
+			t->handshakes++;
+			t->handshook = true;
+			continue;
 		}
+		if (event != 0)
+			note_refusal(t, event, value);
+		/* A refused key or a protocol the daemon does not speak will not change;
+		 * a handshake cut short (a blip, a full daemon) may. */
+		if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH ||
+		    event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL)
+			what |= APS_TRANSPORT_REFUSED;
+		else if (event == ZMQ_EVENT_CLOSED) /* a connect that failed */
+			what |= APS_TRANSPORT_NOCONN;
+		else if (event != 0)
+			what |= APS_TRANSPORT_LOST;
 	}
 }
 
 int aps_transport_poll(struct aps_transport *t, int wake_fd, int timeout_ms)
 {
-	zmq_pollitem_t items[3] = { { .socket = t->sock, .events = ZMQ_POLLIN },
-		                    { .fd = wake_fd, .events = ZMQ_POLLIN },
+	zmq_pollitem_t items[3] = { { .fd = wake_fd, .events = ZMQ_POLLIN },
+		                    { .socket = t->sock, .events = ZMQ_POLLIN },
 		                    { .socket = t->monitor, .events = ZMQ_POLLIN } };
 	int n;
 
-	do {
-		n = zmq_poll(items, 3, timeout_ms);
+	do { /* without a socket (a new one is due) only the wake-up and the timer */
+		n = zmq_poll(items, t->sock != NULL ? 3 : 1, timeout_ms);
 	} while (n < 0 && errno == EINTR);
 	if (n < 0)
 		return APS_ECONN;
-	return ((items[0].revents & ZMQ_POLLIN) ? APS_TRANSPORT_READABLE : 0) |
-	       ((items[1].revents & ZMQ_POLLIN) ? APS_TRANSPORT_WOKEN : 0) |
-	       ((items[2].revents & ZMQ_POLLIN) && read_events(t) ? APS_TRANSPORT_RECONNECTED : 0);
+	if (t->sock == NULL)
+		return (items[0].revents & ZMQ_POLLIN) ? APS_TRANSPORT_WOKEN : 0;
+	return ((items[1].revents & ZMQ_POLLIN) ? APS_TRANSPORT_READABLE : 0) |
+	       ((items[0].revents & ZMQ_POLLIN) ? APS_TRANSPORT_WOKEN : 0) |
+	       ((items[2].revents & ZMQ_POLLIN) ? read_events(t) : 0);
 }
 
 /* Reads every frame of a waiting message, keeping the first MAX_FRAMES. */
@@ -270,6 +398,8 @@ int aps_transport_recv(struct aps_transport *t, int timeout_ms, struct aps_rxmsg
 	int n;
 
 	drop_frames(t);
+	if (t->sock == NULL)
+		return 0;
 	clock_gettime(CLOCK_MONOTONIC, &now);
 	deadline_ms = now.tv_sec * 1000 + now.tv_nsec / 1000000 + timeout_ms;
 	for (;;) {
@@ -278,8 +408,15 @@ int aps_transport_recv(struct aps_transport *t, int timeout_ms, struct aps_rxmsg
 			return APS_ECONN;
 		if (n > 0 && (items[0].revents & ZMQ_POLLIN))
 			break;
-		if (n > 0 && (items[1].revents & ZMQ_POLLIN) && read_events(t))
-			return APS_TRANSPORT_RECV_RECONNECTED;
+		if (n > 0 && (items[1].revents & ZMQ_POLLIN)) {
+			int what = read_events(t);
+			if (what & APS_TRANSPORT_REFUSED)
+				return APS_TRANSPORT_RECV_REFUSED;
+			if (what & APS_TRANSPORT_LOST)
+				return APS_TRANSPORT_RECV_LOST;
+			if (what & APS_TRANSPORT_NOCONN)
+				return APS_TRANSPORT_RECV_NOCONN;
+		}
 		clock_gettime(CLOCK_MONOTONIC, &now);
 		timeout_ms = (int)(deadline_ms - (now.tv_sec * 1000 + now.tv_nsec / 1000000));
 		if (timeout_ms <= 0)

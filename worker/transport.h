@@ -2,6 +2,13 @@
  * The client's connection to apsd: one ZeroMQ DEALER socket in a context of
  * its own, created in the process that uses it (so a client survives fork()
  * as long as it is created after). The only file of worker/ with zmq.h.
+ *
+ * One socket is one connection: ZeroMQ never connects it again by itself.
+ * When its connection closes (APS_TRANSPORT_LOST) or its connect fails
+ * (APS_TRANSPORT_NOCONN: nothing listens yet), the client renews the
+ * transport, a new socket with a new routing id, and takes its session back
+ * by its token (resume.c). A handshake apsd refused (CURVE) is reported at
+ * once (APS_TRANSPORT_REFUSED), with why.
  */
 #ifndef APS_WORKER_TRANSPORT_H
 #define APS_WORKER_TRANSPORT_H
@@ -32,8 +39,34 @@ struct aps_transport_curve {
  * Connects (asynchronously: nothing waits here). Returns 0, APS_EINVAL (a
  * CURVE key is not Z85), APS_ECONN or APS_ENOMEM.
  */
-int aps_transport_open(struct aps_transport **out, const char *endpoint, int heartbeat_ms,
+int aps_transport_open(struct aps_transport **out, const char *endpoint,
                        const struct aps_transport_curve *curve);
+
+/*
+ * Replaces the socket by a new one (a new routing id) to the same endpoint:
+ * what waited on the old one is dropped. Returns 0, or APS_ECONN (the
+ * transport is then unusable).
+ */
+int aps_transport_renew(struct aps_transport *t);
+
+/* Closes the socket at once (a new one comes with aps_transport_renew); until then
+ * sends fail with APS_ECONN and nothing is received. */
+void aps_transport_drop(struct aps_transport *t);
+
+/* False between aps_transport_drop and aps_transport_renew. */
+bool aps_transport_connected(const struct aps_transport *t);
+
+/* Why the last handshake failed ("" when none did). */
+const char *aps_transport_refusal(const struct aps_transport *t);
+
+/* Whether any handshake with apsd succeeded, on any socket of this transport. */
+bool aps_transport_ever_handshook(const struct aps_transport *t);
+
+/* Whether the handshake of the socket now (or last) in use succeeded. */
+bool aps_transport_handshook(const struct aps_transport *t);
+
+/* Whether the connection uses CURVE. */
+bool aps_transport_curve(const struct aps_transport *t);
 
 /* Closes; queued messages get up to linger_ms to leave. NULL is a no-op. */
 void aps_transport_close(struct aps_transport *t, int linger_ms);
@@ -51,21 +84,28 @@ int aps_transport_send_shared(struct aps_transport *t, const uint8_t *hdr, size_
 
 /*
  * Waits up to timeout_ms for one message: 1 received, 0 timed out,
- * APS_TRANSPORT_RECV_RECONNECTED (nothing received: the connection had
- * closed and is back, so what was sent may be lost), or APS_ECONN.
+ * APS_TRANSPORT_RECV_LOST (nothing received: the connection closed, and what
+ * was sent may be lost: renew), APS_TRANSPORT_RECV_NOCONN (the connect
+ * failed: renew, a little later), APS_TRANSPORT_RECV_REFUSED (a handshake
+ * failed), or APS_ECONN.
  */
-#define APS_TRANSPORT_RECV_RECONNECTED 2
+#define APS_TRANSPORT_RECV_LOST    2
+#define APS_TRANSPORT_RECV_REFUSED 3
+#define APS_TRANSPORT_RECV_NOCONN  4
 int aps_transport_recv(struct aps_transport *t, int timeout_ms, struct aps_rxmsg *out);
 
 /*
  * Waits up to timeout_ms until a message can be read or wake_fd is readable.
- * Returns a mask of APS_TRANSPORT_READABLE, APS_TRANSPORT_WOKEN and
- * APS_TRANSPORT_RECONNECTED (the connection had closed and is back: apsd
- * may have lost messages either way), or APS_ECONN.
+ * Returns a mask of APS_TRANSPORT_READABLE, APS_TRANSPORT_WOKEN,
+ * APS_TRANSPORT_LOST (the connection closed: renew), APS_TRANSPORT_NOCONN (the
+ * connect failed: renew) and APS_TRANSPORT_REFUSED (a handshake failed), or
+ * APS_ECONN.
  */
-#define APS_TRANSPORT_READABLE    1
-#define APS_TRANSPORT_WOKEN       2
-#define APS_TRANSPORT_RECONNECTED 4
+#define APS_TRANSPORT_READABLE 1
+#define APS_TRANSPORT_WOKEN    2
+#define APS_TRANSPORT_LOST     4
+#define APS_TRANSPORT_REFUSED  8
+#define APS_TRANSPORT_NOCONN   16
 int aps_transport_poll(struct aps_transport *t, int wake_fd, int timeout_ms);
 
 /* zmq_strerror of the last failure of this thread. */

@@ -20,6 +20,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 BUILD = ROOT / os.environ.get("APS_BUILD", "build")
 APSD = BUILD / "server" / "apsd"
 WORKER = BUILD / "tests" / "integration" / "itest_worker"
+# AddressSanitizer keeps freed memory in its quarantine: RSS says nothing there.
+SANITIZED = "asan" in BUILD.name
 
 sys.path.insert(0, str(ROOT / "worker" / "python"))
 
@@ -80,6 +82,10 @@ class Daemon:
     def counter(self, name):
         """One of the daemon's counters, read from its stats socket."""
         return ask(self.stats_path(), "stats")["counters"][name]
+
+    def ask(self, command):
+        """The stats socket's JSON answer to command."""
+        return ask(self.stats_path(), command)
 
     def stop(self, timeout=10):
         if self.proc.poll() is None:

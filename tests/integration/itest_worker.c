@@ -163,6 +163,17 @@ static int expected(const struct args *a, int s, int t, uint64_t n, float *want,
 	return 0;
 }
 
+/* APS_ITEST_LOG=1: the client's diagnostics on stderr, with the time (ms). */
+static void log_line(void *ctx, int level, const char *line)
+{
+	struct timespec ts;
+
+	(void)ctx;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	fprintf(stderr, "client %ld.%03ld [%d] %s\n", (long)ts.tv_sec, ts.tv_nsec / 1000000, level,
+	        line);
+}
+
 static int fail(int ret)
 {
 	printf("error %s: %s\n", aps_err_name(ret), aps_last_error());
@@ -450,9 +461,12 @@ int main(int argc, char **argv)
 	o.curve_server_key = getenv("APS_CURVE_SERVER_KEY");
 	o.curve_public_key = getenv("APS_CURVE_PUBLIC_KEY");
 	o.curve_secret_key = getenv("APS_CURVE_SECRET_KEY");
+	o.job_token = getenv("APS_JOB_TOKEN");
 	o.error_feedback = a.ef;
 	o.rejoin = a.rejoin;
 	o.partition_bytes = a.partition_bytes;
+	if (getenv("APS_ITEST_LOG") != NULL)
+		o.log = log_line;
 	if ((ret = aps_client_new(&c, &o)) < 0)
 		return fail(ret);
 	ret = run(&a, c);

@@ -31,6 +31,11 @@ def test_env_defaults_and_precedence():
                                     "APS_WORLD_SIZE": "4"}) == (0, 4)
 
 
+def test_env_job_token():
+    assert aps._env.client_config({"APS_JOB_TOKEN": "t0k"})["job_token"] == "t0k"
+    assert "job_token" not in aps._env.client_config({"APS_JOB_TOKEN": ""})
+
+
 @pytest.mark.parametrize("env,match", [({"RANK": "1"}, "WORLD_SIZE is not"),
                                        ({"APS_WORLD_SIZE": "2"}, "APS_RANK is not"),
                                        ({"RANK": "x", "WORLD_SIZE": "2"}, "not an integer")])
@@ -57,6 +62,8 @@ def test_no_daemon_times_out_with_a_clear_message():
     ({"rank": "0"}, TypeError, "rank must be an int"),
     ({"format": 8}, TypeError, "format must be a str"),
     ({"job": ""}, ValueError, "job name must have 1 to 64 bytes"),
+    ({"job_token": "two words"}, ValueError, "job_token must be 1 to 128 visible ASCII"),
+    ({"job_token": "x" * 129}, ValueError, "job_token must be 1 to 128 visible ASCII"),
 ])
 def test_bad_options_are_refused_before_connecting(kwargs, exc, match):
     args = {"endpoint": "tcp://127.0.0.1:1", "rank": 0, "world_size": 1, **kwargs}
@@ -114,6 +121,18 @@ def test_closed_client_raises(apsd):
     with pytest.raises(aps.Error, match="closed") as err:
         c.allreduce("x", np.zeros(3, np.float32))
     assert err.value.name == "APS_ECLOSED"
+
+
+def test_a_job_token_keeps_others_out(apsd):
+    with aps.Client(apsd, 0, 2, format="fp32", job="tok", job_token="s3cret") as c0:
+        for token in (None, "guess"):
+            with pytest.raises(aps.Error, match="not allowed in job 'tok'") as err:
+                aps.Client(apsd, 1, 2, format="fp32", job="tok", job_token=token)
+            assert err.value.name == "APS_EACCES"
+        with aps.Client(apsd, 1, 2, format="fp32", job="tok", job_token="s3cret") as c1:
+            h = c1.allreduce_async("t", np.full(4, 3, np.float32))
+            assert c0.allreduce("t", np.ones(4, np.float32)).tolist() == [2, 2, 2, 2]
+            assert h.wait().tolist() == [2, 2, 2, 2]
 
 
 def test_from_env(apsd):

@@ -14,7 +14,8 @@ from conftest import ROOT
 WORKER = """
 import os, sys, time, aps
 with aps.Client.from_env() as c:
-    print("hello", os.environ["RANK"], os.environ["WORLD_SIZE"], c.job, flush=True)
+    print("hello", os.environ["RANK"], os.environ["WORLD_SIZE"], c.job,
+          "token=" + os.environ.get("APS_JOB_TOKEN", ""), flush=True)
     c.barrier()
     mode = sys.argv[1]
     if mode == "fail" and c.rank == 1:
@@ -31,6 +32,7 @@ def launch(tmp_path, mode, endpoint, *extra):
     env = {**os.environ, "PYTHONPATH": str(ROOT / "worker" / "python"),
            "APSD": str(ROOT / "build" / "server" / "apsd")}
     env.pop("APS_JOB", None)
+    env.pop("APS_JOB_TOKEN", None)
     return subprocess.Popen([sys.executable, "-m", "aps.launch", "-n", "2", "--endpoint",
                              endpoint, *extra, str(script), mode], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -46,6 +48,20 @@ def test_launch_starts_apsd_and_prefixes_output(tmp_path):
         lines[1].startswith("[rank 1] hello 1 2 launch-"), out
     assert f"started apsd at {endpoint}" in err
     assert not aps.daemon.is_listening(endpoint), "the launcher left its apsd running"
+
+
+def test_launch_gives_the_job_a_token(tmp_path):
+    # a random one per launch, the same for every rank; or the one it is given
+    endpoint = aps.daemon.free_endpoint()
+    p = launch(tmp_path, "ok", endpoint)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    tokens = {line.split("token=")[1] for line in out.splitlines()}
+    assert len(tokens) == 1 and len(tokens.pop()) == 32, out
+    p = launch(tmp_path, "ok", endpoint, "--job-token", "s3cret")
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    assert out.count("token=s3cret") == 2, out
 
 
 def test_launch_starts_every_shard_of_an_endpoint_list(tmp_path):

@@ -11,7 +11,11 @@ What runs (all real processes on loopback):
   flight at once;
 - a rogue peer (tests/soak/rogue) sending garbage, truncated and bit-flipped
   messages, bad CRCs, extra frames, pushes without HELLO and HELLOs that do
-  not match, all the time.
+  not match, all the time;
+- attackers (tests/soak/attackers.py): connections that take another's routing
+  id over (and sometimes flood the parked one), and slow readers that send
+  thousands of requests, never read a reply and close (issue 15: each aborted
+  or leaked the daemon of libzmq 4.3 before).
 
 Faults injected:
 - every --kill-every seconds, kill -9 of one random worker: the other ranks of
@@ -29,7 +33,9 @@ Faults injected:
   see a wrong result because of it.
 
 It reports rounds completed and results verified, faults injected, wrong
-results (must be 0), errors by name, detection times, and the daemon's RSS
+results (must be 0), daemons that died on their own (must be 0), the
+daemon's descriptors once every peer is gone against its own at start (within
+a few), errors by name, detection times, and the daemon's RSS
 (the last incarnation lives through the last 60 % of the run: its RSS at the
 end must be within 5 % of its RSS after a warm-up of a quarter of the run).
 Exit status 0 when every check holds; --no-rss-check leaves the RSS out of
@@ -57,6 +63,8 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
 from proxy import BlipProxy  # noqa: E402
+sys.path.insert(0, str(ROOT / "tests" / "soak"))
+import attackers  # noqa: E402
 HEARTBEAT_MS = 1000  # apsd's default, which the bound below is stated against
 ERROR_NAME = re.compile(r"error (APS_E[A-Z]+)")
 
@@ -65,6 +73,13 @@ def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def open_fds(pid):
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return None
 
 
 def rss_kib(pid):
@@ -98,6 +113,14 @@ class Daemon:
                 raise RuntimeError("apsd did not start: " + pathlib.Path(self.log_path).read_text())
             time.sleep(0.02)
         self.started = time.monotonic()
+        self.idle_fds = open_fds(self.proc.pid)  # before any peer
+
+    def died(self):
+        """The exit status when it ended by itself (an abort), else None."""
+        code = self.proc.poll()
+        if code is not None:
+            self.exits.append(("none", code))
+        return code
 
     def stop(self, sig):
         self.proc.send_signal(sig)
@@ -223,6 +246,7 @@ def run(args):
               "sanitizer_samples": [],
               "faults": {"worker_kill9": 0, "daemon_sigterm": 0, "daemon_sigkill": 0,
                          "network_blips": 0},
+              "daemon_deaths": [], "attacks": {},
               "errors": {}, "detect_s": [], "daemon_restart_s": [], "rogue": [],
               "rss_kib": [], "tmp": tmp}
     daemon = Daemon(build, endpoint, tmp)
@@ -252,11 +276,19 @@ def run(args):
             report["rogue"].append(r.stdout.strip())
     rogue = threading.Thread(target=rogue_loop, daemon=True)
     rogue.start()
+    attack = threading.Thread(target=attackers.run, daemon=True,
+                              args=(endpoint, args.seed, stop_rogue, report["attacks"]))
+    attack.start()
     last_progress = start
     while time.monotonic() < end:
         now = time.monotonic()
         for job in jobs:
             job.poll()
+        code = daemon.died()
+        if code is not None:  # not one of ours: an abort or a crash
+            report["daemon_deaths"].append(code)
+            daemon.start()
+            continue
         if restarts and now >= restarts[0]:
             restarts.pop(0)
             sig = signal.SIGTERM if report["faults"]["daemon_sigterm"] <= \
@@ -300,12 +332,22 @@ def run(args):
         time.sleep(0.05)
     stop_rogue.set()
     rogue.join(timeout=30)
+    attack.join(timeout=30)
     for job in jobs:
         job.poll()
     report["counters"] = daemon.counters()
     for job in jobs:
         job.stop()
     proxy.close()
+    # Every peer is gone: the descriptors go back to the daemon's own at its start.
+    deadline = time.monotonic() + 15
+    while open_fds(daemon.proc.pid) > daemon.idle_fds + 4 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    report["fds"] = {"at_start": daemon.idle_fds, "peers_gone": open_fds(daemon.proc.pid)}
+    if report["fds"]["peers_gone"] > daemon.idle_fds + 4:  # what is left, for the report
+        ss = subprocess.run(["ss", "-tanp"], capture_output=True, text=True).stdout
+        report["fds"]["sockets"] = [line for line in ss.splitlines()
+                                    if f"pid={daemon.proc.pid}," in line]
     report["final_exit"] = daemon.stop(signal.SIGTERM)
     report["daemon_exits"] = daemon.exits
     report["daemon_sanitizer_reports"] = sum(
@@ -353,6 +395,12 @@ def summarize(args, report):
         "every SIGTERM ended the daemon with exit 0":
             all(code == 0 for name, code in report["daemon_exits"] if name == "SIGTERM"),
         "no sanitizer report from the daemon": report["daemon_sanitizer_reports"] == 0,
+        "the daemon never died by itself": not report["daemon_deaths"],
+        "attackers ran": sum(v for k, v in report["attacks"].items()
+                             if k in ("takeovers", "slow_readers")) > 0,
+        "descriptors back to their level once the peers are gone":
+            report["fds"]["peers_gone"] is not None and
+            report["fds"]["peers_gone"] <= report["fds"]["at_start"] + 4,
     }
     if not args.no_rss_check:
         checks["RSS within 5 % after warm-up"] = ratio is not None and ratio <= 1.05
@@ -372,6 +420,11 @@ def summarize(args, report):
           f"calls answered again or dropped (last apsd) | {report['faults']['network_blips']} / "
           f"{counters.get('reconnects')}, {counters.get('resent')} |")
     print(f"| rogue messages sent / ERROR replies | {rogue_sent} / {rogue_errors} |")
+    print(f"| attack rounds (takeovers, slow readers) | "
+          f"{json.dumps(report['attacks'], sort_keys=True)} |")
+    print(f"| daemons that died by themselves | {len(report['daemon_deaths'])} |")
+    print(f"| apsd descriptors at start / once every peer is gone | "
+          f"{report['fds']['at_start']} / {report['fds']['peers_gone']} |")
     if detect:
         print(f"| kill -9 to the job's end, median / max (s) | "
               f"{sorted(detect)[len(detect) // 2]:.2f} / {max(detect):.2f} |")
@@ -385,7 +438,7 @@ def summarize(args, report):
     print(f"| apsd RSS after warm-up / at the end (KiB) | {rss0} / {rss1} "
           f"({(ratio - 1) * 100 if ratio else float('nan'):+.1f} %) |")
     for key in ("faults_total", "errors_sent", "peers_lost", "dropped", "bad_session",
-                "refused_hello"):
+                "refused_hello", "slow_readers", "listener_resets", "silent_dropped"):
         if key in counters:
             print(f"| apsd counter {key} (last incarnation) | {counters[key]} |")
     print()

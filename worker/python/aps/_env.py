@@ -39,9 +39,13 @@ def rank_and_world(environ=None):
 
 def client_config(environ=None):
     """The Client arguments the environment gives: endpoint (APS_ENDPOINT, one
-    endpoint or a comma-separated list of shards), job, rank, world_size."""
+    endpoint or a comma-separated list of shards), job, rank, world_size, and
+    job_token (APS_JOB_TOKEN) when it is set."""
     environ = os.environ if environ is None else environ
     rank, world_size = rank_and_world(environ)
-    return {"endpoint": environ.get("APS_ENDPOINT") or DEFAULT_ENDPOINT,
-            "job": environ.get("APS_JOB") or DEFAULT_JOB,
-            "rank": rank, "world_size": world_size}
+    config = {"endpoint": environ.get("APS_ENDPOINT") or DEFAULT_ENDPOINT,
+              "job": environ.get("APS_JOB") or DEFAULT_JOB,
+              "rank": rank, "world_size": world_size}
+    if environ.get("APS_JOB_TOKEN"):
+        config["job_token"] = environ["APS_JOB_TOKEN"]
+    return config

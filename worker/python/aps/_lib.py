@@ -81,6 +81,7 @@ class ClientOpts(ctypes.Structure):
         ("rejoin", ctypes.c_int32),
         ("partition_bytes", ctypes.c_uint64),
         ("optimizer", ctypes.c_char_p),
+        ("job_token", ctypes.c_char_p),
     ]
 
 

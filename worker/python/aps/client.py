@@ -92,15 +92,21 @@ class Client:
     pull() and updates() instead of allreduce() (aps.torch.ServerOptimizer
     does it for a model).
 
+    job_token="..." (1..128 visible ASCII characters, the same on every rank;
+    default $APS_JOB_TOKEN with from_env): the job's first HELLO fixes it, and
+    apsd refuses a HELLO with another token or none (aps.Error APS_EACCES), so
+    that a stranger cannot take a free rank of the job.
+
     Raises aps.Error (e.g. APS_ETIMEDOUT when no daemon answers, APS_EBUSY when
-    the rank is taken) or aps.ArgumentError for bad options.
+    the rank is taken, APS_EACCES when the job token differs or CURVE refused
+    the key) or aps.ArgumentError for bad options.
     """
 
     def __init__(self, endpoint, rank, world_size, format="e4m3", scaling="local",
                  job="default", downlink=None, timeout_ms=60000, policy=None, rules=None,
                  error_feedback=False, trace=None, curve_server_key=None,
                  curve_public_key=None, curve_secret_key=None, rejoin=False,
-                 partition_bytes=None, optimizer=None):
+                 partition_bytes=None, optimizer=None, job_token=None):
         if scaling not in _SCALING:
             raise ValueError(f"scaling must be one of {sorted(_SCALING)}, not {scaling!r}")
         if policy not in (None, "auto"):
@@ -114,12 +120,13 @@ class Client:
                          _check_str(curve_server_key, "curve_server_key", allow_none=True),
                          _check_str(curve_public_key, "curve_public_key", allow_none=True),
                          _check_str(curve_secret_key, "curve_secret_key", allow_none=True),
-                         _check_str(optimizer, "optimizer", allow_none=True)]
+                         _check_str(optimizer, "optimizer", allow_none=True),
+                         _check_str(job_token, "job_token", allow_none=True)]
         opts = ClientOpts()
         lib.aps_client_opts_init(ctypes.byref(opts))
         (opts.endpoint, opts.job, opts.format, opts.downlink, opts.rules, opts.trace,
          opts.curve_server_key, opts.curve_public_key, opts.curve_secret_key,
-         opts.optimizer) = self._strings
+         opts.optimizer, opts.job_token) = self._strings
         opts.policy_auto = 1 if policy == "auto" else 0
         opts.error_feedback = 1 if error_feedback else 0
         opts.rejoin = 1 if rejoin else 0

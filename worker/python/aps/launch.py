@@ -7,15 +7,17 @@ Starts apsd (found by aps.daemon.find_apsd) if nothing listens at the endpoint
 list names several shards, and each local one that is not listening is
 started; --shards S without an endpoint starts S local shards on free ports),
 then N copies of
-the script with APS_ENDPOINT, APS_JOB, RANK/WORLD_SIZE/LOCAL_RANK and
-APS_RANK/APS_WORLD_SIZE set (aps.Client.from_env reads them) and
-OMP_NUM_THREADS=1 unless set. Each output line gets a "[rank k] " prefix.
+the script with APS_ENDPOINT, APS_JOB, APS_JOB_TOKEN, RANK/WORLD_SIZE/LOCAL_RANK
+and APS_RANK/APS_WORLD_SIZE set (aps.Client.from_env reads them) and
+OMP_NUM_THREADS=1 unless set. The job token (--job-token, else $APS_JOB_TOKEN,
+else a random one for this launch) keeps other processes out of the job. Each output line gets a "[rank k] " prefix.
 When a worker fails the others are stopped and the launcher exits with the
 failed worker's status; Ctrl-C (or SIGTERM) stops everything and exits 130.
 """
 
 import argparse
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -48,9 +50,11 @@ def _exit_status(code):
     return 128 - code if code < 0 else code  # killed by signal s: 128 + s
 
 
-def worker_env(rank, world, endpoint, job, base=None):
+def worker_env(rank, world, endpoint, job, base=None, job_token=None):
     """The environment of worker rank."""
     env = dict(os.environ if base is None else base)
+    if job_token:
+        env["APS_JOB_TOKEN"] = job_token
     env.update(APS_ENDPOINT=endpoint, APS_JOB=job, APS_RANK=str(rank), APS_WORLD_SIZE=str(world),
                RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                LOCAL_WORLD_SIZE=str(world), PYTHONUNBUFFERED="1")
@@ -61,10 +65,11 @@ def worker_env(rank, world, endpoint, job, base=None):
 class Workers:
     """N worker processes with prefixed output; stops them all on request."""
 
-    def __init__(self, command, world, endpoint, job):
+    def __init__(self, command, world, endpoint, job, job_token=None):
         self.procs, self.pumps = [], []
         for rank in range(world):
-            p = subprocess.Popen(command, env=worker_env(rank, world, endpoint, job),
+            p = subprocess.Popen(command, env=worker_env(rank, world, endpoint, job,
+                                                         job_token=job_token),
                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE)
             self.procs.append(p)
@@ -110,6 +115,8 @@ def _parse(argv):
     ap.add_argument("--endpoint", help="apsd endpoint (default $APS_ENDPOINT or "
                     f"{_env.DEFAULT_ENDPOINT})")
     ap.add_argument("--job", help="job name (default $APS_JOB or launch-PID)")
+    ap.add_argument("--job-token", help="the job's token, which apsd asks of every rank "
+                    "(default $APS_JOB_TOKEN, else a random one for this launch)")
     ap.add_argument("--shards", type=int, default=0,
                     help="without an endpoint: start this many local apsd shards on free "
                     "ports and give the workers their list")
@@ -147,6 +154,7 @@ def main(argv=None):
     else:
         endpoint = args.endpoint or os.environ.get("APS_ENDPOINT") or _env.DEFAULT_ENDPOINT
     job = args.job or os.environ.get("APS_JOB") or f"launch-{os.getpid()}"
+    token = args.job_token or os.environ.get("APS_JOB_TOKEN") or secrets.token_hex(16)
     signal.signal(signal.SIGTERM, _on_sigterm)
     shards = []
     workers = None
@@ -155,7 +163,8 @@ def main(argv=None):
             d = _ensure_daemon(one.strip(), not args.no_daemon)
             if d is not None:
                 shards.append(d)
-        workers = Workers([sys.executable, args.script, *args.args], args.nproc, endpoint, job)
+        workers = Workers([sys.executable, args.script, *args.args], args.nproc, endpoint, job,
+                          job_token=token)
         status = workers.wait()
     except KeyboardInterrupt:
         say("interrupted; stopping the workers")

@@ -1,0 +1,23 @@
+/*
+ * The daemon's limits that default from the machine it runs on: how many
+ * descriptors it may open (connections) and how much memory it may hold.
+ */
+#ifndef APS_SERVER_HOSTLIMITS_H
+#define APS_SERVER_HOSTLIMITS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Descriptors the daemon keeps for itself: loop, sockets, stats, files. */
+#define APS_HOSTLIMITS_SPARE_FDS 64
+
+/* Raises RLIMIT_NOFILE's soft limit to the hard one (at most 1 << 20); the soft limit now. */
+uint64_t aps_hostlimits_raise_nofile(void);
+
+/* Connections that nofile descriptors hold: two each (ZeroMQ's and apsd's), and the spare. */
+size_t aps_hostlimits_connections(uint64_t nofile);
+
+/* Bytes of memory: the machine's, or its cgroup's memory.max when that is less. */
+uint64_t aps_hostlimits_memory(void);
+
+#endif

@@ -1,0 +1,76 @@
+/*
+ * Replies that wait because their peer's pipe is full: one FIFO per peer, so
+ * that a peer's later replies never pass its earlier ones and one peer that
+ * does not read costs only itself. A peer's queue is bounded
+ * (APS_OUTQ_PEER_MAX messages): past that it is a slow reader, and the bridge
+ * drops its connection instead of letting it hold the daemon's memory (its
+ * client comes back and asks again; docs/RELIABILITY.md). All queues together
+ * are bounded too (APS_OUTQ_TOTAL_MAX). Knows no sockets: the bridge hands
+ * it a send function.
+ */
+#ifndef APS_SERVER_OUTQ_H
+#define APS_SERVER_OUTQ_H
+
+#include "common/sbuf.h"
+#include "server/peer.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#define APS_OUTQ_PEER_MAX  4096
+#define APS_OUTQ_TOTAL_MAX 65536
+#define APS_OUTQ_BUCKETS   256
+
+struct aps_outmsg {
+	struct aps_outmsg *next;
+	struct aps_sbuf *payload; /* a reference; NULL: none */
+	size_t hdr_len;
+	uint8_t hdr[];
+};
+
+struct aps_outq_peer {
+	struct aps_outq_peer *next; /* in its bucket */
+	struct aps_peer peer;
+	struct aps_outmsg *head, *tail;
+	size_t n;
+};
+
+struct aps_outq {
+	struct aps_outq_peer *buckets[APS_OUTQ_BUCKETS];
+	size_t total; /* messages in every queue */
+	size_t peers; /* peers with a queue */
+};
+
+/* Sends one message now: 0 sent, APS_EBUSY (the pipe is still full), APS_ECONN (gone). */
+typedef int (*aps_outq_send_fn)(void *ctx, const struct aps_peer *peer, const uint8_t *hdr,
+                                size_t hdr_len, struct aps_sbuf *payload);
+
+/* True when peer has replies waiting: a new one must wait behind them. */
+bool aps_outq_waiting(const struct aps_outq *q, const struct aps_peer *peer);
+
+/*
+ * Queues a copy of hdr and a reference to payload for peer. Returns 0,
+ * APS_ENOMEM, or APS_EBUSY when the peer's queue (or every queue together)
+ * is full: nothing was queued.
+ */
+int aps_outq_push(struct aps_outq *q, const struct aps_peer *peer, const uint8_t *hdr,
+                  size_t hdr_len, struct aps_sbuf *payload);
+
+/*
+ * Sends what it can, every peer's queue in order, until each is empty or its
+ * pipe full; a peer that is gone loses its queue. Adds the messages sent to
+ * *sent and those lost to *lost.
+ */
+void aps_outq_flush(struct aps_outq *q, aps_outq_send_fn send, void *ctx, size_t *sent,
+                    size_t *lost);
+
+/* Forgets peer's queue; returns how many messages it held. */
+size_t aps_outq_discard(struct aps_outq *q, const struct aps_peer *peer);
+
+/* The peer with the longest queue (NULL when none). */
+const struct aps_outq_peer *aps_outq_longest(const struct aps_outq *q);
+
+/* Forgets every queue; returns how many messages they held. */
+size_t aps_outq_clear(struct aps_outq *q);
+
+#endif

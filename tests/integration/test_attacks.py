@@ -1,0 +1,339 @@
+"""A stranger's attacks on apsd (issue 15), from the protocol alone: each test is
+one row of docs/RELIABILITY.md's table of what a peer may do and what apsd does
+about it. Every one of them aborted, leaked or let the stranger in before the
+fix (the note of the change says which did what)."""
+
+import os
+import time
+
+import numpy as np
+import pytest
+
+import aps
+from conftest import SANITIZED, run_workers
+from peers import (BYE, EACCES, ENOSESSION, ERROR, ETIMEDOUT, FLAG_ALIVE, FLAG_RESUME,
+                   HEARTBEAT, HELLO, PUSH, REGISTER, REGISTERED, RESULT, WELCOME, Peer,
+                   open_fds, rss_kib, settle)
+from test_daemon import assert_all_ok
+
+FAST = ["--heartbeat_ms", "200", "--heartbeat_timeout_ms", "1000"]
+
+
+def rid():
+    return b"\x81" + os.urandom(15)
+
+
+def alive(d):
+    assert d.proc.poll() is None, "apsd died: " + d.log_path.read_text()[-3000:]
+
+
+def stranger_heartbeat(peer, job="j", rank=0, world_size=2):
+    peer.send(type=HEARTBEAT, job=job, rank=rank, world_size=world_size)
+
+
+def a_job_still_works(d, job="after"):
+    assert_all_ok(run_workers(d.endpoint, 2, [7, 4097], steps=2, job=job), 2, 2)
+
+
+@pytest.mark.parametrize("grace", ["1500", "0"])
+def test_a_takeover_whose_old_connection_speaks_again_does_not_abort(daemon_factory, grace):
+    # Before: "Assertion failed: !_io_error (src/stream_engine_base.cpp:331)" about two
+    # heartbeats after A closed, every run (libzmq's ZMTP heartbeat on a connection
+    # whose input had stopped; the takeover had stopped A's).
+    d = daemon_factory(extra=[*FAST, "--reconnect_grace_ms", grace])
+    for _ in range(3):
+        x = rid()
+        a = Peer(d.endpoint, x)
+        assert a.hello("j", 0, 2)["type"] == WELCOME
+        b = Peer(d.endpoint, x)
+        stranger_heartbeat(b)
+        time.sleep(0.2)
+        stranger_heartbeat(a)
+        time.sleep(0.1)
+        a.close()
+        time.sleep(0.6)  # more than two heartbeat_ms
+        b.close()
+        alive(d)
+    a_job_still_works(d)
+
+
+def test_slow_readers_that_close_do_not_abort(daemon_factory):
+    # Before: the same abort 0.5-0.8 s after the close, 3 runs of 4 (the engines'
+    # input had stopped while apsd's replies waited; the peers closed).
+    d = daemon_factory(extra=FAST)
+    base = open_fds(d.proc.pid)
+    for _ in range(2):
+        peers = [Peer(d.endpoint, rid(), sndhwm=0) for _ in range(8)]
+        for p in peers:
+            for _ in range(12000):
+                stranger_heartbeat(p)
+        time.sleep(0.5)
+        for p in peers:
+            p.close()
+        time.sleep(0.8)
+        alive(d)
+    assert settle(lambda: open_fds(d.proc.pid), base, slack=4) <= base + 4
+    a_job_still_works(d)
+
+
+def test_a_peer_that_never_reads_its_replies_is_dropped(daemon_factory):
+    # Before: its replies waited in one queue of 65536 for every peer together,
+    # scanned on every send, and then every peer's replies were dropped.
+    d = daemon_factory()
+    base = open_fds(d.proc.pid)
+    p = Peer(d.endpoint, rid(), sndhwm=0, rcvhwm=1, rcvbuf=4096)
+    for _ in range(30000):
+        stranger_heartbeat(p)
+    deadline = time.monotonic() + 10
+    while d.counter("slow_readers") == 0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert d.counter("slow_readers") == 1
+    assert settle(lambda: open_fds(d.proc.pid), base, slack=2) <= base + 2
+    a_job_still_works(d)
+    p.close()
+
+
+def test_takeovers_leak_no_descriptor_and_no_memory(daemon_factory):
+    # Before: +1 descriptor and +21 KiB for each takeover, held after every peer
+    # had closed (libzmq's ROUTER_HANDOVER leaves the old session's engine behind).
+    d = daemon_factory(extra=["--heartbeat_ms", "10000", "--heartbeat_timeout_ms", "30000"])
+    pid = d.proc.pid
+    warm = [Peer(d.endpoint, rid()) for _ in range(20)]  # the allocator's first growth
+    for p in warm:
+        stranger_heartbeat(p)
+        p.recv()
+        p.close()
+    base_fds, base_rss = open_fds(pid), rss_kib(pid)
+    x = rid()
+    old = Peer(d.endpoint, x)
+    stranger_heartbeat(old)
+    for _ in range(300):
+        new = Peer(d.endpoint, x)
+        stranger_heartbeat(new)
+        time.sleep(0.002)
+        stranger_heartbeat(old)
+        old.close()
+        old = new
+    old.close()
+    alive(d)
+    fds = settle(lambda: open_fds(pid), base_fds, timeout=20, slack=3)
+    assert fds <= base_fds + 3, (base_fds, fds)
+    rss = rss_kib(pid)
+    assert SANITIZED or rss <= base_rss * 1.05 + 512, (base_rss, rss)
+
+
+@pytest.mark.parametrize("transport", ["tcp", "ipc"])
+def test_connections_that_reuse_a_live_id_and_flood_it_are_cleared(daemon_factory, transport):
+    # Without ROUTER_HANDOVER libzmq parks a second connection with a live routing
+    # id and never reads it: once its pipe is full and it closes, its engine waits
+    # for a read that never comes (a descriptor and the pipe's messages). apsd
+    # finds such connections and resets its socket (on the same listening socket).
+    d = daemon_factory(transport=transport, extra=FAST)
+    pid = d.proc.pid
+    base_fds, base_rss = open_fds(pid), rss_kib(pid)
+    x = rid()
+    owner = Peer(d.endpoint, x)
+    stranger_heartbeat(owner)
+    for _ in range(6):
+        dup = Peer(d.endpoint, x, sndhwm=0, linger_ms=2000)
+        for _ in range(3000):
+            dup.send_raw(b"\x00" * 2000)
+        time.sleep(0.3)
+        dup.close()
+    owner.close()
+    alive(d)
+    fds = settle(lambda: open_fds(pid), base_fds, timeout=20, slack=3)
+    assert fds <= base_fds + 3, (base_fds, fds)
+    assert SANITIZED or settle(lambda: rss_kib(pid), base_rss * 1.05, timeout=10,
+                               slack=2048) <= base_rss * 1.05 + 2048
+    assert d.counter("listener_resets") >= 1
+    a_job_still_works(d)
+
+
+def test_a_stranger_cannot_join_a_job_that_has_a_token(daemon_factory):
+    # Before: accepted; the victims pushed 1.0 and got 334.0 back.
+    d = daemon_factory()
+    v0 = Peer(d.endpoint)
+    assert v0.hello("victims", 0, 3, job_token="s3cret")["type"] == WELCOME
+    refused = 0
+    for token in (None, "guess", "s3cret-not"):
+        s = Peer(d.endpoint)
+        fields = {} if token is None else {"job_token": token}
+        reply = s.hello("victims", 1, 3, **fields)
+        assert reply["type"] == ERROR and reply["error_code"] == EACCES, reply
+        assert "not allowed in job 'victims'" in reply["error_text"], reply
+        refused += 1
+        s.close()
+    assert d.counter("refused_token") == refused
+    # the job is undisturbed: its ranks join with the token and sum exactly
+    env = {"APS_JOB_TOKEN": "s3cret"}
+    v0.close()
+    time.sleep(0.3)
+    d2 = d  # same daemon, the job ended with its last rank; a real run now
+    out = run_workers(d2.endpoint, 2, [7, 4097], steps=2, job="victims2", env=env)
+    assert_all_ok(out, 2, 2)
+    s = Peer(d.endpoint)
+    reply = s.hello("victims2", 0, 2)  # the job is over: a new one may start
+    assert reply["type"] == WELCOME
+
+
+def test_a_wrong_token_does_not_end_a_job_whose_ranks_wait_to_reconnect(daemon_factory):
+    # Before: a HELLO for the rank of a session waiting in its reconnect grace ended
+    # the job whose every session waited (a new run under the same name), whoever
+    # sent it.
+    d = daemon_factory(extra=["--reconnect_grace_ms", "3000"])
+    v = Peer(d.endpoint)
+    assert v.hello("v", 0, 1, job_token="t")["type"] == WELCOME
+    v.close()  # the session waits to reconnect
+    time.sleep(0.3)
+    s = Peer(d.endpoint)
+    reply = s.hello("v", 0, 1, job_token="x")
+    assert reply["type"] == ERROR and reply["error_code"] == EACCES, reply
+    reply = s.hello("v", 0, 1, flags=FLAG_RESUME, session=os.urandom(16))
+    assert reply["type"] == ERROR and reply["error_code"] == ENOSESSION, reply
+    jobs = d.ask("jobs")["jobs"]
+    assert [j["name"] for j in jobs] == ["v"], jobs
+
+
+def test_idle_hellos_give_their_job_slots_back(daemon_factory):
+    # Before: max_jobs stayed full for as long as the 64 connections stayed open.
+    d = daemon_factory(extra=[*FAST, "--reconnect_grace_ms", "300", "--max_jobs", "16"])
+    idle = [Peer(d.endpoint) for _ in range(16)]
+    for i, p in enumerate(idle):
+        assert p.hello(f"idle{i}", 0, 2)["type"] == WELCOME
+    late = Peer(d.endpoint)
+    reply = late.hello("late", 0, 1)
+    assert reply["type"] == ERROR and "16 jobs is the limit" in reply["error_text"], reply
+    time.sleep(2.0)  # heartbeat_timeout_ms (1000) of silence, then the grace
+    assert d.counter("silent_dropped") >= 16
+    reply = late.hello("late2", 0, 1)
+    assert reply["type"] == WELCOME, reply
+
+
+def test_a_job_whose_ranks_never_all_arrive_is_ended(daemon_factory):
+    d = daemon_factory(extra=[*FAST, "--join_timeout_ms", "800"])
+    p = Peer(d.endpoint)
+    assert p.hello("half", 0, 3)["type"] == WELCOME
+    deadline = time.monotonic() + 3
+    reply = None
+    while time.monotonic() < deadline and reply is None:
+        p.send(type=HEARTBEAT, job="half", rank=0, world_size=3, flags=FLAG_ALIVE)
+        reply = p.recv_type(ERROR, 200)
+    assert reply is not None and reply["error_code"] == ETIMEDOUT, reply
+    assert "ranks 1, 2 never joined" in reply["error_text"], reply
+    assert d.counter("jobs_expired") == 1
+    assert d.ask("stats")["jobs"] == 0
+
+
+def test_a_connection_that_never_joins_is_dropped(daemon_factory):
+    d = daemon_factory(extra=["--join_timeout_ms", "500"])
+    base = open_fds(d.proc.pid)
+    quiet = [Peer(d.endpoint) for _ in range(5)]
+    for q in quiet:
+        q.sock.poll(50)  # connected, never a word
+    time.sleep(0.3)
+    assert open_fds(d.proc.pid) > base
+    assert settle(lambda: open_fds(d.proc.pid), base, timeout=5, slack=1) <= base + 1
+    assert d.counter("unjoined_dropped") >= 5
+
+
+def test_max_connections_is_a_limit_and_a_counter(daemon_factory):
+    d = daemon_factory(extra=["--max_connections", "8"])
+    base = open_fds(d.proc.pid)
+    crowd = [Peer(d.endpoint) for _ in range(40)]
+    time.sleep(1.0)
+    assert open_fds(d.proc.pid) <= base + 2 * 8 + 4
+    assert d.counter("refused_connections") >= 32
+    for c in crowd:
+        c.close()
+    settle(lambda: open_fds(d.proc.pid), base, slack=2)
+    a_job_still_works(d)
+
+
+def test_an_oversized_frame_moves_a_counter(daemon_factory):
+    # Before: the connection closed and no counter moved.
+    d = daemon_factory(extra=["--chunk_bytes", "16k", "--max_message_bytes", "128k"])
+    p = Peer(d.endpoint)
+    assert p.hello("big", 0, 1)["type"] == WELCOME
+    p.send_raw(b"\x00" * (1 << 20))
+    deadline = time.monotonic() + 5
+    while d.counter("zmtp_refused") == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert d.counter("zmtp_refused") == 1
+    assert "max_message_bytes" in d.log_path.read_text()
+
+
+def test_memory_of_a_finished_job_goes_back(daemon_factory):
+    # Before: RSS 6.5 MiB -> 1.24 GiB during the round and 213 MiB after the job ended.
+    d = daemon_factory()
+    pid = d.proc.pid
+    # rank 1 pushes, rank 0 never does: apsd holds rank 1's 64 chunks of codes until
+    # rank 0's come (the sum is in rank order), 64 MiB in ZeroMQ's messages
+    n = 64 << 20
+    x = np.ones(n, dtype=np.float32)
+    base = rss_kib(pid)
+    for rnd in range(2):
+        job = f"big{rnd}"
+        waiting = Peer(d.endpoint)  # rank 0 registers, and never pushes
+        assert waiting.hello(job, 0, 2)["type"] == WELCOME
+        pusher = aps.Client(d.endpoint, 1, 2, job=job, format="e4m3", timeout_ms=20000)
+        pending = pusher.allreduce_async("w", x)
+        waiting.send(type=REGISTER, job=job, rank=0, world_size=2, tensor_name="w",
+                     total_count=n, format="e4m3")
+        assert waiting.recv_type(REGISTERED) is not None
+        deadline = time.monotonic() + 10
+        while rss_kib(pid) < base + 60_000 and time.monotonic() < deadline:
+            waiting.send(type=HEARTBEAT, job=job, rank=0, world_size=2, flags=FLAG_ALIVE)
+            time.sleep(0.1)
+        peak = rss_kib(pid)
+        assert peak > base + 60_000, (base, peak)  # the round did hold its memory
+        waiting.send(type=BYE, job=job, rank=0, world_size=2)
+        waiting.close()
+        with pytest.raises(aps.Error):
+            pending.wait()
+        pusher.close()
+    if not SANITIZED:
+        after = settle(lambda: rss_kib(pid), base * 1.05, timeout=10, slack=1024)
+        assert after <= base * 1.05 + 1024, (base, peak, after)
+
+
+def test_max_total_bytes_bounds_every_job_together(daemon_factory):
+    d = daemon_factory(extra=["--max_total_bytes", "64M"])
+    a, b = Peer(d.endpoint), Peer(d.endpoint)
+    assert a.hello("a", 0, 1)["type"] == WELCOME
+    assert b.hello("b", 0, 1)["type"] == WELCOME
+    # 5M elements: 20 MiB of sum and 20 of the last result kept, per job
+    a.send(type=REGISTER, job="a", rank=0, world_size=1, tensor_name="w",
+           total_count=5 << 20, format="e4m3")
+    assert a.recv_type(REGISTERED) is not None
+    b.send(type=REGISTER, job="b", rank=0, world_size=1, tensor_name="w",
+           total_count=5 << 20, format="e4m3")
+    reply = b.recv()
+    assert reply["type"] == ERROR and "max_total_bytes" in reply["error_text"], reply
+
+
+def test_a_push_in_another_format_is_decoded_exactly(daemon_factory):
+    d = daemon_factory()
+    peers = [Peer(d.endpoint) for _ in range(2)]
+    for r, p in enumerate(peers):
+        assert p.hello("mixed", r, 2)["type"] == WELCOME
+        p.send(type=REGISTER, job="mixed", rank=r, world_size=2, tensor_name="t",
+               total_count=8, format="e4m3")
+        assert p.recv_type(REGISTERED)["format"] == "e4m3"
+    x0 = np.linspace(-1, 1, 8).astype(np.float32)
+    x1 = np.linspace(0.5, 3, 8).astype(np.float32)
+    pushes = [("fp16", x0), ("e4m3", x1)]
+    for r, (fmt, x) in enumerate(pushes):
+        codes = aps.quantize(x, fmt, scale_exp=0)
+        peers[r].send(bytes(codes), type=PUSH, job="mixed", rank=r, world_size=2,
+                      tensor_id=0, chunk_offset=0, chunk_count=8, total_count=8, format=fmt)
+    want = (aps.dequantize(aps.quantize(x0, "fp16"), "fp16", 8)
+            + aps.dequantize(aps.quantize(x1, "e4m3"), "e4m3", 8)) / 2
+    for p in peers:
+        res = p.recv_type(RESULT)
+        got = aps.dequantize(np.frombuffer(res["payload"], np.uint8), res["format"], 8,
+                             scale_exp=res.get("scale_exp", 0))
+        exact = aps.dequantize(aps.quantize(want, res["format"],
+                                            scale_exp=res.get("scale_exp", 0)),
+                               res["format"], 8, scale_exp=res.get("scale_exp", 0))
+        assert np.array_equal(got, exact), (got, exact)

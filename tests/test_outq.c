@@ -1,0 +1,129 @@
+/*
+ * Unit tests of the per-peer send queues (server/outq.h): each peer's replies
+ * leave in order, one full pipe holds back its own peer only, the bounds
+ * refuse rather than grow, and a peer that is gone loses its queue.
+ */
+#include "common/err.h"
+#include "server/outq.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+/* A fake pipe per peer (id[0] picks it): open, full, or gone; what it got. */
+struct pipes {
+	int state[4]; /* 0 open, APS_EBUSY full, APS_ECONN gone */
+	uint8_t got[4][8];
+	size_t n[4];
+};
+
+static int fake_send(void *ctx, const struct aps_peer *peer, const uint8_t *hdr, size_t len,
+                     struct aps_sbuf *payload)
+{
+	struct pipes *p = ctx;
+	int k = peer->id[0];
+
+	(void)len;
+	(void)payload;
+	if (p->state[k] != 0)
+		return p->state[k];
+	p->got[k][p->n[k]++] = hdr[0];
+	return 0;
+}
+
+static struct aps_peer peer(uint8_t k)
+{
+	struct aps_peer p = { .len = 3, .id = { k, 'p', 'q' } };
+
+	return p;
+}
+
+static void push(struct aps_outq *q, uint8_t k, uint8_t tag)
+{
+	struct aps_peer p = peer(k);
+
+	assert_int_equal(aps_outq_push(q, &p, &tag, 1, NULL), 0);
+}
+
+static void test_outq_keeps_each_peers_order_and_holds_back_only_it(void **state)
+{
+	struct aps_outq q = { 0 };
+	struct pipes pipes = { .state = { APS_EBUSY, 0 } };
+	struct aps_peer a = peer(0), b = peer(1);
+	size_t sent = 0, lost = 0;
+
+	(void)state;
+	assert_false(aps_outq_waiting(&q, &a));
+	push(&q, 0, 10);
+	push(&q, 1, 20);
+	push(&q, 0, 11);
+	push(&q, 1, 21);
+	assert_true(aps_outq_waiting(&q, &a));
+	aps_outq_flush(&q, fake_send, &pipes, &sent, &lost);
+	assert_int_equal(sent, 2); /* b's two; a's pipe is full */
+	assert_memory_equal(pipes.got[1], ((uint8_t[]){ 20, 21 }), 2);
+	assert_false(aps_outq_waiting(&q, &b));
+	assert_true(aps_outq_waiting(&q, &a));
+	pipes.state[0] = 0;
+	aps_outq_flush(&q, fake_send, &pipes, &sent, &lost);
+	assert_int_equal(sent, 4);
+	assert_memory_equal(pipes.got[0], ((uint8_t[]){ 10, 11 }), 2);
+	assert_int_equal(q.total, 0);
+	assert_int_equal(q.peers, 0);
+	assert_int_equal(lost, 0);
+}
+
+static void test_outq_refuses_past_its_bounds(void **state)
+{
+	struct aps_outq q = { 0 };
+	struct aps_peer a = peer(0);
+	uint8_t tag = 1;
+
+	(void)state;
+	for (int i = 0; i < APS_OUTQ_PEER_MAX; i++)
+		assert_int_equal(aps_outq_push(&q, &a, &tag, 1, NULL), 0);
+	assert_int_equal(aps_outq_push(&q, &a, &tag, 1, NULL), APS_EBUSY);
+	assert_int_equal(aps_outq_longest(&q)->peer.id[0], 0);
+	push(&q, 1, 2);
+	assert_int_equal(aps_outq_longest(&q)->peer.id[0], 0);
+	assert_int_equal(aps_outq_discard(&q, &a), APS_OUTQ_PEER_MAX);
+	assert_int_equal(aps_outq_longest(&q)->peer.id[0], 1);
+	assert_int_equal(aps_outq_clear(&q), 1);
+	assert_null(aps_outq_longest(&q));
+}
+
+static void test_outq_a_peer_gone_loses_its_queue_and_payload_refs(void **state)
+{
+	struct aps_outq q = { 0 };
+	struct pipes pipes = { .state = { APS_ECONN } };
+	struct aps_peer a = peer(0);
+	struct aps_sbuf *payload = aps_sbuf_new(8);
+	uint8_t tag = 5;
+	size_t sent = 0, lost = 0;
+
+	(void)state;
+	assert_int_equal(aps_outq_push(&q, &a, &tag, 1, payload), 0);
+	assert_int_equal(aps_outq_push(&q, &a, &tag, 1, payload), 0);
+	assert_int_equal(atomic_load(&payload->refs), 3);
+	aps_outq_flush(&q, fake_send, &pipes, &sent, &lost);
+	assert_int_equal(sent, 0);
+	assert_int_equal(lost, 2);
+	assert_int_equal(atomic_load(&payload->refs), 1);
+	assert_false(aps_outq_waiting(&q, &a));
+	aps_sbuf_unref(payload);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_outq_keeps_each_peers_order_and_holds_back_only_it),
+		cmocka_unit_test(test_outq_refuses_past_its_bounds),
+		cmocka_unit_test(test_outq_a_peer_gone_loses_its_queue_and_payload_refs),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
