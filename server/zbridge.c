@@ -603,8 +603,16 @@ static int keep_listener(const char *endpoint)
 
 	for (int fd = 0; fd < max; fd++) {
 		listener_name(fd, name, sizeof(name));
-		if (name[0] != '\0' && strcmp(name, endpoint) == 0)
-			return fcntl(fd, F_DUPFD_CLOEXEC, 0);
+		if (name[0] == '\0' || strcmp(name, endpoint) != 0)
+			continue;
+		/* ZeroMQ's accept blocks on a blocking listening socket: with two
+		 * listeners on it for a moment (a reset), the one that loses the race
+		 * would wait for the next connection. The flag is the socket's, shared by
+		 * every descriptor of it. */
+		int flags = fcntl(fd, F_GETFL);
+		if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0)
+			return -1;
+		return fcntl(fd, F_DUPFD_CLOEXEC, 0);
 	}
 	return -1;
 }
