@@ -155,6 +155,26 @@ static void retire(struct aps_conns *t, struct aps_conn *c)
 	t->live--;
 }
 
+/* A duplicate of fd when it is (still) a connected stream socket, else -1: by the
+ * time the accept is read the number may be another connection's or a file's. */
+static int dup_stream(int fd)
+{
+	struct sockaddr_storage ss;
+	socklen_t sl = sizeof(ss);
+	int type = 0;
+	socklen_t tl = sizeof(type);
+	int d = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+
+	if (d < 0)
+		return -1;
+	if (getsockopt(d, SOL_SOCKET, SO_TYPE, &type, &tl) < 0 || type != SOCK_STREAM ||
+	    getpeername(d, (struct sockaddr *)&ss, &sl) < 0) {
+		close(d);
+		return -1;
+	}
+	return d;
+}
+
 int aps_conns_accepted(struct aps_conns *t, int fd, uint64_t now)
 {
 	struct aps_conn *c;
@@ -169,7 +189,7 @@ int aps_conns_accepted(struct aps_conns *t, int fd, uint64_t now)
 	*c = (struct aps_conn){ .accepts = c->accepts + 1, .accepted_ms = now };
 	c->id = aps_conns_id(t, fd);
 	c->deadline_ms = now + t->join_timeout_ms;
-	c->dup = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+	c->dup = dup_stream(fd);
 	describe_peer(c->dup, c->address, sizeof(c->address));
 	t->live++;
 	t->cnt.accepted++;
@@ -224,6 +244,8 @@ int aps_conns_drop(struct aps_conns *t, uint64_t id, uint64_t now)
 
 	if (c == NULL)
 		return APS_EINVAL;
+	if (c->dup < 0)
+		return APS_ESYS; /* nothing to shut it with: ZeroMQ's own number may be reused */
 	if (c->dropped_ms == 0)
 		c->dropped_ms = now > 0 ? now : 1;
 	/* ZeroMQ reads end-of-file on its own descriptor and closes the connection. */
@@ -322,6 +344,10 @@ size_t aps_conns_tick(struct aps_conns *t, uint64_t now)
 		struct aps_conn *c = &t->slots[fd];
 		if (c->id == 0 || c->deadline_ms == 0 || now < c->deadline_ms || c->dropped_ms)
 			continue;
+		if (c->dup < 0) { /* it cannot be shut: TCP keepalive will end it */
+			c->deadline_ms = 0;
+			continue;
+		}
 		t->cnt.unjoined_dropped++;
 		aps_conns_drop(t, c->id, now);
 	}

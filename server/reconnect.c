@@ -80,7 +80,6 @@ static void move(struct aps_server *srv, struct aps_session *s, const struct aps
 	s->conn = in->conn;
 	s->detached_ms = 0;
 	snprintf(s->address, sizeof(s->address), "%s", in->address);
-	snprintf(s->user, sizeof(s->user), "%s", in->user);
 	aps_zbridge_admit(srv->bridge, in->conn, true);
 }
 
@@ -90,6 +89,14 @@ bool aps_reconnect_hello(struct aps_server *srv, struct aps_inmsg *in, const str
 	struct aps_session *s = m->has_session ? find_by_token(srv, m) : NULL;
 	struct aps_session *here = aps_jobs_find_session(&srv->jobs, &in->peer);
 
+	if (s != NULL && (aps_peer_equal(&s->moved_from, &in->peer) ||
+	                  !aps_zbridge_conn_open(srv->bridge, in->conn))) {
+		srv->counters.stale_messages++; /* a late HELLO of a connection the session left */
+		return true;
+	}
+	/* With CURVE, the same key: a token does not lift a key's allowlist line. */
+	if (s != NULL && strcmp(s->user, in->user) != 0)
+		s = NULL;
 	if (s == NULL || (here != NULL && here != s && here->job != NULL)) {
 		if (resume)
 			refuse_resume(srv, in, m);

@@ -18,7 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define TICK_MS 50 /* how often graces, silences and job deadlines are checked */
+#define TICK_MS  50   /* how often graces, silences and job deadlines are checked */
+#define STALL_MS 1000 /* a tick this late: the loop was held up */
 
 static uint64_t now_ms(const struct aps_server *srv)
 {
@@ -311,8 +312,15 @@ static void on_disconnect(void *ctx, uint64_t conn)
 static void on_tick(uv_timer_t *timer)
 {
 	struct aps_server *srv = timer->data;
-	uint64_t now = now_ms(srv);
+	uint64_t now = now_ms(srv), last = srv->last_tick_ms;
 
+	srv->last_tick_ms = now;
+	/* The loop was held up (a long step, a trim): what waits to be read is not
+	 * silence. The silences are judged at the next tick, after the drain. */
+	if (last != 0 && now - last > STALL_MS) {
+		for (struct aps_session *s = srv->jobs.sessions; s != NULL; s = s->next)
+			s->last_seen_ms = s->last_seen_ms > last ? s->last_seen_ms : last;
+	}
 	aps_reconnect_tick(srv, now);
 	aps_join_tick(srv, now);
 }

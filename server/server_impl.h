@@ -26,6 +26,7 @@ struct aps_server {
 	bool stopping;
 	struct aps_ckpt_queue *ckpt; /* NULL: no checkpoint_dir */
 	uv_timer_t *tick_timer;      /* graces, silences, job deadlines (owned) */
+	uint64_t last_tick_ms;
 };
 
 #define APS_SERVER_HEADER_MAX 4096 /* bytes of a header frame the daemon packs */

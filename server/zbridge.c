@@ -55,16 +55,16 @@
 #define RESET_INTERVAL_MS 10000
 #define STUCK_URGENT      64                          /* descriptors: reset now */
 #define PARKED_URGENT     (16 * APS_CONNS_PARKED_MAX) /* about 15 MiB: reset now */
-#define PARKED_LINGER     8 /* parked this many for RESET_INTERVAL_MS: reset */
+#define PARKED_LINGER     8    /* parked this many for RESET_INTERVAL_MS: reset */
+#define RESET_URGENT_MS   2000 /* even then, at most one reset in this time */
 /* What a parked connection can hold: its pipe's messages (each up to max_message_bytes). */
 #define ROUTER_RCVHWM 256
-/* A reset waits this long at most for the old socket to let its endpoint go. */
+/* A reset that cannot listen again for this long says so (and goes on trying). */
 #define RESET_WAIT_MS 2000
 #define RESET_POLL_MS 10
-#define MONITOR_EVENTS                                                                \
-	(ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_CLOSED |             \
-	 ZMQ_EVENT_MONITOR_STOPPED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED |                  \
-	 ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | \
+#define MONITOR_EVENTS                                                                 \
+	(ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED | \
+	 ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |  \
 	 ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
 
 struct frames {
@@ -79,8 +79,7 @@ struct aps_zbridge {
 	void *zctx;
 	void *router, *monitor; /* NULL while a reset waits for the old socket */
 	uv_poll_t *router_poll, *monitor_poll;
-	void *old_monitor; /* a reset: the closed socket's monitor, until it says it is gone */
-	uint64_t reset_ms; /* when the reset began; 0: none */
+	bool reset_logged; /* a reset could not listen again for RESET_WAIT_MS: said so */
 	struct aps_zbridge_opts opts; /* for the sockets a reset opens (strings borrowed) */
 	uv_idle_t idle;
 	uv_timer_t flush_timer, tick_timer, reset_timer;
@@ -303,17 +302,24 @@ static void read_monitor(struct aps_zbridge *b)
 	}
 }
 
-/* Reports the connections that closed (after the messages that came before). */
-static void report_closed(struct aps_zbridge *b)
+/*
+ * Reports the connections that closed, once no message waits: a peer's last
+ * messages (a BYE) come before its close. False when one came meanwhile (the
+ * drain goes on, and reports them after it).
+ */
+static bool report_closed(struct aps_zbridge *b)
 {
 	size_t n;
 	uint64_t *ids;
 
 	read_monitor(b);
+	if (b->router != NULL && readable(b->router))
+		return false;
 	ids = aps_conns_take_closed(&b->conns, &n);
 	for (size_t i = 0; i < n; i++)
 		b->ops.on_disconnect(b->ctx, ids[i]);
 	free(ids);
+	return true;
 }
 
 /* Drains up to drain_batch messages; re-arms through idle when more may wait. */
@@ -324,7 +330,8 @@ static void drain(struct aps_zbridge *b)
 	/* Messages first: a peer's last ones (a BYE) arrived before its disconnect. */
 	for (int i = 0; i < b->drain_batch; i++) {
 		if (b->router == NULL || !readable(b->router)) {
-			report_closed(b);
+			if (!report_closed(b))
+				continue;
 			uv_idle_stop(&b->idle);
 			return;
 		}
@@ -457,6 +464,11 @@ void aps_zbridge_admit(struct aps_zbridge *b, uint64_t conn, bool admitted)
 	aps_conns_admit(&b->conns, conn, admitted, now_ms(b));
 }
 
+bool aps_zbridge_conn_open(struct aps_zbridge *b, uint64_t conn)
+{
+	return aps_conns_find(&b->conns, conn) != NULL;
+}
+
 int aps_zbridge_drop(struct aps_zbridge *b, uint64_t conn)
 {
 	return aps_conns_drop(&b->conns, conn, now_ms(b));
@@ -515,9 +527,13 @@ static int open_monitor(struct aps_zbridge *b)
 	if (zmq_socket_monitor(b->router, addr, MONITOR_EVENTS) < 0)
 		return APS_ECONN;
 	b->monitor = zmq_socket(b->zctx, ZMQ_PAIR);
-	if (b->monitor == NULL || zmq_connect(b->monitor, addr) < 0)
+	if (b->monitor == NULL)
 		return APS_ECONN;
+	/* No bound: libzmq's I/O thread sends the events with blocking sends. */
+	set_int(b->monitor, ZMQ_RCVHWM, 0);
 	set_int(b->monitor, ZMQ_LINGER, 0);
+	if (zmq_connect(b->monitor, addr) < 0)
+		return APS_ECONN;
 	return 0;
 }
 
@@ -636,8 +652,11 @@ static int open_socket(struct aps_zbridge *b, const char *endpoint)
 		close(fd);
 		fd = -1;
 	}
-	if (b->opts.curve_secret != NULL && enable_curve(b, b->router) < 0)
+	if (b->opts.curve_secret != NULL && enable_curve(b, b->router) < 0) {
+		if (fd >= 0)
+			close(fd); /* not taken by ZeroMQ: only a bind takes it */
 		return APS_ECONN;
+	}
 	if (zmq_bind(b->router, endpoint) < 0) {
 		if (fd >= 0)
 			close(fd); /* not taken by ZeroMQ */
@@ -660,60 +679,46 @@ static int open_socket(struct aps_zbridge *b, const char *endpoint)
 	return ret;
 }
 
-/* Closes the socket; its monitor is closed too, or kept (a reset waits on it). */
-static void close_socket(struct aps_zbridge *b, int linger_ms, bool keep_monitor)
+/*
+ * Closes the socket and its monitor. The monitor is stopped first: libzmq
+ * sends its events with blocking sends, and an event of a socket being torn
+ * down into a monitor nobody reads any more would block the thread that
+ * sends it (the reaper's MONITOR_STOPPED did, and every socket a reset
+ * closed after that stayed, descriptors and all).
+ */
+static void close_socket(struct aps_zbridge *b, int linger_ms)
 {
 	stop_poll(&b->router_poll);
 	stop_poll(&b->monitor_poll);
 	if (b->router != NULL) {
-		if (!keep_monitor)
-			zmq_socket_monitor(b->router, NULL, 0);
+		zmq_socket_monitor(b->router, NULL, 0);
 		set_int(b->router, ZMQ_LINGER, linger_ms);
 		zmq_close(b->router);
 		b->router = NULL;
 	}
-	if (b->monitor != NULL && keep_monitor)
-		b->old_monitor = b->monitor;
-	else if (b->monitor != NULL)
+	if (b->monitor != NULL)
 		zmq_close(b->monitor);
 	b->monitor = NULL;
 }
 
-/* True once the old socket's monitor says its listener closed, or that it is gone. */
-static bool old_socket_gone(struct aps_zbridge *b)
-{
-	struct frames f;
-	bool gone = false;
-
-	while (!gone && readable(b->old_monitor) && recv_frames(b->old_monitor, &f)) {
-		uint16_t event = 0;
-		if (f.n >= 1 && zmq_msg_size(&f.part[0]) >= 2)
-			memcpy(&event, zmq_msg_data(&f.part[0]), sizeof(event));
-		gone = event == ZMQ_EVENT_CLOSED || event == ZMQ_EVENT_MONITOR_STOPPED;
-		close_frames(&f);
-	}
-	return gone;
-}
-
+/* A new socket on the endpoint, retried until the old one has let it go (at once
+ * on the listening socket kept, ZMQ_USE_FD; else when ZeroMQ has closed it). */
 static void on_reset_timer(uv_timer_t *t)
 {
 	struct aps_zbridge *b = t->data;
 	uint64_t now = now_ms(b);
 
-	/* Without the listening socket of our own, the endpoint must be free first. */
-	if (b->listen_fd < 0 && b->old_monitor != NULL && !old_socket_gone(b) &&
-	    now - b->reset_ms < RESET_WAIT_MS)
-		return;
-	if (b->old_monitor != NULL) {
-		zmq_close(b->old_monitor);
-		b->old_monitor = NULL;
-	}
 	if (open_socket(b, b->endpoint) < 0) {
-		close_socket(b, 0, false); /* the endpoint is not free yet: next time */
+		close_socket(b, 0);
+		if (now - b->last_reset_ms >= RESET_WAIT_MS && !b->reset_logged) {
+			aps_log_error("zbridge", "cannot listen again endpoint=%s: retrying",
+			              b->endpoint);
+			b->reset_logged = true;
+		}
 		return;
 	}
 	uv_timer_stop(t);
-	b->reset_ms = 0;
+	b->reset_logged = false;
 	malloc_trim(0); /* what the old socket held goes back to the system */
 	aps_log_info("zbridge", "listening again endpoint=%s after_ms=%llu", b->endpoint,
 	             (unsigned long long)(now - b->last_reset_ms));
@@ -731,9 +736,9 @@ static void reset_socket(struct aps_zbridge *b, const char *why)
 	             "resetting the socket endpoint=%s reason=\"%s\": every worker reconnects",
 	             b->endpoint, why);
 	b->cnt.listener_resets++;
-	b->last_reset_ms = b->reset_ms = now_ms(b);
+	b->last_reset_ms = now_ms(b);
 	b->parked_since_ms = 0;
-	close_socket(b, 0, true);
+	close_socket(b, 0);
 	aps_conns_forget_all(&b->conns);
 	b->cnt.dropped += aps_outq_clear(&b->outq);
 	report_closed(b);
@@ -760,7 +765,7 @@ static void on_tick(uv_timer_t *t)
 		             "join_timeout_ms = %llu\"",
 		             (unsigned long long)(b->conns.cnt.unjoined_dropped - unjoined),
 		             (unsigned long long)b->conns.join_timeout_ms);
-	report_closed(b);
+	schedule_drain(b); /* which reports the closes, after the messages before them */
 	if (parked > 0 && b->parked_since_ms == 0)
 		b->parked_since_ms = now;
 	/* A few parked ones are cleared too, in time: what they hold goes back. */
@@ -769,7 +774,9 @@ static void on_tick(uv_timer_t *t)
 		return;
 	/* At most one reset in RESET_INTERVAL_MS, unless what is held grows past a bound. */
 	if (b->last_reset_ms != 0 && now - b->last_reset_ms < RESET_INTERVAL_MS &&
-	    stuck < STUCK_URGENT && parked < PARKED_URGENT)
+	    (stuck < STUCK_URGENT && parked < PARKED_URGENT))
+		return;
+	if (b->last_reset_ms != 0 && now - b->last_reset_ms < RESET_URGENT_MS)
 		return;
 	snprintf(why, sizeof(why),
 	         "%zu connections ZeroMQ will never close, %zu it parked: peers that reused a "
@@ -838,10 +845,7 @@ void aps_zbridge_free(struct aps_zbridge *b, int linger_ms)
 	flush_queue(b);
 	b->cnt.dropped += aps_outq_clear(&b->outq);
 	aps_zbridge_counters(b); /* the last figures, for whoever copies them */
-	close_socket(b, linger_ms, false);
-	if (b->old_monitor != NULL)
-		zmq_close(b->old_monitor);
-	b->old_monitor = NULL;
+	close_socket(b, linger_ms);
 	aps_zap_stop(b->zap);
 	b->zap = NULL;
 	if (b->listen_fd >= 0)

@@ -106,6 +106,9 @@ int aps_zbridge_send(struct aps_zbridge *b, const struct aps_peer *peer, const u
 /* A session joined on conn (admitted: no deadline), or left it (the deadline runs again). */
 void aps_zbridge_admit(struct aps_zbridge *b, uint64_t conn, bool admitted);
 
+/* Whether connection conn is open (apsd has not read its close). */
+bool aps_zbridge_conn_open(struct aps_zbridge *b, uint64_t conn);
+
 /* Shuts connection conn down; on_disconnect follows. Returns 0 or APS_EINVAL (closed). */
 int aps_zbridge_drop(struct aps_zbridge *b, uint64_t conn);
 

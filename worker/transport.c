@@ -27,7 +27,7 @@
 #define KEY_LEN        40
 /* A socket whose connect failed has no pipe, a full pipe takes nothing: a send
  * waits this long at most, then the connection is taken for lost (resume.c). */
-#define SEND_TIMEOUT_MS 200
+#define SEND_TIMEOUT_MS 1000
 
 struct aps_transport {
 	void *zctx, *sock;
