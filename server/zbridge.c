@@ -652,7 +652,11 @@ static int open_socket(struct aps_zbridge *b, const char *endpoint)
 		close(fd);
 		fd = -1;
 	}
-	if (b->opts.curve_secret != NULL && enable_curve(b, b->router) < 0) {
+	/* The monitor before the bind: after a reset, clients wait in the backlog and
+	 * are accepted at once; an accept the monitor did not see leaves its
+	 * connection unknown, and its HELLO dropped as a closed connection's. */
+	if ((b->opts.curve_secret != NULL && enable_curve(b, b->router) < 0) ||
+	    open_monitor(b) < 0) {
 		if (fd >= 0)
 			close(fd); /* not taken by ZeroMQ: only a bind takes it */
 		return APS_ECONN;
@@ -669,9 +673,7 @@ static int open_socket(struct aps_zbridge *b, const char *endpoint)
 		snprintf(b->endpoint, sizeof(b->endpoint), "%s", endpoint);
 	if (b->listen_fd < 0)
 		b->listen_fd = keep_listener(b->endpoint);
-	ret = open_monitor(b);
-	if (ret == 0)
-		ret = start_poll(b, b->router, &b->router_poll);
+	ret = start_poll(b, b->router, &b->router_poll);
 	if (ret == 0)
 		ret = start_poll(b, b->monitor, &b->monitor_poll);
 	/* Messages may already wait: the fd only signals changes. */
