@@ -5,7 +5,13 @@
  * ERROR that says what was wrong. State a peer cannot be trusted with (which
  * tensors exist, which step a round is at) is checked here.
  */
+#include "server/handlers.h"
 #include "server/resend.h"
+
+#include "server/finish.h"
+#include "server/leave.h"
+#include "server/optimize.h"
+#include "server/outbox.h"
 #include "server/server_impl.h"
 
 #include "common/err.h"
@@ -13,15 +19,6 @@
 
 #include <stdio.h>
 #include <string.h>
-
-void aps_handle_identity(struct aps_msg *m, enum aps_msg_type type, const struct aps_job *job,
-                         uint32_t rank)
-{
-	aps_msg_init(m, type);
-	snprintf(m->job, sizeof(m->job), "%s", job->name);
-	m->rank = rank;
-	m->world_size = job->world_size;
-}
 
 /* A new tensor: its timeline label and its precision policy from the requested format. */
 static void init_tensor(struct aps_job *job, struct aps_tensor *t, struct aps_trace *trace,
@@ -62,23 +59,7 @@ static void registration_mismatch(struct aps_server *srv, struct aps_job *job,
 	         "tensor '%.80s': rank(s) %s registered %llu elements, rank %u registers %llu",
 	         t->name, ranks, (unsigned long long)t->count, m->rank,
 	         (unsigned long long)m->total_count);
-	aps_server_error_job(srv, job, APS_EMISMATCH, text);
-}
-
-static void send_registered(struct aps_server *srv, struct aps_job *job, struct aps_session *s,
-                            const struct aps_tensor *t)
-{
-	struct aps_msg r;
-
-	aps_handle_identity(&r, APS_MSG_REGISTERED, job, s->rank);
-	r.tensor_id = t->id;
-	snprintf(r.tensor_name, sizeof(r.tensor_name), "%s", t->name);
-	r.total_count = t->count;
-	r.chunk_count = t->round.chunk_elems; /* the chunk size every rank must use */
-	r.step = t->round.step;               /* the next step: where a rank that is back starts */
-	r.updates = t->opt.updates;           /* optimize mode: what a checkpoint restored */
-	snprintf(r.format, sizeof(r.format), "%s", t->policy.current.name);
-	aps_server_send(srv, &s->peer, &r, NULL);
+	aps_outbox_error_job(srv, job, APS_EMISMATCH, text);
 }
 
 /*
@@ -99,7 +80,7 @@ static void step_mismatch(struct aps_server *srv, struct aps_job *job, const str
 	/* For good: ranks that join later are refused at HELLO, not left to time out. */
 	if (job->departed[0] == '\0')
 		snprintf(job->departed, sizeof(job->departed), "%s", text);
-	aps_server_error_job(srv, job, APS_EMISMATCH, text);
+	aps_outbox_error_job(srv, job, APS_EMISMATCH, text);
 }
 
 /*
@@ -128,13 +109,13 @@ static int check_memory(struct aps_server *srv, struct aps_session *s, const str
 	}
 	srv->counters.bad_state++;
 	srv->counters.refused_memory++;
-	aps_server_send_error(srv, &s->peer, APS_ERANGE, m,
-	                      "cannot register tensor '%.80s' (%llu elements): job '%s' would "
-	                      "hold %llu fp32 bytes and every job %llu; %s is %llu",
-	                      m->tensor_name, (unsigned long long)m->total_count, job->name,
-	                      (unsigned long long)(job->tensor_bytes + m->total_count * per),
-	                      (unsigned long long)(total + m->total_count * per), name,
-	                      (unsigned long long)limit);
+	aps_outbox_error(srv, &s->peer, APS_ERANGE, m,
+	                 "cannot register tensor '%.80s' (%llu elements): job '%s' would "
+	                 "hold %llu fp32 bytes and every job %llu; %s is %llu",
+	                 m->tensor_name, (unsigned long long)m->total_count, job->name,
+	                 (unsigned long long)(job->tensor_bytes + m->total_count * per),
+	                 (unsigned long long)(total + m->total_count * per), name,
+	                 (unsigned long long)limit);
 	return APS_ERANGE;
 }
 
@@ -164,127 +145,14 @@ void aps_handle_register(struct aps_server *srv, struct aps_session *s, const st
 		if (ret == 0)
 			ret = aps_optimize_register(srv, job, t);
 		if (ret < 0) {
-			aps_server_send_error(srv, &s->peer, ret, m,
-			                      "cannot register tensor '%.80s': %s", m->tensor_name,
-			                      ret == APS_ERANGE ? "too many tensors"
-			                                        : "out of memory");
+			aps_outbox_error(srv, &s->peer, ret, m,
+			                 "cannot register tensor '%.80s': %s", m->tensor_name,
+			                 ret == APS_ERANGE ? "too many tensors" : "out of memory");
 			return;
 		}
 	}
 	t->registered[s->rank] = true;
-	send_registered(srv, job, s, t);
-}
-
-/* Sends one chunk's result to every rank: one header, one shared payload. */
-static void fan_out(struct aps_server *srv, struct aps_job *job, struct aps_tensor *t,
-                    uint64_t step, struct aps_round_result *res, enum aps_msg_type type,
-                    const char *next_format)
-{
-	struct aps_msg r;
-
-	aps_handle_identity(&r, type, job, 0);
-	r.tensor_id = t->id;
-	r.step = step;
-	r.chunk_offset = res->offset;
-	r.chunk_count = res->count;
-	r.total_count = t->count;
-	snprintf(r.format, sizeof(r.format), "%s", res->fmt.name);
-	r.scale_exp = res->scale_exp;
-	r.scaling = (int)job->scaling;
-	r.flushed = res->stats.flushed;
-	r.flags = res->lowp_sum ? APS_MSG_FLAG_LOWP_SUM : 0;
-	if (type == APS_MSG_RESULT && job->optim.kind != APS_OPTIM_NONE)
-		r.flags |= APS_MSG_FLAG_UPDATE; /* the payload is added to the weights */
-	snprintf(r.next_format, sizeof(r.next_format), "%s", next_format);
-	uint64_t t0 = srv->opts.trace != NULL ? aps_trace_now() : 0;
-	uint8_t hdr[APS_SERVER_HEADER_MAX];
-	size_t len;
-
-	/* One header for every rank: packing checksums the payload, once. */
-	r.payload = res->payload->data;
-	r.payload_len = res->payload->len;
-	if (aps_msg_pack(&r, hdr, sizeof(hdr), &len) < 0)
-		return;
-	for (uint32_t rank = 0; rank < job->world_size; rank++) {
-		struct aps_session *s = job->ranks[rank];
-		if (s == NULL || job->absent[rank])
-			continue;
-		aps_zbridge_send(srv->bridge, &s->peer, hdr, len, res->payload);
-		s->bytes_out += res->payload->len;
-		t->stats.bytes_out += res->payload->len;
-	}
-	aps_resend_keep(srv, t, step, res, hdr, len);
-	aps_trace_stage(srv->opts.trace, "send", t0, t->name, step,
-	                (uint32_t)(res->offset / t->round.chunk_elems));
-}
-
-/* What the stats socket shows of a finished chunk, and of a finished step. */
-static void note_result(struct aps_server *srv, struct aps_job *job, struct aps_tensor *t,
-                        const struct aps_round_result *res, uint64_t flushed)
-{
-	struct aps_tensor_stats *st = &t->stats;
-
-	st->down_scale_exp = res->scale_exp;
-	st->overflow += res->stats.overflow;
-	if (!res->step_done)
-		return;
-	st->steps++;
-	st->flushed_fraction = (double)flushed / ((double)t->count * job->world_size);
-	st->rel_error = res->rel_error;
-	aps_latency_add(&srv->latency, uv_hrtime() - st->step_started_ns);
-}
-
-/* arrived_ns: when the push that completed the chunk arrived (uv_hrtime). */
-/* After a step: the format of the next one, or "" when it stays. */
-static const char *decide_format(struct aps_server *srv, struct aps_job *job, struct aps_tensor *t,
-                                 uint64_t step)
-{
-	const char *before = t->policy.current.name;
-	char from[APS_FORMAT_NAME_MAX];
-
-	snprintf(from, sizeof(from), "%s", before);
-	if (!aps_policy_observe(&job->policy, &t->policy, step, t->stats.flushed_fraction,
-	                        t->stats.rel_error))
-		return "";
-	srv->counters.policy_switches++;
-	aps_log_info("policy",
-	             "switch job=%s tensor=%.80s step=%llu from=%s to=%s reason=%s "
-	             "flushed=%.4f error=%.4f",
-	             job->name, t->name, (unsigned long long)step + 1, from, t->policy.current.name,
-	             t->policy.reason, t->stats.flushed_fraction, t->stats.rel_error);
-	return t->policy.current.name;
-}
-
-static void finish_chunk(struct aps_server *srv, struct aps_job *job, struct aps_tensor *t,
-                         uint32_t chunk, uint64_t arrived_ns)
-{
-	struct aps_round_result res;
-	uint64_t step = t->round.step, flushed = t->round.flushed;
-	bool broadcast = t->round.kind == APS_ROUND_BROADCAST;
-	int ret = aps_round_finish_chunk(
-	        &t->round, chunk, job->downlink_auto ? NULL : &job->downlink, job->scaling, &res);
-
-	if (ret < 0) {
-		aps_round_abort(&t->round);
-		aps_tensor_forget_answers(t);
-		aps_server_error_job(srv, job, ret, "out of memory for a result");
-		return;
-	}
-	note_result(srv, job, t, &res, flushed);
-	fan_out(srv, job, t, step, &res, broadcast ? APS_MSG_BROADCAST : APS_MSG_RESULT,
-	        res.step_done && !broadcast && job->optim.kind == APS_OPTIM_NONE
-	                ? decide_format(srv, job, t, step)
-	                : "");
-	aps_optimize_chunk_done(srv, job, t, &res, broadcast);
-	aps_sbuf_unref(res.payload);
-	if (!res.step_done)
-		return;
-	job->rounds_completed++;
-	srv->counters.rounds++;
-	/* tail_us: from the arrival of the last push to the last RESULT handed to ZeroMQ */
-	aps_log_debug("server", "round job=%s tensor=%.80s step=%llu chunks=%u tail_us=%.1f",
-	              job->name, t->name, (unsigned long long)step, t->round.n_chunks,
-	              (double)(uv_hrtime() - arrived_ns) / 1e3);
+	aps_outbox_registered(srv, job, s, t);
 }
 
 /* The tensor and chunk a PUSH or BROADCAST is about, or NULL after an ERROR. */
@@ -295,20 +163,20 @@ static struct aps_tensor *pushed_chunk(struct aps_server *srv, struct aps_sessio
 	int64_t c;
 
 	if (t == NULL || !t->registered[s->rank]) {
-		aps_server_send_error(srv, &s->peer, APS_EPROTO, m,
-		                      "tensor id %u is not registered by rank %u of job '%s'",
-		                      m->tensor_id, s->rank, s->job->name);
+		aps_outbox_error(srv, &s->peer, APS_EPROTO, m,
+		                 "tensor id %u is not registered by rank %u of job '%s'",
+		                 m->tensor_id, s->rank, s->job->name);
 		return NULL;
 	}
 	/* A broadcast request without data names its chunk too. */
 	c = aps_round_chunk_of(&t->round, m->chunk_offset, m->chunk_count);
 	if (m->total_count != t->count || c < 0) {
-		aps_server_send_error(srv, &s->peer, APS_EPROTO, m,
-		                      "tensor '%.80s' (%llu elements) travels in chunks of %zu: "
-		                      "offset %llu count %llu is not one",
-		                      t->name, (unsigned long long)t->count, t->round.chunk_elems,
-		                      (unsigned long long)m->chunk_offset,
-		                      (unsigned long long)m->chunk_count);
+		aps_outbox_error(srv, &s->peer, APS_EPROTO, m,
+		                 "tensor '%.80s' (%llu elements) travels in chunks of %zu: "
+		                 "offset %llu count %llu is not one",
+		                 t->name, (unsigned long long)t->count, t->round.chunk_elems,
+		                 (unsigned long long)m->chunk_offset,
+		                 (unsigned long long)m->chunk_count);
 		return NULL;
 	}
 	*chunk = (uint32_t)c;
@@ -362,7 +230,7 @@ void aps_handle_push(struct aps_server *srv, struct aps_session *s, const struct
 	if (!aps_optimize_check_push(srv, s, t, m))
 		return;
 	if (contribution_of(in, m, &c) < 0) {
-		aps_server_send_error(srv, &s->peer, APS_ENOMEM, m, "out of memory");
+		aps_outbox_error(srv, &s->peer, APS_ENOMEM, m, "out of memory");
 		return;
 	}
 	note_push(t, s->rank, chunk, m, arrived_ns);
@@ -370,23 +238,11 @@ void aps_handle_push(struct aps_server *srv, struct aps_session *s, const struct
 		if (c.payload.release != NULL)
 			c.payload.release(c.payload.ctx);
 		srv->counters.bad_state++;
-		aps_server_send_error(srv, &s->peer, APS_EPROTO, m, "tensor '%.80s': %s", t->name,
-		                      why);
+		aps_outbox_error(srv, &s->peer, APS_EPROTO, m, "tensor '%.80s': %s", t->name, why);
 		return;
 	}
 	if (aps_round_chunk_complete(&t->round, chunk))
-		finish_chunk(srv, s->job, t, chunk, arrived_ns);
-}
-
-/* The SCALES r (tensor ids and their exponents) to every member of job. */
-static void send_scales(struct aps_server *srv, struct aps_job *job, struct aps_msg *r)
-{
-	r->n_exponents = r->n_tensor_ids;
-	for (uint32_t rank = 0; r->n_tensor_ids > 0 && rank < job->world_size; rank++) {
-		r->rank = rank;
-		if (job->ranks[rank] != NULL && !job->absent[rank])
-			aps_server_send(srv, &job->ranks[rank]->peer, r, NULL);
-	}
+		aps_finish_chunk(srv, s->job, t, chunk, arrived_ns);
 }
 
 /* Global mode: a rank's exponents for a batch of tensors; the max of every tensor
@@ -396,8 +252,8 @@ void aps_handle_exponents(struct aps_server *srv, struct aps_session *s, const s
 	struct aps_job *job = s->job;
 	struct aps_msg r, again;
 
-	aps_handle_identity(&r, APS_MSG_SCALES, job, 0);
-	aps_handle_identity(&again, APS_MSG_SCALES, job, s->rank);
+	aps_outbox_init(&r, APS_MSG_SCALES, job, 0);
+	aps_outbox_init(&again, APS_MSG_SCALES, job, s->rank);
 	for (uint32_t i = 0; i < m->n_tensor_ids; i++) {
 		struct aps_tensor *t = aps_job_tensor(job, m->tensor_ids[i]);
 		int32_t max;
@@ -408,10 +264,10 @@ void aps_handle_exponents(struct aps_server *srv, struct aps_session *s, const s
 		                  : aps_tensor_add_exponent(job, t, s->rank, m->exponents[i], &max);
 		if (ret < 0) {
 			srv->counters.bad_state++;
-			aps_server_send_error(srv, &s->peer, APS_EPROTO, m,
-			                      "exponent for tensor id %u: %s", m->tensor_ids[i],
-			                      t == NULL ? "not registered"
-			                                : "this rank already sent one");
+			aps_outbox_error(srv, &s->peer, APS_EPROTO, m,
+			                 "exponent for tensor id %u: %s", m->tensor_ids[i],
+			                 t == NULL ? "not registered"
+			                           : "this rank already sent one");
 			continue;
 		}
 		if (ret == 0)
@@ -419,55 +275,10 @@ void aps_handle_exponents(struct aps_server *srv, struct aps_session *s, const s
 		r.tensor_ids[r.n_tensor_ids] = m->tensor_ids[i];
 		r.exponents[r.n_tensor_ids++] = max;
 	}
-	send_scales(srv, job, &r);
+	aps_outbox_scales(srv, job, &r);
 	again.n_exponents = again.n_tensor_ids;
 	if (again.n_tensor_ids > 0)
-		aps_server_send(srv, &s->peer, &again, NULL);
-}
-
-/* A rank back in an elastic job learns the step of every tensor it registered. */
-static void send_steps(struct aps_server *srv, struct aps_job *job, struct aps_session *s)
-{
-	for (uint32_t i = 0; i < job->n_tensors; i++) {
-		if (job->tensors[i]->registered[s->rank])
-			send_registered(srv, job, s, job->tensors[i]);
-	}
-	aps_log_info("server", "rank back job=%s rank=%u members=%u", job->name, s->rank,
-	             aps_job_members(job));
-}
-
-/*
- * A barrier is complete when every rank is in it; in an elastic job, every
- * connected rank (a lost one is not waited for). Ranks back in an elastic job
- * take part in its rounds from then on.
- */
-static void try_finish_barrier(struct aps_server *srv, struct aps_job *job)
-{
-	struct aps_msg r;
-
-	if (job->barrier_arrived == 0)
-		return;
-	for (uint32_t rank = 0; rank < job->world_size; rank++) {
-		bool waited = job->ranks[rank] != NULL || !job->absent[rank];
-		if (waited && !job->barrier_has[rank])
-			return;
-	}
-	for (uint32_t rank = 0; rank < job->world_size; rank++) {
-		aps_handle_identity(&r, APS_MSG_BARRIER, job, rank);
-		r.step = job->barrier_step;
-		if (job->ranks[rank] == NULL)
-			continue;
-		/* A rank that is back learns its tensors' steps before the barrier returns. */
-		if (job->absent[rank]) {
-			job->absent[rank] = false;
-			send_steps(srv, job, job->ranks[rank]);
-		}
-		aps_server_send(srv, &job->ranks[rank]->peer, &r, NULL);
-	}
-	memset(job->barrier_has, 0, job->world_size * sizeof(*job->barrier_has));
-	job->barrier_arrived = 0;
-	job->barrier_step++;
-	srv->counters.barriers++;
+		aps_outbox_send(srv, &s->peer, &again, NULL);
 }
 
 void aps_handle_barrier(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m)
@@ -478,15 +289,15 @@ void aps_handle_barrier(struct aps_server *srv, struct aps_session *s, const str
 		return;
 	if (m->step != job->barrier_step || job->barrier_has[s->rank]) {
 		srv->counters.bad_state++;
-		aps_server_send_error(
-		        srv, &s->peer, APS_EPROTO, m, "barrier %llu: the job is at barrier %llu%s",
-		        (unsigned long long)m->step, (unsigned long long)job->barrier_step,
-		        job->barrier_has[s->rank] ? " and this rank is in it" : "");
+		aps_outbox_error(srv, &s->peer, APS_EPROTO, m,
+		                 "barrier %llu: the job is at barrier %llu%s",
+		                 (unsigned long long)m->step, (unsigned long long)job->barrier_step,
+		                 job->barrier_has[s->rank] ? " and this rank is in it" : "");
 		return;
 	}
 	job->barrier_has[s->rank] = true;
 	job->barrier_arrived++;
-	try_finish_barrier(srv, job);
+	aps_finish_barrier(srv, job);
 }
 
 /* A waiting rank's heartbeat: answered with the ranks its wait depends on. */
@@ -496,10 +307,10 @@ void aps_handle_heartbeat(struct aps_server *srv, struct aps_session *s, const s
 	struct aps_tensor *t = aps_job_tensor(job, m->tensor_id);
 	struct aps_msg r;
 
-	aps_handle_identity(&r, APS_MSG_HEARTBEAT, job, s->rank);
+	aps_outbox_init(&r, APS_MSG_HEARTBEAT, job, s->rank);
 	if (m->flags & APS_MSG_FLAG_ALIVE) {
 		r.flags = APS_MSG_FLAG_ALIVE; /* about no call: the client hears apsd lives */
-		aps_server_send(srv, &s->peer, &r, NULL);
+		aps_outbox_send(srv, &s->peer, &r, NULL);
 		return;
 	}
 	r.tensor_id = m->tensor_id;
@@ -514,38 +325,12 @@ void aps_handle_heartbeat(struct aps_server *srv, struct aps_session *s, const s
 		size_t n = aps_round_missing(&t->round, r.waiting_for, APS_MSG_LIST_MAX);
 		r.n_waiting_for = (uint32_t)(n < APS_MSG_LIST_MAX ? n : APS_MSG_LIST_MAX);
 	}
-	aps_server_send(srv, &s->peer, &r, NULL);
+	aps_outbox_send(srv, &s->peer, &r, NULL);
 }
 
 void aps_handle_bye(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m)
 {
 	(void)m;
-	aps_server_rank_gone(srv, s, false, "it left the job");
+	aps_leave_left(srv, s, "it left the job");
 	aps_jobs_drop_session(&srv->jobs, s);
-}
-
-void aps_job_recheck(struct aps_server *srv, struct aps_job *job)
-{
-	uint64_t now = uv_hrtime();
-	struct aps_msg scales;
-
-	aps_handle_identity(&scales, APS_MSG_SCALES, job, 0);
-	for (uint32_t i = 0; i < job->n_tensors; i++) {
-		struct aps_tensor *t = job->tensors[i];
-		int32_t max;
-		for (uint32_t c = 0; c < t->round.n_chunks && aps_round_busy(&t->round); c++) {
-			if (aps_round_recheck(&t->round, c))
-				finish_chunk(srv, job, t, c, now);
-		}
-		if (t->exp_arrived == 0 || aps_tensor_exponents_complete(job, t, &max) != 1)
-			continue;
-		if (scales.n_tensor_ids == APS_MSG_LIST_MAX) {
-			send_scales(srv, job, &scales);
-			scales.n_tensor_ids = 0;
-		}
-		scales.tensor_ids[scales.n_tensor_ids] = t->id;
-		scales.exponents[scales.n_tensor_ids++] = max;
-	}
-	send_scales(srv, job, &scales);
-	try_finish_barrier(srv, job);
 }

@@ -10,6 +10,11 @@
  * of their ranks (a new run). A job whose ranks have not all joined within
  * join_timeout_ms of its first HELLO ends, and frees its slot.
  */
+#include "server/join.h"
+
+#include "server/leave.h"
+#include "server/optimize.h"
+#include "server/outbox.h"
 #include "server/server_impl.h"
 
 #include "common/err.h"
@@ -100,7 +105,7 @@ static void refuse_hello(struct aps_server *srv, struct aps_session *s, const st
                          int code, const char *why)
 {
 	srv->counters.refused_hello++;
-	aps_server_send_error(srv, &s->peer, code, m, "%s", why);
+	aps_outbox_error(srv, &s->peer, code, m, "%s", why);
 }
 
 /*
@@ -127,7 +132,7 @@ static void end_abandoned(struct aps_server *srv, struct aps_job *job)
 		if (job->ranks[r] == NULL)
 			continue;
 		left--;
-		aps_server_evict_detached(srv, job->ranks[r]); /* frees job with the last */
+		aps_leave_evict(srv, job->ranks[r]); /* frees job with the last */
 	}
 }
 
@@ -151,7 +156,7 @@ static int job_refuses(struct aps_server *srv, struct aps_job *job, const struct
 		return APS_EMISMATCH;
 	if (job->ranks[m->rank] != NULL && job->ranks[m->rank]->detached_ms != 0) {
 		/* A new client for a rank whose connection closed: the old one is gone. */
-		aps_server_evict_detached(srv, job->ranks[m->rank]);
+		aps_leave_evict(srv, job->ranks[m->rank]);
 		if (aps_jobs_find(&srv->jobs, m->job) != job)
 			return 0; /* it was the last: the job ended, a new one starts */
 	}
@@ -239,8 +244,7 @@ static bool let_in(struct aps_server *srv, struct aps_session *s, const struct a
 	srv->counters.refused_token++;
 	aps_log_warn("server", "refused a hello job=%s rank=%u address=%s reason=\"%s\"", m->job,
 	             m->rank, s->address, why);
-	aps_server_send_error(srv, &s->peer, APS_EACCES, m, "not allowed in job '%s': %s", m->job,
-	                      why);
+	aps_outbox_error(srv, &s->peer, APS_EACCES, m, "not allowed in job '%s': %s", m->job, why);
 	return false;
 }
 
@@ -319,7 +323,7 @@ void aps_join_welcome(struct aps_server *srv, struct aps_session *s, uint32_t fl
 	struct aps_job *job = s->job;
 	struct aps_msg w;
 
-	aps_handle_identity(&w, APS_MSG_WELCOME, job, s->rank);
+	aps_outbox_init(&w, APS_MSG_WELCOME, job, s->rank);
 	w.step = job->barrier_step; /* the job's next barrier: a rank that is back joins it */
 	w.scaling = (int)job->scaling;
 	w.flags = flags;
@@ -330,7 +334,7 @@ void aps_join_welcome(struct aps_server *srv, struct aps_session *s, uint32_t fl
 	w.has_session = true;
 	w.max_message_bytes = (uint64_t)srv->opts.max_message_bytes;
 	w.keepalive_ms = (uint32_t)srv->opts.heartbeat_timeout_ms;
-	aps_server_send(srv, &s->peer, &w, NULL);
+	aps_outbox_send(srv, &s->peer, &w, NULL);
 }
 
 /* "1, 2": the ranks of job that never joined. */
@@ -358,7 +362,7 @@ static void expire(struct aps_server *srv, struct aps_job *job)
 	         strchr(ranks, ',') ? "ranks" : "rank", ranks);
 	srv->counters.jobs_expired++;
 	aps_log_warn("server", "job expired job=%s reason=\"%s\"", job->name, text);
-	aps_server_error_job(srv, job, APS_ETIMEDOUT, text);
+	aps_outbox_error_job(srv, job, APS_ETIMEDOUT, text);
 	for (uint32_t r = 0; r < job->world_size; r++) {
 		struct aps_session *s = job->ranks[r];
 		if (s == NULL)
@@ -371,7 +375,7 @@ static void expire(struct aps_server *srv, struct aps_job *job)
 		}
 		aps_zbridge_admit(srv->bridge, s->conn, false);
 	}
-	aps_server_end_job(srv, job);
+	aps_leave_end_job(srv, job);
 }
 
 void aps_join_tick(struct aps_server *srv, uint64_t now)

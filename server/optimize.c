@@ -7,6 +7,9 @@
  * error feedback. Also PULL (the full fp32 weights) and checkpoint snapshots.
  * The update rules are optimizer.c's, the files checkpoint.c's.
  */
+#include "server/optimize.h"
+
+#include "server/outbox.h"
 #include "server/server_impl.h"
 
 #include "common/codec.h"
@@ -143,7 +146,7 @@ bool aps_optimize_check_push(struct aps_server *srv, struct aps_session *s, stru
 		return true;
 	}
 	srv->counters.bad_state++;
-	aps_server_send_error(srv, &s->peer, APS_EPROTO, m, "tensor '%.80s': %s", t->name, why);
+	aps_outbox_error(srv, &s->peer, APS_EPROTO, m, "tensor '%.80s': %s", t->name, why);
 	return false;
 }
 
@@ -301,7 +304,7 @@ static void send_weights(struct aps_server *srv, struct aps_session *s, struct a
 		struct aps_sbuf *buf = aps_sbuf_new(n * sizeof(float));
 		struct aps_msg r;
 		if (buf == NULL) {
-			aps_server_send_error(srv, &s->peer, APS_ENOMEM, NULL, "out of memory");
+			aps_outbox_error(srv, &s->peer, APS_ENOMEM, NULL, "out of memory");
 			return;
 		}
 		memcpy(buf->data, t->opt.weights + off, n * sizeof(float));
@@ -315,7 +318,7 @@ static void send_weights(struct aps_server *srv, struct aps_session *s, struct a
 		r.chunk_count = n;
 		r.total_count = t->count;
 		snprintf(r.format, sizeof(r.format), "fp32");
-		aps_server_send(srv, &s->peer, &r, buf);
+		aps_outbox_send(srv, &s->peer, &r, buf);
 		s->bytes_out += buf->len;
 		aps_sbuf_unref(buf);
 	}
@@ -335,6 +338,6 @@ void aps_handle_pull(struct aps_server *srv, struct aps_session *s, const struct
 	if (why == NULL)
 		return send_weights(srv, s, t);
 	srv->counters.bad_state++;
-	aps_server_send_error(srv, &s->peer, APS_EPROTO, m, "pull of tensor id %u: it %s",
-	                      m->tensor_id, why);
+	aps_outbox_error(srv, &s->peer, APS_EPROTO, m, "pull of tensor id %u: it %s", m->tensor_id,
+	                 why);
 }

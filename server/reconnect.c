@@ -14,6 +14,11 @@
  * routing id on another connection is a stranger's. A rank not back within
  * the grace is lost, as if its connection had just closed.
  */
+#include "server/reconnect.h"
+
+#include "server/join.h"
+#include "server/leave.h"
+#include "server/outbox.h"
 #include "server/server_impl.h"
 
 #include "common/err.h"
@@ -58,11 +63,11 @@ static void refuse_resume(struct aps_server *srv, const struct aps_inmsg *in,
                           const struct aps_msg *m)
 {
 	srv->counters.refused_resume++;
-	aps_server_send_error(srv, &in->peer, APS_ENOSESSION, m,
-	                      "apsd has no session of rank %u of job '%s' to take back: it was "
-	                      "lost (away longer than reconnect_grace_ms = %d), or apsd "
-	                      "restarted",
-	                      m->rank, m->job, srv->opts.reconnect_grace_ms);
+	aps_outbox_error(srv, &in->peer, APS_ENOSESSION, m,
+	                 "apsd has no session of rank %u of job '%s' to take back: it was "
+	                 "lost (away longer than reconnect_grace_ms = %d), or apsd "
+	                 "restarted",
+	                 m->rank, m->job, srv->opts.reconnect_grace_ms);
 }
 
 /* s goes on on in's connection (its old one, if it still looked open, is dropped). */
@@ -104,7 +109,7 @@ bool aps_reconnect_hello(struct aps_server *srv, struct aps_inmsg *in, const str
 	}
 	if (s->conn != in->conn && srv->opts.reconnect_grace_ms == 0) {
 		/* No grace: nothing is taken back, the rank is lost. */
-		aps_server_rank_gone(srv, s, true, "its connection was replaced");
+		aps_leave_lost(srv, s, "its connection was replaced");
 		aps_jobs_drop_session(&srv->jobs, s);
 		if (resume)
 			refuse_resume(srv, in, m);
@@ -131,12 +136,6 @@ bool aps_reconnect_moved_from(const struct aps_server *srv, const struct aps_pee
 	return false;
 }
 
-void aps_server_evict_detached(struct aps_server *srv, struct aps_session *s)
-{
-	aps_server_rank_gone(srv, s, true, "connection closed, and a new client took its rank");
-	aps_jobs_drop_session(&srv->jobs, s);
-}
-
 /* A joined session that said nothing for heartbeat_timeout_ms: its connection is dead. */
 static void silent(struct aps_server *srv, struct aps_session *s, uint64_t now)
 {
@@ -150,7 +149,7 @@ static void silent(struct aps_server *srv, struct aps_session *s, uint64_t now)
 		aps_reconnect_detach(srv, s, why);
 		return;
 	}
-	aps_server_rank_gone(srv, s, true, why);
+	aps_leave_lost(srv, s, why);
 	aps_jobs_drop_session(&srv->jobs, s);
 }
 
@@ -173,7 +172,7 @@ void aps_reconnect_tick(struct aps_server *srv, uint64_t now)
 		}
 		if (s->detached_ms == 0 || now - s->detached_ms < grace)
 			continue;
-		aps_server_rank_gone(srv, s, true, why);
+		aps_leave_lost(srv, s, why);
 		aps_jobs_drop_session(&srv->jobs, s);
 	}
 }

@@ -13,6 +13,7 @@
  */
 #include "server/resend.h"
 
+#include "server/outbox.h"
 #include "server/server_impl.h"
 
 #include "common/log.h"
@@ -114,6 +115,6 @@ bool aps_resend_barrier(struct aps_server *srv, struct aps_session *s, const str
 	r.rank = s->rank;
 	r.world_size = job->world_size;
 	r.step = m->step;
-	aps_server_send(srv, &s->peer, &r, NULL);
+	aps_outbox_send(srv, &s->peer, &r, NULL);
 	return true;
 }

@@ -1,10 +1,17 @@
 /*
  * The daemon's spine: creates the bridge, turns each received message into a
  * checked struct aps_msg (proto/validate.c is the only gate), finds the
- * sender's session and hands the message to its handler (handlers.c). It also
- * owns sending, ERROR replies, what happens when a rank is lost, and the
- * clock that checks graces, silences (reconnect.c) and job deadlines (join.c).
+ * sender's session and hands the message to its handler (handlers.c, join.c
+ * for HELLO, optimize.c for PULL), and runs the clock that checks graces,
+ * silences (reconnect.c) and job deadlines (join.c). Sending is outbox.c's,
+ * what a rank's loss does leave.c's.
  */
+#include "server/handlers.h"
+#include "server/join.h"
+#include "server/leave.h"
+#include "server/optimize.h"
+#include "server/outbox.h"
+#include "server/reconnect.h"
 #include "server/server_impl.h"
 
 #include "server/resend.h"
@@ -26,116 +33,6 @@ static uint64_t now_ms(const struct aps_server *srv)
 	return uv_now(srv->loop) > 0 ? uv_now(srv->loop) : 1;
 }
 
-void aps_server_send(struct aps_server *srv, const struct aps_peer *peer, struct aps_msg *m,
-                     struct aps_sbuf *payload)
-{
-	uint8_t hdr[APS_SERVER_HEADER_MAX];
-	size_t len;
-
-	m->payload = payload ? payload->data : NULL;
-	m->payload_len = payload ? payload->len : 0;
-	if (aps_msg_pack(m, hdr, sizeof(hdr), &len) < 0) {
-		aps_log_error("server", "cannot encode type=%s", aps_msg_type_name(m->type));
-		return;
-	}
-	aps_zbridge_send(srv->bridge, peer, hdr, len, payload);
-}
-
-static void fill_error(struct aps_msg *e, int code, const struct aps_msg *request)
-{
-	aps_msg_init(e, APS_MSG_ERROR);
-	e->error_code = code;
-	if (request == NULL)
-		return;
-	memcpy(e->job, request->job, sizeof(e->job));
-	e->rank = request->rank;
-	e->world_size = request->world_size;
-	e->tensor_id = request->tensor_id;
-	e->step = request->step;
-	e->about_type = request->type == APS_MSG_ERROR ? APS_MSG_UNSPECIFIED : request->type;
-}
-
-void aps_server_send_error(struct aps_server *srv, const struct aps_peer *peer, int code,
-                           const struct aps_msg *request, const char *fmt, ...)
-{
-	struct aps_msg e;
-	va_list ap;
-
-	fill_error(&e, code, request);
-	va_start(ap, fmt);
-	vsnprintf(e.error_text, sizeof(e.error_text), fmt, ap);
-	va_end(ap);
-	/* The text is one printable line: the validator of the peer insists. */
-	for (char *c = e.error_text; *c; c++) {
-		if (*c < ' ' || *c > '~')
-			*c = '?';
-	}
-	srv->counters.errors_sent++;
-	aps_log_debug("server", "error code=%s text=\"%s\"", aps_err_name(code), e.error_text);
-	aps_server_send(srv, peer, &e, NULL);
-}
-
-void aps_server_error_job(struct aps_server *srv, struct aps_job *job, int code, const char *text)
-{
-	for (uint32_t r = 0; r < job->world_size; r++) {
-		struct aps_session *s = job->ranks[r];
-		struct aps_msg about;
-		if (s == NULL)
-			continue;
-		aps_msg_init(&about, APS_MSG_ERROR);
-		snprintf(about.job, sizeof(about.job), "%s", job->name);
-		about.rank = r;
-		about.world_size = job->world_size;
-		aps_server_send_error(srv, &s->peer, code, &about, "%s", text);
-	}
-}
-
-void aps_server_rank_gone(struct aps_server *srv, struct aps_session *s, bool lost, const char *why)
-{
-	struct aps_job *job = s->job;
-
-	if (lost) {
-		srv->counters.peers_lost++;
-		aps_log_warn("server", "rank lost job=%s rank=%u reason=\"%s\"", job->name, s->rank,
-		             why);
-	} else {
-		aps_log_debug("server", "rank left job=%s rank=%u", job->name, s->rank);
-	}
-	job->ranks[s->rank] = NULL;
-	s->job = NULL;
-	if (s->detached_ms == 0)
-		aps_zbridge_admit(srv->bridge, s->conn, false); /* it may join again, in time */
-	if (job->elastic && aps_job_connected(job) > 0) {
-		/* The job goes on without it; rounds that waited for it finish now. */
-		job->absent[s->rank] = true;
-		aps_job_forget_rank(job, s->rank);
-		aps_log_info("server", "job shrinks job=%s members=%u", job->name,
-		             aps_job_members(job));
-		aps_job_recheck(srv, job);
-		return;
-	}
-	if (job->departed[0] == '\0')
-		snprintf(job->departed, sizeof(job->departed), "rank %u of job '%s' was lost (%s)",
-		         s->rank, job->name, why);
-	if (aps_job_busy(job)) {
-		aps_job_abort_rounds(job);
-		aps_server_error_job(srv, job, APS_EPEERLOST, job->departed);
-	}
-	if (aps_job_connected(job) == 0) {
-		aps_log_info("server", "job ended job=%s rounds=%llu", job->name,
-		             (unsigned long long)job->rounds_completed);
-		aps_optimize_checkpoint(srv, job, "job ended");
-		aps_server_end_job(srv, job);
-	}
-}
-
-void aps_server_end_job(struct aps_server *srv, struct aps_job *job)
-{
-	aps_jobs_remove(&srv->jobs, job);
-	/* The job's buffers go back to the system, not only to the allocator. */
-	malloc_trim(0);
-}
-
 /* A collective call of a job that lost a rank: it could only time out. */
 static bool job_incomplete(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m)
 {
@@ -152,16 +49,16 @@ static bool job_incomplete(struct aps_server *srv, struct aps_session *s, const 
 		return false;
 	if (s->job->absent[s->rank] && m->type != APS_MSG_BARRIER) {
 		srv->counters.bad_state++;
-		aps_server_send_error(srv, &s->peer, APS_EPROTO, m,
-		                      "rank %u is back in job '%s': it takes part from the job's "
-		                      "next barrier on (call barrier first)",
-		                      s->rank, s->job->name);
+		aps_outbox_error(srv, &s->peer, APS_EPROTO, m,
+		                 "rank %u is back in job '%s': it takes part from the job's "
+		                 "next barrier on (call barrier first)",
+		                 s->rank, s->job->name);
 		return true;
 	}
 	if (s->job->departed[0] == '\0' || aps_resend_answerable(s, m))
 		return false;
 	srv->counters.refused_incomplete++;
-	aps_server_send_error(srv, &s->peer, APS_EPEERLOST, m, "%s", s->job->departed);
+	aps_outbox_error(srv, &s->peer, APS_EPEERLOST, m, "%s", s->job->departed);
 	return true;
 }
 
@@ -188,16 +85,15 @@ static bool session_may_send(struct aps_server *srv, struct aps_session *s, cons
 		return true;
 	srv->counters.bad_session++;
 	if (s == NULL || s->job == NULL)
-		aps_server_send_error(
-		        srv, peer, APS_ENOSESSION, m,
-		        "%s from a connection that has not joined (apsd restarted, or "
-		        "no HELLO): rank %u of job '%s' must join again",
-		        aps_msg_type_name(m->type), m->rank, m->job);
+		aps_outbox_error(srv, peer, APS_ENOSESSION, m,
+		                 "%s from a connection that has not joined (apsd restarted, or "
+		                 "no HELLO): rank %u of job '%s' must join again",
+		                 aps_msg_type_name(m->type), m->rank, m->job);
 	else
-		aps_server_send_error(srv, peer, APS_EPROTO, m,
-		                      "%s as rank %u of job '%s' from rank %u of job '%s'",
-		                      aps_msg_type_name(m->type), m->rank, m->job, s->rank,
-		                      s->job->name);
+		aps_outbox_error(srv, peer, APS_EPROTO, m,
+		                 "%s as rank %u of job '%s' from rank %u of job '%s'",
+		                 aps_msg_type_name(m->type), m->rank, m->job, s->rank,
+		                 s->job->name);
 	return false;
 }
 
@@ -231,8 +127,8 @@ static void dispatch(struct aps_server *srv, struct aps_session *s, const struct
 		aps_handle_pull(srv, s, m);
 		break;
 	default:
-		aps_server_send_error(srv, &s->peer, APS_EPROTO, m, "%s is not served yet",
-		                      aps_msg_type_name(m->type));
+		aps_outbox_error(srv, &s->peer, APS_EPROTO, m, "%s is not served yet",
+		                 aps_msg_type_name(m->type));
 		break;
 	}
 }
@@ -246,9 +142,9 @@ static void on_message(void *ctx, struct aps_inmsg *in)
 
 	if (in->nframes > 2) {
 		srv->counters.bad_frames++;
-		aps_server_send_error(srv, &in->peer, APS_EPROTO, NULL,
-		                      "message has %zu frames, at most 2 (header, payload)",
-		                      in->nframes);
+		aps_outbox_error(srv, &in->peer, APS_EPROTO, NULL,
+		                 "message has %zu frames, at most 2 (header, payload)",
+		                 in->nframes);
 		return;
 	}
 	uint64_t t0 = srv->opts.trace != NULL ? aps_trace_now() : 0;
@@ -256,7 +152,7 @@ static void on_message(void *ctx, struct aps_inmsg *in)
 	if (aps_msg_parse(&srv->limits, in->hdr, in->hdr_len, in->payload, in->payload_len,
 	                  in->payload != NULL, &m, &fault) < 0) {
 		srv->counters.faults[fault.kind]++;
-		aps_server_send_error(srv, &in->peer, APS_EPROTO, NULL, "%s", fault.text);
+		aps_outbox_error(srv, &in->peer, APS_EPROTO, NULL, "%s", fault.text);
 		return;
 	}
 	aps_trace_stage(srv->opts.trace, "receive", t0, aps_msg_type_name(m.type), m.step,
@@ -273,7 +169,7 @@ static void on_message(void *ctx, struct aps_inmsg *in)
 	if (!session_may_send(srv, s, &m, &in->peer))
 		return;
 	if (s == NULL && (s = aps_jobs_session(&srv->jobs, &in->peer)) == NULL) {
-		aps_server_send_error(srv, &in->peer, APS_ENOMEM, &m, "out of memory");
+		aps_outbox_error(srv, &in->peer, APS_ENOMEM, &m, "out of memory");
 		return;
 	}
 	if (s->msgs_in == 0) {
@@ -304,7 +200,7 @@ static void on_disconnect(void *ctx, uint64_t conn)
 			continue;
 		}
 		if (s->job != NULL)
-			aps_server_rank_gone(srv, s, true, "connection closed");
+			aps_leave_lost(srv, s, "connection closed");
 		aps_jobs_drop_session(&srv->jobs, s);
 	}
 }
@@ -418,7 +314,7 @@ void aps_server_stop(struct aps_server *srv)
 		snprintf(bye.job, sizeof(bye.job), "%s", s->job->name);
 		bye.rank = s->rank;
 		bye.world_size = s->job->world_size;
-		aps_server_send(srv, &s->peer, &bye, NULL);
+		aps_outbox_send(srv, &s->peer, &bye, NULL);
 	}
 	srv->bridge_counters = *aps_zbridge_counters(srv->bridge);
 	aps_zbridge_free(srv->bridge, 1000);

@@ -1,0 +1,202 @@
+/*
+ * What a round, an exponent exchange or a barrier sends once it is complete:
+ * a chunk's result to every rank (and the precision policy's next format),
+ * the SCALES of finished exchanges, the barrier's release. A push completes
+ * a chunk (handlers.c); a rank that leaves an elastic job can complete all
+ * three (leave.c).
+ */
+#include "server/finish.h"
+
+#include "server/optimize.h"
+#include "server/outbox.h"
+#include "server/resend.h"
+#include "server/server_impl.h"
+
+#include "common/err.h"
+#include "common/log.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* Sends one chunk's result to every rank: one header, one shared payload. */
+static void fan_out(struct aps_server *srv, struct aps_job *job, struct aps_tensor *t,
+                    uint64_t step, struct aps_round_result *res, enum aps_msg_type type,
+                    const char *next_format)
+{
+	struct aps_msg r;
+
+	aps_outbox_init(&r, type, job, 0);
+	r.tensor_id = t->id;
+	r.step = step;
+	r.chunk_offset = res->offset;
+	r.chunk_count = res->count;
+	r.total_count = t->count;
+	snprintf(r.format, sizeof(r.format), "%s", res->fmt.name);
+	r.scale_exp = res->scale_exp;
+	r.scaling = (int)job->scaling;
+	r.flushed = res->stats.flushed;
+	r.flags = res->lowp_sum ? APS_MSG_FLAG_LOWP_SUM : 0;
+	if (type == APS_MSG_RESULT && job->optim.kind != APS_OPTIM_NONE)
+		r.flags |= APS_MSG_FLAG_UPDATE; /* the payload is added to the weights */
+	snprintf(r.next_format, sizeof(r.next_format), "%s", next_format);
+	uint64_t t0 = srv->opts.trace != NULL ? aps_trace_now() : 0;
+	uint8_t hdr[APS_SERVER_HEADER_MAX];
+	size_t len;
+
+	/* One header for every rank: packing checksums the payload, once. */
+	r.payload = res->payload->data;
+	r.payload_len = res->payload->len;
+	if (aps_msg_pack(&r, hdr, sizeof(hdr), &len) < 0)
+		return;
+	for (uint32_t rank = 0; rank < job->world_size; rank++) {
+		struct aps_session *s = job->ranks[rank];
+		if (s == NULL || job->absent[rank])
+			continue;
+		aps_outbox_send_packed(srv, &s->peer, hdr, len, res->payload);
+		s->bytes_out += res->payload->len;
+		t->stats.bytes_out += res->payload->len;
+	}
+	aps_resend_keep(srv, t, step, res, hdr, len);
+	aps_trace_stage(srv->opts.trace, "send", t0, t->name, step,
+	                (uint32_t)(res->offset / t->round.chunk_elems));
+}
+
+/* What the stats socket shows of a finished chunk, and of a finished step. */
+static void note_result(struct aps_server *srv, struct aps_job *job, struct aps_tensor *t,
+                        const struct aps_round_result *res, uint64_t flushed)
+{
+	struct aps_tensor_stats *st = &t->stats;
+
+	st->down_scale_exp = res->scale_exp;
+	st->overflow += res->stats.overflow;
+	if (!res->step_done)
+		return;
+	st->steps++;
+	st->flushed_fraction = (double)flushed / ((double)t->count * job->world_size);
+	st->rel_error = res->rel_error;
+	aps_latency_add(&srv->latency, uv_hrtime() - st->step_started_ns);
+}
+
+/* arrived_ns: when the push that completed the chunk arrived (uv_hrtime). */
+/* After a step: the format of the next one, or "" when it stays. */
+static const char *decide_format(struct aps_server *srv, struct aps_job *job, struct aps_tensor *t,
+                                 uint64_t step)
+{
+	const char *before = t->policy.current.name;
+	char from[APS_FORMAT_NAME_MAX];
+
+	snprintf(from, sizeof(from), "%s", before);
+	if (!aps_policy_observe(&job->policy, &t->policy, step, t->stats.flushed_fraction,
+	                        t->stats.rel_error))
+		return "";
+	srv->counters.policy_switches++;
+	aps_log_info("policy",
+	             "switch job=%s tensor=%.80s step=%llu from=%s to=%s reason=%s "
+	             "flushed=%.4f error=%.4f",
+	             job->name, t->name, (unsigned long long)step + 1, from, t->policy.current.name,
+	             t->policy.reason, t->stats.flushed_fraction, t->stats.rel_error);
+	return t->policy.current.name;
+}
+
+void aps_finish_chunk(struct aps_server *srv, struct aps_job *job, struct aps_tensor *t,
+                      uint32_t chunk, uint64_t arrived_ns)
+{
+	struct aps_round_result res;
+	uint64_t step = t->round.step, flushed = t->round.flushed;
+	bool broadcast = t->round.kind == APS_ROUND_BROADCAST;
+	int ret = aps_round_finish_chunk(
+	        &t->round, chunk, job->downlink_auto ? NULL : &job->downlink, job->scaling, &res);
+
+	if (ret < 0) {
+		aps_round_abort(&t->round);
+		aps_tensor_forget_answers(t);
+		aps_outbox_error_job(srv, job, ret, "out of memory for a result");
+		return;
+	}
+	note_result(srv, job, t, &res, flushed);
+	fan_out(srv, job, t, step, &res, broadcast ? APS_MSG_BROADCAST : APS_MSG_RESULT,
+	        res.step_done && !broadcast && job->optim.kind == APS_OPTIM_NONE
+	                ? decide_format(srv, job, t, step)
+	                : "");
+	aps_optimize_chunk_done(srv, job, t, &res, broadcast);
+	aps_sbuf_unref(res.payload);
+	if (!res.step_done)
+		return;
+	job->rounds_completed++;
+	srv->counters.rounds++;
+	/* tail_us: from the arrival of the last push to the last RESULT handed to ZeroMQ */
+	aps_log_debug("server", "round job=%s tensor=%.80s step=%llu chunks=%u tail_us=%.1f",
+	              job->name, t->name, (unsigned long long)step, t->round.n_chunks,
+	              (double)(uv_hrtime() - arrived_ns) / 1e3);
+}
+
+/* A rank back in an elastic job learns the step of every tensor it registered. */
+static void send_steps(struct aps_server *srv, struct aps_job *job, struct aps_session *s)
+{
+	for (uint32_t i = 0; i < job->n_tensors; i++) {
+		if (job->tensors[i]->registered[s->rank])
+			aps_outbox_registered(srv, job, s, job->tensors[i]);
+	}
+	aps_log_info("server", "rank back job=%s rank=%u members=%u", job->name, s->rank,
+	             aps_job_members(job));
+}
+
+/*
+ * A barrier is complete when every rank is in it; in an elastic job, every
+ * connected rank (a lost one is not waited for). Ranks back in an elastic job
+ * take part in its rounds from then on.
+ */
+void aps_finish_barrier(struct aps_server *srv, struct aps_job *job)
+{
+	struct aps_msg r;
+
+	if (job->barrier_arrived == 0)
+		return;
+	for (uint32_t rank = 0; rank < job->world_size; rank++) {
+		bool waited = job->ranks[rank] != NULL || !job->absent[rank];
+		if (waited && !job->barrier_has[rank])
+			return;
+	}
+	for (uint32_t rank = 0; rank < job->world_size; rank++) {
+		aps_outbox_init(&r, APS_MSG_BARRIER, job, rank);
+		r.step = job->barrier_step;
+		if (job->ranks[rank] == NULL)
+			continue;
+		/* A rank that is back learns its tensors' steps before the barrier returns. */
+		if (job->absent[rank]) {
+			job->absent[rank] = false;
+			send_steps(srv, job, job->ranks[rank]);
+		}
+		aps_outbox_send(srv, &job->ranks[rank]->peer, &r, NULL);
+	}
+	memset(job->barrier_has, 0, job->world_size * sizeof(*job->barrier_has));
+	job->barrier_arrived = 0;
+	job->barrier_step++;
+	srv->counters.barriers++;
+}
+
+void aps_finish_recheck(struct aps_server *srv, struct aps_job *job)
+{
+	uint64_t now = uv_hrtime();
+	struct aps_msg scales;
+
+	aps_outbox_init(&scales, APS_MSG_SCALES, job, 0);
+	for (uint32_t i = 0; i < job->n_tensors; i++) {
+		struct aps_tensor *t = job->tensors[i];
+		int32_t max;
+		for (uint32_t c = 0; c < t->round.n_chunks && aps_round_busy(&t->round); c++) {
+			if (aps_round_recheck(&t->round, c))
+				aps_finish_chunk(srv, job, t, c, now);
+		}
+		if (t->exp_arrived == 0 || aps_tensor_exponents_complete(job, t, &max) != 1)
+			continue;
+		if (scales.n_tensor_ids == APS_MSG_LIST_MAX) {
+			aps_outbox_scales(srv, job, &scales);
+			scales.n_tensor_ids = 0;
+		}
+		scales.tensor_ids[scales.n_tensor_ids] = t->id;
+		scales.exponents[scales.n_tensor_ids++] = max;
+	}
+	aps_outbox_scales(srv, job, &scales);
+	aps_finish_barrier(srv, job);
+}

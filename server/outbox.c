@@ -1,0 +1,122 @@
+/*
+ * Every message apsd sends to a worker is built and packed here, and only
+ * here are they handed to the bridge: a reply, an ERROR (counted), one ERROR
+ * to a whole job, a REGISTERED, a SCALES, and a result packed once for every
+ * rank.
+ */
+#include "server/outbox.h"
+
+#include "server/server_impl.h"
+
+#include "common/err.h"
+#include "common/log.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+void aps_outbox_init(struct aps_msg *m, enum aps_msg_type type, const struct aps_job *job,
+                     uint32_t rank)
+{
+	aps_msg_init(m, type);
+	snprintf(m->job, sizeof(m->job), "%s", job->name);
+	m->rank = rank;
+	m->world_size = job->world_size;
+}
+
+void aps_outbox_send(struct aps_server *srv, const struct aps_peer *peer, struct aps_msg *m,
+                     struct aps_sbuf *payload)
+{
+	uint8_t hdr[APS_SERVER_HEADER_MAX];
+	size_t len;
+
+	m->payload = payload ? payload->data : NULL;
+	m->payload_len = payload ? payload->len : 0;
+	if (aps_msg_pack(m, hdr, sizeof(hdr), &len) < 0) {
+		aps_log_error("server", "cannot encode type=%s", aps_msg_type_name(m->type));
+		return;
+	}
+	aps_zbridge_send(srv->bridge, peer, hdr, len, payload);
+}
+
+static void fill_error(struct aps_msg *e, int code, const struct aps_msg *request)
+{
+	aps_msg_init(e, APS_MSG_ERROR);
+	e->error_code = code;
+	if (request == NULL)
+		return;
+	memcpy(e->job, request->job, sizeof(e->job));
+	e->rank = request->rank;
+	e->world_size = request->world_size;
+	e->tensor_id = request->tensor_id;
+	e->step = request->step;
+	e->about_type = request->type == APS_MSG_ERROR ? APS_MSG_UNSPECIFIED : request->type;
+}
+
+void aps_outbox_error(struct aps_server *srv, const struct aps_peer *peer, int code,
+                      const struct aps_msg *request, const char *fmt, ...)
+{
+	struct aps_msg e;
+	va_list ap;
+
+	fill_error(&e, code, request);
+	va_start(ap, fmt);
+	vsnprintf(e.error_text, sizeof(e.error_text), fmt, ap);
+	va_end(ap);
+	/* The text is one printable line: the validator of the peer insists. */
+	for (char *c = e.error_text; *c; c++) {
+		if (*c < ' ' || *c > '~')
+			*c = '?';
+	}
+	srv->counters.errors_sent++;
+	aps_log_debug("server", "error code=%s text=\"%s\"", aps_err_name(code), e.error_text);
+	aps_outbox_send(srv, peer, &e, NULL);
+}
+
+void aps_outbox_error_job(struct aps_server *srv, struct aps_job *job, int code, const char *text)
+{
+	for (uint32_t r = 0; r < job->world_size; r++) {
+		struct aps_session *s = job->ranks[r];
+		struct aps_msg about;
+		if (s == NULL)
+			continue;
+		aps_msg_init(&about, APS_MSG_ERROR);
+		snprintf(about.job, sizeof(about.job), "%s", job->name);
+		about.rank = r;
+		about.world_size = job->world_size;
+		aps_outbox_error(srv, &s->peer, code, &about, "%s", text);
+	}
+}
+
+void aps_outbox_registered(struct aps_server *srv, struct aps_job *job, struct aps_session *s,
+                           const struct aps_tensor *t)
+{
+	struct aps_msg r;
+
+	aps_outbox_init(&r, APS_MSG_REGISTERED, job, s->rank);
+	r.tensor_id = t->id;
+	snprintf(r.tensor_name, sizeof(r.tensor_name), "%s", t->name);
+	r.total_count = t->count;
+	r.chunk_count = t->round.chunk_elems; /* the chunk size every rank must use */
+	r.step = t->round.step;               /* the next step: where a rank that is back starts */
+	r.updates = t->opt.updates;           /* optimize mode: what a checkpoint restored */
+	snprintf(r.format, sizeof(r.format), "%s", t->policy.current.name);
+	aps_outbox_send(srv, &s->peer, &r, NULL);
+}
+
+/* The SCALES r (tensor ids and their exponents) to every member of job. */
+void aps_outbox_scales(struct aps_server *srv, struct aps_job *job, struct aps_msg *r)
+{
+	r->n_exponents = r->n_tensor_ids;
+	for (uint32_t rank = 0; r->n_tensor_ids > 0 && rank < job->world_size; rank++) {
+		r->rank = rank;
+		if (job->ranks[rank] != NULL && !job->absent[rank])
+			aps_outbox_send(srv, &job->ranks[rank]->peer, r, NULL);
+	}
+}
+
+void aps_outbox_send_packed(struct aps_server *srv, const struct aps_peer *peer, const uint8_t *hdr,
+                            size_t len, struct aps_sbuf *payload)
+{
+	aps_zbridge_send(srv->bridge, peer, hdr, len, payload);
+}

@@ -1,0 +1,46 @@
+/*
+ * What apsd sends to workers (outbox.c): the only caller of the bridge's send.
+ */
+#ifndef APS_SERVER_OUTBOX_H
+#define APS_SERVER_OUTBOX_H
+
+#include "common/sbuf.h"
+#include "proto/frame.h"
+#include "server/job.h"
+#include "server/peer.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct aps_server;
+
+#define APS_SERVER_HEADER_MAX 4096 /* bytes of a header frame the daemon packs */
+
+/* Zeroes m as a message of type from apsd about rank of job. */
+void aps_outbox_init(struct aps_msg *m, enum aps_msg_type type, const struct aps_job *job,
+                     uint32_t rank);
+
+/* Sends m (with payload, or none) to one peer. */
+void aps_outbox_send(struct aps_server *srv, const struct aps_peer *peer, struct aps_msg *m,
+                     struct aps_sbuf *payload);
+
+/* Sends a header packed once (hdr, len) with payload: a result to each rank. */
+void aps_outbox_send_packed(struct aps_server *srv, const struct aps_peer *peer, const uint8_t *hdr,
+                            size_t len, struct aps_sbuf *payload);
+
+/* An ERROR about request (may be NULL) to peer; counts it. */
+void aps_outbox_error(struct aps_server *srv, const struct aps_peer *peer, int code,
+                      const struct aps_msg *request, const char *fmt, ...)
+        __attribute__((format(printf, 5, 6)));
+
+/* The same ERROR to every live rank of job. */
+void aps_outbox_error_job(struct aps_server *srv, struct aps_job *job, int code, const char *text);
+
+/* REGISTERED to s about t: its id, size, chunking, next step and format. */
+void aps_outbox_registered(struct aps_server *srv, struct aps_job *job, struct aps_session *s,
+                           const struct aps_tensor *t);
+
+/* The SCALES r (tensor ids and their exponents) to every member of job. */
+void aps_outbox_scales(struct aps_server *srv, struct aps_job *job, struct aps_msg *r);
+
+#endif
