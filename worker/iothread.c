@@ -644,14 +644,18 @@ void *aps_client_io_main(void *arg)
 		}
 		if (ready & APS_TRANSPORT_WOKEN && read(c->wake_fd, &wakeups, sizeof(wakeups)) < 0)
 			wakeups = 0;
-		if (ready & APS_TRANSPORT_REFUSED)
+		if (ready & APS_TRANSPORT_REFUSED) {
 			aps_client_fail_all(c, APS_EACCES, aps_transport_refusal(c->tr), true);
-		else if (ready & APS_TRANSPORT_LOST)
+			continue;
+		}
+		/* What arrived before the close is read before the socket goes: apsd's
+		 * BYE when it stops, results sent just before a reset. */
+		if (ready & (APS_TRANSPORT_READABLE | APS_TRANSPORT_LOST | APS_TRANSPORT_NOCONN))
+			receive_all(c);
+		if (ready & APS_TRANSPORT_LOST)
 			aps_resume_lost(c, "the connection to apsd closed");
 		else if (ready & APS_TRANSPORT_NOCONN)
 			aps_resume_lost(c, "apsd cannot be reached");
-		if (ready & APS_TRANSPORT_READABLE)
-			receive_all(c);
 	}
 	aps_client_fail_all(c, APS_ECLOSED, "the client was closed", true);
 	return NULL;
