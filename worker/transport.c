@@ -27,7 +27,8 @@
 #define KEY_LEN        40
 /* A socket whose connect failed has no pipe, a full pipe takes nothing: a send
  * waits this long at most, then the connection is taken for lost (resume.c). */
-#define SEND_TIMEOUT_MS 1000
+#define SEND_TIMEOUT_MS    1000
+#define RECONNECT_NEVER_MS (24 * 3600 * 1000) /* a day: the socket is renewed long before */
 
 struct aps_transport {
 	void *zctx, *sock;
@@ -131,9 +132,12 @@ static int open_socket(struct aps_transport *t)
 		return APS_ECONN;
 	set_int(t->sock, ZMQ_LINGER, 0);
 	set_int(t->sock, ZMQ_SNDTIMEO, SEND_TIMEOUT_MS);
-	/* Never again by itself: under its old routing id, after apsd dropped it or a
-	 * blip, the new connection would not be this session's (the client renews). */
-	set_int(t->sock, ZMQ_RECONNECT_IVL, -1);
+	/* Not again by itself: under its old routing id, after apsd dropped it or a
+	 * blip, the new connection would not be this session's (the client renews
+	 * within 100 ms). Not -1 either: without a reconnect to come, libzmq ends
+	 * the connection's pipe at once and drops what apsd sent just before it
+	 * closed (its BYE when it stops). */
+	set_int(t->sock, ZMQ_RECONNECT_IVL, RECONNECT_NEVER_MS);
 	ret = set_curve(t);
 	if (ret == 0 && (set_routing_id(t->sock) < 0 || open_monitor(t) < 0 ||
 	                 zmq_connect(t->sock, t->endpoint) < 0))
