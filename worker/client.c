@@ -1,15 +1,13 @@
 /*
  * The client's life: joining a job (HELLO/WELCOME on the caller's thread,
- * before the I/O thread exists), handing requests to the I/O thread, waiting
- * for them, and leaving (BYE). The socket belongs to the I/O thread from the
- * moment it starts until aps_client_close has joined it.
+ * before the I/O thread exists), waiting for requests, and leaving (BYE). The socket belongs to the
+ * I/O thread from the moment it starts until aps_client_close has joined it.
  */
 #include "worker/client_impl.h"
 
 #include "common/err.h"
 #include "common/rules.h"
 #include "worker/api_error.h"
-#include "worker/sharded.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -20,7 +18,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#define HEADER_MAX      4096
 #define JOIN_CLOSES_MAX 8 /* closes without an answer before joining gives up */
 
 void aps_client_opts_init(struct aps_client_opts *o)
@@ -38,78 +35,6 @@ void aps_client_opts_init(struct aps_client_opts *o)
 size_t aps_client_opts_size(void)
 {
 	return sizeof(struct aps_client_opts);
-}
-
-int64_t aps_client_now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-void aps_client_log(const struct aps_client *c, int level, const char *fmt, ...)
-{
-	char line[320];
-	va_list ap;
-
-	if (c->log == NULL)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(line, sizeof(line), fmt, ap);
-	va_end(ap);
-	c->log(c->log_ctx, level, line);
-}
-
-int aps_client_check(const struct aps_client *c)
-{
-	if (c == NULL)
-		return aps_api_fail(APS_EINVAL, "client is NULL");
-	if (c->pid != getpid())
-		return aps_api_fail(APS_ECLOSED,
-		                    "the client was created by process %d, not this one: create a "
-		                    "client after fork()",
-		                    (int)c->pid);
-	return 0;
-}
-
-void aps_client_msg(const struct aps_client *c, struct aps_msg *m, enum aps_msg_type type)
-{
-	aps_msg_init(m, type);
-	memcpy(m->job, c->job, sizeof(m->job));
-	m->rank = c->rank;
-	m->world_size = c->world_size;
-}
-
-int aps_client_send(struct aps_client *c, struct aps_msg *m, struct aps_sbuf *buf,
-                    const uint8_t *data, size_t len)
-{
-	uint8_t hdr[HEADER_MAX];
-	size_t hdr_len;
-	int ret;
-
-	m->payload = data;
-	m->payload_len = data != NULL ? len : 0;
-	if (aps_msg_pack(m, hdr, sizeof(hdr), &hdr_len) < 0)
-		return APS_EINVAL;
-	/* A larger frame would close the connection: apsd's max_message_bytes. */
-	if (c->max_message_bytes > 0 &&
-	    (len > c->max_message_bytes || hdr_len > c->max_message_bytes))
-		return APS_ERANGE;
-	c->last_sent_ms = aps_client_now_ms();
-	/* No connection now: what would go now goes again when the session is back. */
-	if (!aps_transport_connected(c->tr))
-		return 0;
-	if (data != NULL)
-		ret = aps_transport_send_shared(c->tr, hdr, hdr_len, buf, data, len);
-	else
-		ret = aps_transport_send(c->tr, hdr, hdr_len, NULL, 0, false);
-	/* A joined client's calls go again on a new connection: they do not fail. */
-	if (ret < 0 && c->has_session) {
-		aps_resume_lost(c, "a send to apsd did not go");
-		return 0;
-	}
-	return ret;
 }
 
 /* "" (none) or 1..APS_MSG_TOKEN_MAX visible ASCII bytes. */
@@ -341,18 +266,12 @@ static void free_client(struct aps_client *c)
 	free(c);
 }
 
-int aps_client_new(aps_client **out, const struct aps_client_opts *o)
+int aps_conn_new(aps_client **out, const struct aps_client_opts *o)
 {
 	struct aps_format fmt, down;
 	struct aps_client *c;
 	int ret;
 
-	if (o != NULL && o->endpoint != NULL && strchr(o->endpoint, ',') != NULL &&
-	    o->optimizer != NULL && o->optimizer[0] != '\0')
-		return aps_api_fail(APS_EINVAL, "optimize mode serves one daemon, not several "
-		                                "shards: give one endpoint");
-	if (o != NULL && o->endpoint != NULL && strchr(o->endpoint, ',') != NULL)
-		return aps_sharded_new(out, o); /* checks o through each shard's client */
 	if ((ret = check_opts(o, &fmt, &down)) < 0)
 		return ret;
 	if (out == NULL)
@@ -385,94 +304,6 @@ int aps_client_new(aps_client **out, const struct aps_client_opts *o)
 	return aps_api_ok();
 }
 
-int aps_client_enqueue(struct aps_client *c, struct aps_request *r)
-{
-	struct aps_request **tail = &c->queue;
-	uint64_t one = 1;
-
-	r->next = NULL;
-	while (*tail != NULL)
-		tail = &(*tail)->next;
-	*tail = r;
-	if (write(c->wake_fd, &one, sizeof(one)) < 0)
-		return APS_ESYS;
-	return 0;
-}
-
-void aps_request_finish_locked(struct aps_client *c, struct aps_request *r, int result,
-                               const char *text)
-{
-	r->result = result;
-	snprintf(r->error, sizeof(r->error), "%s", text != NULL ? text : "");
-	r->done = true;
-	if (r->kind == REQ_ALLREDUCE || r->kind == REQ_BROADCAST || r->kind == REQ_PULL) {
-		struct client_tensor *t = &c->tensors[r->tensor_id];
-		t->busy = NULL;
-		if (result == 0 && r->kind != REQ_PULL)
-			t->step++;
-	}
-	pthread_cond_broadcast(&c->done_cv);
-}
-
-static void free_request(struct aps_request *r)
-{
-	aps_sbuf_unref(r->codes);
-	free(r->got);
-	free(r->corrected);
-	free(r);
-}
-
-int aps_request_wait_result(struct aps_request *r, uint32_t *tensor_id, uint64_t *updates)
-{
-	struct aps_client *c;
-	int result;
-
-	if (r == NULL)
-		return aps_api_fail(APS_EINVAL, "request is NULL");
-	if (r->kind == REQ_SHARDED)
-		return aps_sharded_wait(r);
-	c = r->owner;
-	if (c->pid != getpid())
-		return aps_api_fail(APS_ECLOSED, "the request belongs to process %d", (int)c->pid);
-	pthread_mutex_lock(&c->lock);
-	while (!r->done)
-		pthread_cond_wait(&c->done_cv, &c->lock);
-	pthread_mutex_unlock(&c->lock);
-	result = r->result;
-	if (result < 0)
-		aps_api_fail(result, "%s", r->error);
-	else
-		aps_api_ok();
-	if (result == 0 && tensor_id != NULL)
-		*tensor_id = r->tensor_id;
-	if (result == 0 && updates != NULL)
-		*updates = r->step; /* a pull: the update count of the weights it brought */
-	free_request(r);
-	return result;
-}
-
-int aps_request_wait(aps_request *r)
-{
-	return aps_request_wait_result(r, NULL, NULL);
-}
-
-int aps_request_done(const aps_request *r)
-{
-	bool done;
-
-	if (r == NULL)
-		return aps_api_fail(APS_EINVAL, "request is NULL");
-	if (r->owner->pid != getpid())
-		return aps_api_fail(APS_ECLOSED, "the request belongs to process %d",
-		                    (int)r->owner->pid);
-	if (r->kind == REQ_SHARDED)
-		return aps_sharded_done(r);
-	pthread_mutex_lock(&r->owner->lock);
-	done = r->done;
-	pthread_mutex_unlock(&r->owner->lock);
-	return done ? 1 : 0;
-}
-
 static void stop_io(struct aps_client *c)
 {
 	uint64_t one = 1;
@@ -486,14 +317,12 @@ static void stop_io(struct aps_client *c)
 	pthread_join(c->io, NULL);
 }
 
-int aps_client_close(aps_client *c)
+int aps_conn_close(aps_client *c)
 {
 	struct aps_msg bye;
 
 	if (c == NULL)
 		return 0;
-	if (c->sharded != NULL)
-		return aps_sharded_close(c);
 	if (c->pid != getpid()) {
 		/* A forked child: the parent's thread and socket are not ours to touch. */
 		for (uint32_t i = 0; i < c->n_tensors; i++)

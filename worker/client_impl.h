@@ -1,7 +1,9 @@
 /*
  * The client's state, shared by client.c (joining, leaving, waiting for a
- * request), request.c (starting calls on the caller's thread) and iothread.c
- * (the one thread that owns the socket).
+ * request), request.c (starting calls on the caller's thread), iothread.c
+ * (the one thread that owns the socket) with its recovery (resume.c,
+ * rejoin.c), and what they all build on: client_core.c (log, send, queue,
+ * end calls) and outbox.c (a call's messages).
  *
  * Locking: c->lock guards the queue of new requests, the tensor table, every
  * request's done/result/error and c->fatal. Everything else of an active
@@ -23,6 +25,8 @@
 
 #define APS_CLIENT_ERROR_MAX   320
 #define APS_CLIENT_WAITING_MAX 16 /* ranks a timeout message names */
+/* The exponent an all-zero tensor has on the wire (the codec's own is out of range there). */
+#define WIRE_ZERO_EXPONENT (-APS_CODEC_SCALE_MAX)
 
 struct client_tensor {
 	char name[APS_MSG_NAME_MAX + 1];
@@ -134,7 +138,8 @@ struct aps_client {
 	uint8_t session[APS_MSG_SESSION_LEN]; /* the session's token, chosen at the first HELLO */
 	bool has_session;                     /* joined: a lost connection resumes it */
 	uint64_t max_message_bytes;           /* apsd's limit, from WELCOME (0: unknown) */
-	int keepalive_ms; /* apsd takes this rank for dead after this much silence */
+	int keepalive_ms;      /* apsd takes this rank for dead after this much silence */
+	const char *send_lost; /* a send on the session's connection failed: renewed next */
 	int64_t last_sent_ms, last_recv_ms;
 	bool resuming;         /* HELLO flagged RESUME sent, WELCOME RESUMED due */
 	int64_t renew_due_ms;  /* the connection closed: a new one at this time (0: none) */
@@ -181,9 +186,22 @@ int aps_client_enqueue(struct aps_client *c, struct aps_request *r);
 void aps_request_finish_locked(struct aps_client *c, struct aps_request *r, int result,
                                const char *text);
 
-/* Waits for r, frees it, and writes the tensor id it registered and the update
- * count of the weights it pulled (each if not NULL). */
-int aps_request_wait_result(struct aps_request *r, uint32_t *tensor_id, uint64_t *updates);
+/* Waits for r (of one connection), frees it, and writes the tensor id it registered
+ * and the update count of the weights it pulled (each if not NULL). */
+int aps_conn_wait(struct aps_request *r, uint32_t *tensor_id, uint64_t *updates);
+/* 1 when r (of one connection) is done, 0 when not, or an APS_E* code. */
+int aps_conn_done(const struct aps_request *r);
+
+/*
+ * The client of one connection (client.c, request.c): what api.c's public
+ * calls do for it, and what a sharded client does on each shard.
+ */
+int aps_conn_new(aps_client **out, const struct aps_client_opts *o);
+int aps_conn_close(aps_client *c);
+int aps_conn_broadcast_start(aps_client *c, uint32_t tensor_id, float *buf, uint64_t count,
+                             int32_t timeout_ms, aps_request **req);
+int aps_conn_barrier(aps_client *c, int32_t timeout_ms);
+int aps_conn_tensor_updates(aps_client *c, uint32_t tensor_id, uint64_t *updates);
 
 /* The I/O thread's body. */
 void *aps_client_io_main(void *arg);
@@ -204,13 +222,13 @@ int aps_client_allreduce_part(aps_client *c, uint32_t tensor_id, float *buf, uin
 int aps_client_barrier_start(aps_client *c, int32_t timeout_ms, aps_request **req);
 
 /*
- * iothread.c, for resume.c: sending a request's messages. Data chunks whose
- * answer has arrived are not sent again.
+ * outbox.c: sending a call's messages (the I/O thread when it starts, resume.c
+ * after a reconnect). Data chunks whose answer has arrived are not sent again.
  */
-int aps_io_send_chunks(struct aps_client *c, struct aps_request *r);
-int aps_io_send_simple(struct aps_client *c, struct aps_request *r); /* REGISTER, BARRIER */
-int aps_io_send_exponents(struct aps_client *c, struct aps_request **batch, uint32_t n);
-int aps_io_send_pull(struct aps_client *c, struct aps_request *r);
+int aps_outbox_chunks(struct aps_client *c, struct aps_request *r);
+int aps_outbox_simple(struct aps_client *c, struct aps_request *r); /* REGISTER, BARRIER */
+int aps_outbox_exponents(struct aps_client *c, struct aps_request **batch, uint32_t n);
+int aps_outbox_pull(struct aps_client *c, struct aps_request *r);
 
 /* resume.c: the connection to apsd closed, or apsd went silent (why): a new one is due. */
 void aps_resume_lost(struct aps_client *c, const char *why);

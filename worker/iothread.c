@@ -17,8 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#define WIRE_ZERO_EXPONENT (-APS_CODEC_SCALE_MAX) /* an all-zero tensor */
-#define MAX_WAIT_MS        1000
+#define MAX_WAIT_MS 1000
 
 static void describe(const struct aps_request *r, char *buf, size_t len)
 {
@@ -53,31 +52,6 @@ static void finish(struct aps_client *c, struct aps_request *r, int result, cons
 	pthread_mutex_unlock(&c->lock);
 }
 
-/* Fails every active request; with none, a job-wide error waits for the next call. */
-void aps_client_fail_all(struct aps_client *c, int code, const char *text, bool fatal)
-{
-	pthread_mutex_lock(&c->lock);
-	if (fatal && c->fatal == 0) {
-		c->fatal = code;
-		snprintf(c->fatal_text, sizeof(c->fatal_text), "%s", text);
-	} else if (!fatal && c->active == NULL && c->pending == 0) {
-		c->pending = code;
-		snprintf(c->pending_text, sizeof(c->pending_text), "%s", text);
-	}
-	while (c->active != NULL) {
-		struct aps_request *r = c->active;
-		c->active = r->next;
-		aps_request_finish_locked(c, r, code, text);
-	}
-	/* For good: what callers queued meanwhile will never be sent either. */
-	while (fatal && c->queue != NULL) {
-		struct aps_request *r = c->queue;
-		c->queue = r->next;
-		aps_request_finish_locked(c, r, code, text);
-	}
-	pthread_mutex_unlock(&c->lock);
-}
-
 static void activate(struct aps_client *c, struct aps_request *r, enum request_state state)
 {
 	int64_t now = aps_client_now_ms();
@@ -89,113 +63,18 @@ static void activate(struct aps_client *c, struct aps_request *r, enum request_s
 	c->active = r;
 }
 
-int aps_io_send_chunks(struct aps_client *c, struct aps_request *r)
-{
-	enum aps_msg_type type = r->kind == REQ_BROADCAST ? APS_MSG_BROADCAST : APS_MSG_PUSH;
-	size_t per = r->chunk_elems ? r->chunk_elems : r->count;
-	uint64_t t0 = c->trace != NULL ? aps_trace_now() : 0;
-
-	r->chunks = (uint32_t)((r->count + per - 1) / per);
-	if (r->got == NULL && (r->got = calloc(r->chunks, 1)) == NULL)
-		return APS_ENOMEM;
-	for (uint32_t i = 0; i < r->chunks; i++) {
-		size_t off = (size_t)i * per, n = r->count - off < per ? r->count - off : per;
-		struct aps_msg m;
-		if (r->got[i])
-			continue;
-		aps_client_msg(c, &m, type);
-		m.tensor_id = r->tensor_id;
-		m.step = r->step;
-		m.chunk_offset = off;
-		m.chunk_count = n;
-		m.total_count = r->count;
-		m.scale_exp = r->scale_exp;
-		m.flushed = i == 0 ? r->flushed : 0;
-		if (r->update) {
-			m.flags |= APS_MSG_FLAG_UPDATE;
-			m.lr = r->lr;
-		}
-		if (r->codes == NULL) { /* a broadcast's non-root asks for its chunks */
-			if (aps_client_send(c, &m, NULL, NULL, 0) < 0)
-				return APS_ECONN;
-			continue;
-		}
-		snprintf(m.format, sizeof(m.format), "%s", r->fmt.name);
-		if (aps_client_send(c, &m, r->codes,
-		                    r->codes->data + aps_format_packed_size(&r->fmt, off),
-		                    aps_format_packed_size(&r->fmt, n)) < 0)
-			return APS_ECONN;
-	}
-	aps_trace_stage(c->trace, "push", t0, r->name, r->step, r->chunks);
-	r->sent_ns = aps_trace_now();
-	return 0;
-}
-
-int aps_io_send_simple(struct aps_client *c, struct aps_request *r)
-{
-	struct aps_msg m;
-
-	aps_client_msg(c, &m, r->kind == REQ_BARRIER ? APS_MSG_BARRIER : APS_MSG_REGISTER);
-	if (r->kind == REQ_BARRIER) {
-		m.step = r->step;
-	} else {
-		struct aps_format f = c->format;
-		snprintf(m.tensor_name, sizeof(m.tensor_name), "%s", r->name);
-		m.total_count = r->count;
-		if (r->reg_format[0] == '\0' || aps_format_parse(r->reg_format, &f) < 0)
-			aps_rules_match(c->rules, r->name,
-			                &f); /* the client's rules ask per tensor */
-		snprintf(m.format, sizeof(m.format), "%s", f.name);
-	}
-	return aps_client_send(c, &m, NULL, NULL, 0);
-}
-
-/* Global mode: one EXPONENTS for every request of this wake-up (at most 256 a message). */
-int aps_io_send_exponents(struct aps_client *c, struct aps_request **batch, uint32_t n)
-{
-	struct aps_msg m;
-
-	for (uint32_t i = 0; i < n; i += APS_MSG_LIST_MAX) {
-		aps_client_msg(c, &m, APS_MSG_EXPONENTS);
-		for (uint32_t j = i; j < n && j < i + APS_MSG_LIST_MAX; j++) {
-			int32_t e = batch[j]->exponent;
-			m.tensor_ids[m.n_tensor_ids] = batch[j]->tensor_id;
-			m.exponents[m.n_tensor_ids++] =
-			        e == APS_SCALE_ZERO_EXPONENT ? WIRE_ZERO_EXPONENT : e;
-		}
-		m.n_exponents = m.n_tensor_ids;
-		if (aps_client_send(c, &m, NULL, NULL, 0) < 0)
-			return APS_ECONN;
-	}
-	return 0;
-}
-
-/* Optimize mode: asks for the master weights, answered in chunks of the daemon's size. */
-int aps_io_send_pull(struct aps_client *c, struct aps_request *r)
-{
-	size_t per = r->chunk_elems ? r->chunk_elems : r->count;
-	struct aps_msg m;
-
-	r->chunks = (uint32_t)((r->count + per - 1) / per);
-	if (r->got == NULL && (r->got = calloc(r->chunks, 1)) == NULL)
-		return APS_ENOMEM;
-	aps_client_msg(c, &m, APS_MSG_PULL);
-	m.tensor_id = r->tensor_id;
-	return aps_client_send(c, &m, NULL, NULL, 0);
-}
-
 static int start_one(struct aps_client *c, struct aps_request *r, bool *exchange)
 {
 	*exchange = false;
 	if (r->kind == REQ_PULL) {
 		activate(c, r, REQ_SENT);
-		return aps_io_send_pull(c, r);
+		return aps_outbox_pull(c, r);
 	}
 	if (r->kind == REQ_REGISTER || r->kind == REQ_BARRIER) {
 		if (r->kind == REQ_BARRIER)
 			r->step = c->barrier_step++;
 		activate(c, r, REQ_SENT);
-		return aps_io_send_simple(c, r);
+		return aps_outbox_simple(c, r);
 	}
 	if (r->kind == REQ_ALLREDUCE && (r->codes == NULL || r->reexchange)) {
 		activate(c, r, REQ_EXCHANGE);
@@ -203,7 +82,7 @@ static int start_one(struct aps_client *c, struct aps_request *r, bool *exchange
 		return 0;
 	}
 	activate(c, r, REQ_SENT);
-	return aps_io_send_chunks(c, r);
+	return aps_outbox_chunks(c, r);
 }
 
 /* Sends what the callers queued since the last wake-up; false once closing. */
@@ -244,7 +123,7 @@ static bool start_new(struct aps_client *c)
 		}
 		batch[n++] = r;
 	}
-	if (n > 0 && aps_io_send_exponents(c, batch, n) < 0)
+	if (n > 0 && aps_outbox_exponents(c, batch, n) < 0)
 		aps_client_fail_all(c, APS_ECONN, "send to the daemon failed", false);
 	free(batch);
 	return !stopping;
@@ -428,7 +307,7 @@ static void on_scales(struct aps_client *c, const struct aps_msg *m)
 			r->reexchange = false; /* codes of the first exchange: the same k */
 		else if (aps_request_encode(c, r) < 0)
 			finish(c, r, APS_ENOMEM, "out of memory for the codes");
-		else if (aps_io_send_chunks(c, r) < 0)
+		else if (aps_outbox_chunks(c, r) < 0)
 			finish(c, r, APS_ECONN, "send to the daemon failed");
 	}
 }

@@ -9,7 +9,6 @@
 #include "common/codec.h"
 #include "common/err.h"
 #include "worker/api_error.h"
-#include "worker/sharded.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -249,14 +248,6 @@ int aps_client_allreduce_part(aps_client *c, uint32_t tensor_id, float *buf, uin
 	return start_reduce(c, r, whole_max, out);
 }
 
-int aps_client_allreduce_start(aps_client *c, uint32_t tensor_id, float *buf, uint64_t count,
-                               int32_t timeout_ms, aps_request **out)
-{
-	if (c != NULL && c->sharded != NULL && aps_client_check(c) == 0)
-		return aps_sharded_allreduce_start(c, tensor_id, buf, count, timeout_ms, out);
-	return aps_client_allreduce_part(c, tensor_id, buf, count, timeout_ms, NULL, out);
-}
-
 int aps_client_step_start(aps_client *c, uint32_t tensor_id, const float *grad, float *weights,
                           uint64_t count, float lr, int32_t timeout_ms, aps_request **out)
 {
@@ -286,7 +277,7 @@ int aps_client_step(aps_client *c, uint32_t tensor_id, const float *grad, float 
 	aps_request *r;
 	int ret = aps_client_step_start(c, tensor_id, grad, weights, count, lr, timeout_ms, &r);
 
-	return ret < 0 ? ret : aps_request_wait(r);
+	return ret < 0 ? ret : aps_conn_wait(r, NULL, NULL);
 }
 
 int aps_client_pull(aps_client *c, uint32_t tensor_id, float *weights, uint64_t count,
@@ -304,18 +295,17 @@ int aps_client_pull(aps_client *c, uint32_t tensor_id, float *weights, uint64_t 
 	ret = submit(c, r, &r);
 	if (ret < 0)
 		return ret;
-	return aps_request_wait_result(r, NULL, updates);
+	return aps_conn_wait(r, NULL, updates);
 }
 
-int aps_client_tensor_updates(aps_client *c, uint32_t tensor_id, uint64_t *updates)
+int aps_conn_tensor_updates(aps_client *c, uint32_t tensor_id, uint64_t *updates)
 {
 	int ret = aps_client_check(c);
 
 	if (ret < 0)
 		return ret;
-	if (updates == NULL || c->sharded != NULL)
-		return aps_api_fail(APS_EINVAL, "updates is NULL, or the client has several shards "
-		                                "(optimize mode serves one daemon)");
+	if (updates == NULL)
+		return aps_api_fail(APS_EINVAL, "updates is NULL");
 	pthread_mutex_lock(&c->lock);
 	if (tensor_id < c->n_tensors && c->tensors[tensor_id].count > 0)
 		*updates = c->tensors[tensor_id].updates;
@@ -325,14 +315,12 @@ int aps_client_tensor_updates(aps_client *c, uint32_t tensor_id, uint64_t *updat
 	return ret < 0 ? ret : aps_api_ok();
 }
 
-int aps_client_broadcast_start(aps_client *c, uint32_t tensor_id, float *buf, uint64_t count,
-                               int32_t timeout_ms, aps_request **out)
+int aps_conn_broadcast_start(aps_client *c, uint32_t tensor_id, float *buf, uint64_t count,
+                             int32_t timeout_ms, aps_request **out)
 {
 	struct aps_request *r = NULL; /* set by data_request when it returns 0 */
 	int ret;
 
-	if (c != NULL && c->sharded != NULL && aps_client_check(c) == 0)
-		return aps_sharded_broadcast_start(c, tensor_id, buf, count, timeout_ms, out);
 	if (out == NULL)
 		return aps_api_fail(APS_EINVAL, "request pointer is NULL");
 	ret = data_request(c, REQ_BROADCAST, tensor_id, buf, count, timeout_ms, &r);
@@ -347,24 +335,6 @@ int aps_client_broadcast_start(aps_client *c, uint32_t tensor_id, float *buf, ui
 	return submit(c, r, out);
 }
 
-int aps_client_allreduce(aps_client *c, uint32_t tensor_id, float *buf, uint64_t count,
-                         int32_t timeout_ms)
-{
-	aps_request *r;
-	int ret = aps_client_allreduce_start(c, tensor_id, buf, count, timeout_ms, &r);
-
-	return ret < 0 ? ret : aps_request_wait(r);
-}
-
-int aps_client_broadcast(aps_client *c, uint32_t tensor_id, float *buf, uint64_t count,
-                         int32_t timeout_ms)
-{
-	aps_request *r;
-	int ret = aps_client_broadcast_start(c, tensor_id, buf, count, timeout_ms, &r);
-
-	return ret < 0 ? ret : aps_request_wait(r);
-}
-
 int aps_client_barrier_start(aps_client *c, int32_t timeout_ms, aps_request **out)
 {
 	struct aps_request *r;
@@ -377,24 +347,12 @@ int aps_client_barrier_start(aps_client *c, int32_t timeout_ms, aps_request **ou
 	return submit(c, r, out);
 }
 
-int aps_client_barrier(aps_client *c, int32_t timeout_ms)
+int aps_conn_barrier(aps_client *c, int32_t timeout_ms)
 {
 	aps_request *r;
-	int ret = aps_client_check(c);
+	int ret = aps_client_barrier_start(c, timeout_ms, &r);
 
-	if (ret < 0)
-		return ret;
-	if (c->sharded != NULL)
-		return aps_sharded_barrier(c, timeout_ms);
-	ret = aps_client_barrier_start(c, timeout_ms, &r);
-	return ret < 0 ? ret : aps_request_wait(r);
-}
-
-int aps_client_register(aps_client *c, const char *name, uint64_t count, uint32_t *tensor_id)
-{
-	if (c != NULL && c->sharded != NULL && aps_client_check(c) == 0)
-		return aps_sharded_register(c, name, count, tensor_id);
-	return aps_client_register_as(c, name, count, NULL, tensor_id);
+	return ret < 0 ? ret : aps_conn_wait(r, NULL, NULL);
 }
 
 int aps_check_register_args(const char *name, uint64_t count, const uint32_t *tensor_id)
@@ -427,5 +385,5 @@ int aps_client_register_as(aps_client *c, const char *name, uint64_t count, cons
 	ret = submit(c, r, &r);
 	if (ret < 0)
 		return ret;
-	return aps_request_wait_result(r, tensor_id, NULL);
+	return aps_conn_wait(r, tensor_id, NULL);
 }

@@ -60,6 +60,7 @@ void aps_resume_lost(struct aps_client *c, const char *why)
 static void renew(struct aps_client *c, int64_t now)
 {
 	c->renew_due_ms = 0;
+	c->send_lost = NULL;
 	c->last_renew_ms = now;
 	if (aps_transport_renew(c->tr) < 0) {
 		aps_client_fail_all(c, APS_ECONN, "cannot open a new connection to apsd", true);
@@ -86,6 +87,10 @@ int aps_resume_timers(struct aps_client *c, int64_t now)
 	int64_t next;
 	char why[96];
 
+	if (c->send_lost != NULL) {
+		aps_resume_lost(c, c->send_lost);
+		c->send_lost = NULL;
+	}
 	if (c->renew_due_ms != 0 && now >= c->renew_due_ms)
 		renew(c, now);
 	if (c->renew_due_ms != 0)
@@ -131,12 +136,12 @@ static int resend(struct aps_client *c, struct aps_request *r)
 	switch (r->kind) {
 	case REQ_REGISTER:
 	case REQ_BARRIER:
-		return aps_io_send_simple(c, r);
+		return aps_outbox_simple(c, r);
 	case REQ_PULL:
-		return aps_io_send_pull(c, r);
+		return aps_outbox_pull(c, r);
 	case REQ_ALLREDUCE:
 	case REQ_BROADCAST:
-		return r->state == REQ_SENT ? aps_io_send_chunks(c, r) : 0;
+		return r->state == REQ_SENT ? aps_outbox_chunks(c, r) : 0;
 	default:
 		return 0;
 	}
@@ -165,7 +170,7 @@ void aps_resume_calls(struct aps_client *c)
 			ret = resend(c, r);
 	}
 	if (ret == 0 && n > 0)
-		ret = aps_io_send_exponents(c, exchange, n);
+		ret = aps_outbox_exponents(c, exchange, n);
 	free(exchange);
 	if (ret < 0)
 		aps_client_fail_all(c, APS_ECONN, "send to the daemon failed after a reconnect",

@@ -82,7 +82,7 @@ static int join_shard(struct aps_sharded *sh, const struct aps_client_opts *o, u
 		snprintf(trace, sizeof(trace), "%s.shard%u", path, i);
 		one.trace = trace;
 	}
-	ret = aps_client_new(&sh->shard[i], &one);
+	ret = aps_conn_new(&sh->shard[i], &one);
 	if (ret < 0) {
 		snprintf(prefix, sizeof(prefix), "shard %u (%.255s): ", i, endpoint);
 		return refail(ret, prefix);
@@ -95,7 +95,7 @@ static void free_sharded(struct aps_client *c)
 	struct aps_sharded *sh = c->sharded;
 
 	for (uint32_t i = 0; i < sh->n; i++)
-		aps_client_close(sh->shard[i]);
+		aps_conn_close(sh->shard[i]);
 	free(sh->tensors);
 	free(sh->parts);
 	free(sh->part_ids);
@@ -310,8 +310,8 @@ static int start_parts(struct aps_client *c, const struct sharded_tensor *t, flo
 		aps_client *one = sh->shard[p->shard];
 		uint32_t id = sh->part_ids[t->first + i];
 		if (maxabs == NULL) /* a broadcast */
-			ret = aps_client_broadcast_start(one, id, buf + p->offset, p->count,
-			                                 timeout_ms, &r->parts[i]);
+			ret = aps_conn_broadcast_start(one, id, buf + p->offset, p->count,
+			                               timeout_ms, &r->parts[i]);
 		else
 			ret = aps_client_allreduce_part(one, id, buf + p->offset, p->count,
 			                                timeout_ms, sh->whole_max ? maxabs : NULL,
@@ -379,7 +379,7 @@ int aps_sharded_wait(struct aps_request *r)
 	int result = 0;
 
 	for (uint32_t i = 0; i < r->n_parts; i++) {
-		int ret = aps_request_wait(r->parts[i]);
+		int ret = aps_conn_wait(r->parts[i], NULL, NULL);
 		if (ret < 0 && result == 0) {
 			result = ret;
 			snprintf(detail, sizeof(detail), "%s", detail_of(ret));
@@ -393,7 +393,7 @@ int aps_sharded_wait(struct aps_request *r)
 int aps_sharded_done(const struct aps_request *r)
 {
 	for (uint32_t i = 0; i < r->n_parts; i++) {
-		if (aps_request_done(r->parts[i]) != 1)
+		if (aps_conn_done(r->parts[i]) != 1)
 			return 0;
 	}
 	return 1;

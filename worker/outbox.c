@@ -1,0 +1,110 @@
+/*
+ * A call's messages to apsd (client_impl.h): the data chunks of an all-reduce
+ * or broadcast (those whose answer has arrived are not sent again), a
+ * REGISTER or BARRIER, global mode's EXPONENTS, a PULL. The I/O thread sends
+ * them when a call starts, resume.c again after a reconnect.
+ */
+#include "worker/client_impl.h"
+
+#include "common/codec.h"
+#include "common/err.h"
+#include "common/rules.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int aps_outbox_chunks(struct aps_client *c, struct aps_request *r)
+{
+	enum aps_msg_type type = r->kind == REQ_BROADCAST ? APS_MSG_BROADCAST : APS_MSG_PUSH;
+	size_t per = r->chunk_elems ? r->chunk_elems : r->count;
+	uint64_t t0 = c->trace != NULL ? aps_trace_now() : 0;
+
+	r->chunks = (uint32_t)((r->count + per - 1) / per);
+	if (r->got == NULL && (r->got = calloc(r->chunks, 1)) == NULL)
+		return APS_ENOMEM;
+	for (uint32_t i = 0; i < r->chunks; i++) {
+		size_t off = (size_t)i * per, n = r->count - off < per ? r->count - off : per;
+		struct aps_msg m;
+		if (r->got[i])
+			continue;
+		aps_client_msg(c, &m, type);
+		m.tensor_id = r->tensor_id;
+		m.step = r->step;
+		m.chunk_offset = off;
+		m.chunk_count = n;
+		m.total_count = r->count;
+		m.scale_exp = r->scale_exp;
+		m.flushed = i == 0 ? r->flushed : 0;
+		if (r->update) {
+			m.flags |= APS_MSG_FLAG_UPDATE;
+			m.lr = r->lr;
+		}
+		if (r->codes == NULL) { /* a broadcast's non-root asks for its chunks */
+			if (aps_client_send(c, &m, NULL, NULL, 0) < 0)
+				return APS_ECONN;
+			continue;
+		}
+		snprintf(m.format, sizeof(m.format), "%s", r->fmt.name);
+		if (aps_client_send(c, &m, r->codes,
+		                    r->codes->data + aps_format_packed_size(&r->fmt, off),
+		                    aps_format_packed_size(&r->fmt, n)) < 0)
+			return APS_ECONN;
+	}
+	aps_trace_stage(c->trace, "push", t0, r->name, r->step, r->chunks);
+	r->sent_ns = aps_trace_now();
+	return 0;
+}
+
+int aps_outbox_simple(struct aps_client *c, struct aps_request *r)
+{
+	struct aps_msg m;
+
+	aps_client_msg(c, &m, r->kind == REQ_BARRIER ? APS_MSG_BARRIER : APS_MSG_REGISTER);
+	if (r->kind == REQ_BARRIER) {
+		m.step = r->step;
+	} else {
+		struct aps_format f = c->format;
+		snprintf(m.tensor_name, sizeof(m.tensor_name), "%s", r->name);
+		m.total_count = r->count;
+		if (r->reg_format[0] == '\0' || aps_format_parse(r->reg_format, &f) < 0)
+			aps_rules_match(c->rules, r->name,
+			                &f); /* the client's rules ask per tensor */
+		snprintf(m.format, sizeof(m.format), "%s", f.name);
+	}
+	return aps_client_send(c, &m, NULL, NULL, 0);
+}
+
+/* Global mode: one EXPONENTS for every request of this wake-up (at most 256 a message). */
+int aps_outbox_exponents(struct aps_client *c, struct aps_request **batch, uint32_t n)
+{
+	struct aps_msg m;
+
+	for (uint32_t i = 0; i < n; i += APS_MSG_LIST_MAX) {
+		aps_client_msg(c, &m, APS_MSG_EXPONENTS);
+		for (uint32_t j = i; j < n && j < i + APS_MSG_LIST_MAX; j++) {
+			int32_t e = batch[j]->exponent;
+			m.tensor_ids[m.n_tensor_ids] = batch[j]->tensor_id;
+			m.exponents[m.n_tensor_ids++] =
+			        e == APS_SCALE_ZERO_EXPONENT ? WIRE_ZERO_EXPONENT : e;
+		}
+		m.n_exponents = m.n_tensor_ids;
+		if (aps_client_send(c, &m, NULL, NULL, 0) < 0)
+			return APS_ECONN;
+	}
+	return 0;
+}
+
+/* Optimize mode: asks for the master weights, answered in chunks of the daemon's size. */
+int aps_outbox_pull(struct aps_client *c, struct aps_request *r)
+{
+	size_t per = r->chunk_elems ? r->chunk_elems : r->count;
+	struct aps_msg m;
+
+	r->chunks = (uint32_t)((r->count + per - 1) / per);
+	if (r->got == NULL && (r->got = calloc(r->chunks, 1)) == NULL)
+		return APS_ENOMEM;
+	aps_client_msg(c, &m, APS_MSG_PULL);
+	m.tensor_id = r->tensor_id;
+	return aps_client_send(c, &m, NULL, NULL, 0);
+}
