@@ -120,6 +120,19 @@ size_t aps_format_packed_size(const struct aps_format *f, size_t count)
 	return (count * f->bits + 7) / 8;
 }
 
+bool aps_format_equal(const struct aps_format *a, const struct aps_format *b)
+{
+	return a->exp_bits == b->exp_bits && a->man_bits == b->man_bits && a->fn == b->fn;
+}
+
+struct aps_format aps_format_fp32(void)
+{
+	struct aps_format f;
+
+	(void)aps_format_make(FP32_EXP_BITS, FP32_MAN_BITS, false, &f);
+	return f;
+}
+
 bool aps_format_is_fp32(const struct aps_format *f)
 {
 	return f->bits == 32;

@@ -38,6 +38,12 @@ struct aps_format {
  */
 int aps_format_parse(const char *name, struct aps_format *out);
 
+/* True when a and b are the same format: the same fields, whatever their names. */
+bool aps_format_equal(const struct aps_format *a, const struct aps_format *b);
+
+/* fp32 (raw IEEE binary32 words), without parsing its name. */
+struct aps_format aps_format_fp32(void);
+
 /* Builds a format from its fields; same limits as aps_format_parse. */
 int aps_format_make(int exp_bits, int man_bits, bool fn, struct aps_format *out);
 

@@ -87,7 +87,11 @@ struct aps_msg {
 	uint64_t total_count; /* elements of the whole tensor */
 	char format[APS_FORMAT_NAME_MAX];
 	char next_format[APS_FORMAT_NAME_MAX]; /* RESULT: the policy's next format, or "" */
-	enum aps_msg_type about_type;          /* ERROR: the type it answers, or 0 */
+	/* Set by aps_msg_parse, the one place a received format is a name: format
+	 * (fp32 when absent, and for a type whose payload is always fp32), and
+	 * next_format (when next_format[0]). Packing reads the names only. */
+	struct aps_format fmt, next_fmt;
+	enum aps_msg_type about_type; /* ERROR: the type it answers, or 0 */
 	int32_t scale_exp;
 	int scaling;    /* enum aps_scaling (common/scale.h) or APS_MSG_SCALING_UNSET */
 	uint32_t flags; /* APS_MSG_FLAG_* */

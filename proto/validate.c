@@ -321,12 +321,15 @@ static int check_format(struct check *c)
 		return fail(c, APS_MSG_FAULT_BAD_FORMAT, "format '%s' is unknown", m->format);
 	if (fp32_only && m->format[0] != '\0' && !aps_format_is_fp32(&c->fmt))
 		return fail(c, APS_MSG_FAULT_BAD_FORMAT, "format is %s, must be fp32", m->format);
-	if (fp32_only)
-		(void)aps_format_parse("fp32", &c->fmt);
+	if (fp32_only || m->format[0] == '\0')
+		c->fmt = aps_format_fp32();
 	if (m->next_format[0] != '\0' &&
 	    (m->type != APS_MSG_RESULT || aps_format_parse(m->next_format, &next) < 0))
 		return fail(c, APS_MSG_FAULT_BAD_FORMAT, "next format '%s' is not one for a RESULT",
 		            m->next_format);
+	c->msg.fmt = c->fmt;
+	if (m->next_format[0] != '\0')
+		c->msg.next_fmt = next;
 	return 0;
 }
 

@@ -22,16 +22,12 @@
 
 /* A new tensor: its timeline label and its precision policy from the requested format. */
 static void init_tensor(struct aps_job *job, struct aps_tensor *t, struct aps_trace *trace,
-                        const char *requested)
+                        const struct aps_format *requested)
 {
-	struct aps_format f;
-
 	t->round.trace = trace;
 	t->round.label = t->name;
 	t->round.measure_error = job->policy.automatic && job->optim.kind == APS_OPTIM_NONE;
-	if (aps_format_parse(requested[0] ? requested : "fp32", &f) < 0)
-		aps_format_parse("fp32", &f);
-	aps_policy_init(&job->policy, t->name, t->count, &f, &t->policy);
+	aps_policy_init(&job->policy, t->name, t->count, requested, &t->policy);
 }
 
 /* "0, 2, 3": the ranks that registered t so far. */
@@ -138,7 +134,7 @@ void aps_handle_register(struct aps_server *srv, struct aps_session *s, const st
 		ret = aps_job_add_tensor(job, m->tensor_name, m->total_count, srv->opts.max_tensors,
 		                         &t);
 		if (ret == 0) {
-			init_tensor(job, t, srv->opts.trace, m->format);
+			init_tensor(job, t, srv->opts.trace, &m->fmt);
 			t->round.step = rejoin ? m->step : 0; /* where workers that rejoin are */
 			job->tensor_bytes += kept ? t->count * sizeof(float) : 0;
 		}
@@ -189,7 +185,7 @@ static int contribution_of(struct aps_inmsg *in, const struct aps_msg *m,
 	memset(c, 0, sizeof(*c));
 	if (m->payload == NULL)
 		return 0;
-	aps_format_parse(m->format[0] ? m->format : "fp32", &c->fmt);
+	c->fmt = m->fmt;
 	c->scale_exp = m->scale_exp;
 	c->flushed = m->flushed;
 	return aps_zbridge_take_payload(in, &c->payload);

@@ -89,7 +89,7 @@ static int create_job(struct aps_server *srv, const struct aps_msg *m,
 	job->downlink = srv->default_downlink;
 	if (m->format[0] != '\0') {
 		job->downlink_auto = false;
-		aps_format_parse(m->format, &job->downlink);
+		job->downlink = m->fmt;
 	}
 	srv->counters.jobs_started++;
 	aps_log_info("server", "job started job=%s world_size=%u scaling=%s downlink=%s mode=%s%s",

@@ -186,7 +186,7 @@ static int check_lowp(const struct aps_round *r, const struct aps_contribution *
 {
 	if (!r->lowp || c->payload.data == NULL || !r->step_fmt_set)
 		return 0;
-	if (strcmp(c->fmt.name, r->step_fmt.name) != 0 || c->scale_exp != r->step_scale)
+	if (!aps_format_equal(&c->fmt, &r->step_fmt) || c->scale_exp != r->step_scale)
 		return refuse(
 		        why, why_len,
 		        "lowp sum needs one format and exponent: %s k=%d, others sent %s k=%d",
@@ -336,7 +336,7 @@ static enum aps_scaling result_format(const struct aps_round *r, uint32_t chunk,
 	const struct aps_contribution *rank0 = lowest(r, chunk);
 
 	if (r->kind == APS_ROUND_BROADCAST) {
-		aps_format_parse("fp32", &res->fmt);
+		res->fmt = aps_format_fp32();
 		return APS_SCALING_NONE;
 	}
 	if (r->lowp) {

@@ -457,6 +457,28 @@ static void test_proto_pack_refuses_overlong_lists(void **state)
 	assert_int_equal(aps_msg_pack(&m, buf, sizeof(buf), &len), APS_EINVAL);
 }
 
+/* A received format is parsed once, here: the handlers read the struct. */
+static void test_proto_parse_gives_the_formats_parsed(void **state)
+{
+	struct aps_format e4m3, fp16;
+	struct aps_msg m;
+
+	(void)state;
+	aps_format_parse("e4m3", &e4m3);
+	aps_format_parse("fp16", &fp16);
+	make_valid(&m, APS_MSG_RESULT);
+	strcpy(m.next_format, "fp16");
+	expect_ok(parse_msg(&m, true));
+	assert_true(aps_format_equal(&parsed.fmt, &e4m3));
+	assert_int_equal(parsed.fmt.bits, 8);
+	assert_true(aps_format_equal(&parsed.next_fmt, &fp16));
+	make_valid(&m, APS_MSG_REGISTER);
+	m.format[0] = '\0'; /* none asked for: fp32 */
+	expect_ok(parse_msg(&m, false));
+	assert_true(aps_format_is_fp32(&parsed.fmt));
+	assert_false(aps_format_equal(&parsed.fmt, &e4m3));
+}
+
 static void test_proto_next_format_belongs_to_results(void **state)
 {
 	struct aps_msg m;
@@ -959,6 +981,7 @@ int main(void)
 		cmocka_unit_test(test_proto_rejects_bad_optimizer_fields),
 		cmocka_unit_test(test_proto_rejects_bad_exponent_lists),
 		cmocka_unit_test(test_proto_pack_refuses_overlong_lists),
+		cmocka_unit_test(test_proto_parse_gives_the_formats_parsed),
 		cmocka_unit_test(test_proto_next_format_belongs_to_results),
 		cmocka_unit_test(test_proto_rejects_bad_job),
 		cmocka_unit_test(test_proto_rejects_bad_rank),

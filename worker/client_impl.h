@@ -62,7 +62,7 @@ struct aps_request {
 	uint32_t tensor_id;
 	uint64_t step;
 	char name[APS_MSG_NAME_MAX + 1]; /* REGISTER: the tensor's name */
-	char reg_format[16];             /* REGISTER: the format to ask for ("": by the rules) */
+	struct aps_format reg_fmt;       /* REGISTER: the format to ask for */
 	struct aps_request **parts;      /* REQ_SHARDED: the part requests (owned) */
 	uint32_t n_parts;
 	uint64_t count;

@@ -155,7 +155,8 @@ static void resync_step(struct aps_client *c, const struct aps_msg *m)
 	    strcmp(c->tensors[m->tensor_id].name, m->tensor_name) == 0) {
 		struct client_tensor *t = &c->tensors[m->tensor_id];
 		t->step = m->step;
-		aps_format_parse(m->format, &t->format); /* the policy may have moved it */
+		if (m->format[0] != '\0')
+			t->format = m->fmt; /* the policy may have moved it */
 	}
 	pthread_mutex_unlock(&c->lock);
 }
@@ -186,8 +187,7 @@ static void on_registered(struct aps_client *c, const struct aps_msg *m)
 	t->count = m->total_count;
 	t->chunk_elems = m->chunk_count ? m->chunk_count : m->total_count;
 	t->updates = m->updates;
-	if (aps_format_parse(m->format, &t->format) < 0)
-		t->format = c->format;
+	t->format = m->format[0] != '\0' ? m->fmt : c->format;
 	t->step = m->step; /* 0, unless the job went on while this rank was away */
 	r->tensor_id = m->tensor_id;
 	pthread_mutex_unlock(&c->lock);
@@ -195,16 +195,13 @@ static void on_registered(struct aps_client *c, const struct aps_msg *m)
 }
 
 /* The daemon's precision policy moved the tensor: every rank switches at the next step. */
-static void switch_format(struct aps_client *c, const struct aps_request *r, const char *name)
+static void switch_format(struct aps_client *c, const struct aps_request *r,
+                          const struct aps_format *f)
 {
-	struct aps_format f;
-
-	if (aps_format_parse(name, &f) < 0)
-		return;
 	pthread_mutex_lock(&c->lock);
-	c->tensors[r->tensor_id].format = f;
+	c->tensors[r->tensor_id].format = *f;
 	pthread_mutex_unlock(&c->lock);
-	aps_client_log(c, 2, "tensor '%s' travels in %s from step %llu", r->name, name,
+	aps_client_log(c, 2, "tensor '%s' travels in %s from step %llu", r->name, f->name,
 	               (unsigned long long)r->step + 1);
 }
 
@@ -224,7 +221,7 @@ static void on_result(struct aps_client *c, const struct aps_msg *m)
 {
 	enum request_kind kind = m->type == APS_MSG_RESULT ? REQ_ALLREDUCE : REQ_BROADCAST;
 	struct aps_request *r = find(c, kind, m->tensor_id, m->step);
-	struct aps_format f;
+	const struct aps_format *f = &m->fmt;
 	uint32_t chunk;
 	float *out;
 	int ret;
@@ -235,7 +232,7 @@ static void on_result(struct aps_client *c, const struct aps_msg *m)
 		return;
 	}
 	if (m->total_count != r->count || m->chunk_offset + m->chunk_count > r->count ||
-	    aps_format_parse(m->format, &f) < 0 || m->payload == NULL || !chunk_of(r, m, &chunk))
+	    m->format[0] == '\0' || m->payload == NULL || !chunk_of(r, m, &chunk))
 		return finish(c, r, APS_EPROTO, "a result does not match its tensor");
 	if (r->got[chunk])
 		return; /* answered again after a reconnect: it is here already */
@@ -245,10 +242,10 @@ static void on_result(struct aps_client *c, const struct aps_msg *m)
 	uint64_t t0 = c->trace != NULL ? aps_trace_now() : 0;
 	/* Optimize mode: the update is added, exactly as the daemon adds it to its view. */
 	if (r->update)
-		ret = aps_codec_accumulate(&f, m->payload, m->payload_len, m->chunk_count,
+		ret = aps_codec_accumulate(f, m->payload, m->payload_len, m->chunk_count,
 		                           m->scale_exp, r->weights + m->chunk_offset);
 	else
-		ret = aps_codec_dequantize(&f, m->payload, m->payload_len, m->chunk_count,
+		ret = aps_codec_dequantize(f, m->payload, m->payload_len, m->chunk_count,
 		                           m->scale_exp, r->buf + m->chunk_offset);
 	if (ret < 0)
 		return finish(c, r, APS_EPROTO, "a result chunk is too short");
@@ -257,7 +254,7 @@ static void on_result(struct aps_client *c, const struct aps_msg *m)
 	if (m->flags & APS_MSG_FLAG_LOWP_SUM)
 		aps_codec_divide(out, m->chunk_count, (float)c->world_size);
 	if (m->next_format[0] != '\0')
-		switch_format(c, r, m->next_format);
+		switch_format(c, r, &m->next_fmt);
 	aps_trace_stage(c->trace, "dequantize", t0, r->name, r->step,
 	                (uint32_t)(m->chunk_offset / (r->chunk_elems ? r->chunk_elems : r->count)));
 	r->deadline_ms = aps_client_now_ms() + r->timeout_ms;

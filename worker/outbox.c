@@ -8,7 +8,6 @@
 
 #include "common/codec.h"
 #include "common/err.h"
-#include "common/rules.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,13 +63,9 @@ int aps_outbox_simple(struct aps_client *c, struct aps_request *r)
 	if (r->kind == REQ_BARRIER) {
 		m.step = r->step;
 	} else {
-		struct aps_format f = c->format;
 		snprintf(m.tensor_name, sizeof(m.tensor_name), "%s", r->name);
 		m.total_count = r->count;
-		if (r->reg_format[0] == '\0' || aps_format_parse(r->reg_format, &f) < 0)
-			aps_rules_match(c->rules, r->name,
-			                &f); /* the client's rules ask per tensor */
-		snprintf(m.format, sizeof(m.format), "%s", f.name);
+		snprintf(m.format, sizeof(m.format), "%s", r->reg_fmt.name);
 	}
 	return aps_client_send(c, &m, NULL, NULL, 0);
 }

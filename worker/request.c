@@ -8,6 +8,7 @@
 
 #include "common/codec.h"
 #include "common/err.h"
+#include "common/rules.h"
 #include "worker/api_error.h"
 
 #include <math.h>
@@ -326,7 +327,7 @@ int aps_conn_broadcast_start(aps_client *c, uint32_t tensor_id, float *buf, uint
 	ret = data_request(c, REQ_BROADCAST, tensor_id, buf, count, timeout_ms, &r);
 	if (ret < 0)
 		return ret;
-	aps_format_parse("fp32", &r->fmt);
+	r->fmt = aps_format_fp32();
 	/* Only the root sends values; the others ask. */
 	if (c->rank == 0 && aps_request_encode(c, r) < 0) {
 		free(r);
@@ -380,7 +381,10 @@ int aps_client_register_as(aps_client *c, const char *name, uint64_t count, cons
 	if ((r = new_request(c, REQ_REGISTER, 0)) == NULL)
 		return aps_api_fail(APS_ENOMEM, "out of memory");
 	snprintf(r->name, sizeof(r->name), "%s", name);
-	snprintf(r->reg_format, sizeof(r->reg_format), "%s", format != NULL ? format : "");
+	/* The format asked for, else the one the client's rules name for this tensor. */
+	r->reg_fmt = c->format;
+	if (format == NULL || aps_format_parse(format, &r->reg_fmt) < 0)
+		aps_rules_match(c->rules, name, &r->reg_fmt);
 	r->count = count;
 	ret = submit(c, r, &r);
 	if (ret < 0)
