@@ -130,6 +130,7 @@ struct aps_format aps_format_fp32(void)
 	struct aps_format f;
 
 	(void)aps_format_make(FP32_EXP_BITS, FP32_MAN_BITS, false, &f);
+	snprintf(f.name, sizeof(f.name), "fp32"); /* as aps_format_parse names it */
 	return f;
 }
 

@@ -10,13 +10,17 @@
 #include <stdio.h>
 #include <string.h>
 
-static const char *const ladder[] = { "e3m0", "e4m3", "fp16", "fp32" };
+/* The rungs, narrow to wide, as aps_format_parse names them. */
+static const struct {
+	const char *name;
+	int exp_bits, man_bits;
+} ladder[] = { { "e3m0", 3, 0 }, { "e4m3", 4, 3 }, { "fp16", 5, 10 }, { "fp32", 8, 23 } };
 #define LADDER_LEN (sizeof(ladder) / sizeof(ladder[0]))
 
 void aps_policy_defaults(struct aps_policy_config *cfg)
 {
 	memset(cfg, 0, sizeof(*cfg));
-	aps_format_parse("fp32", &cfg->schedule_format);
+	cfg->schedule_format = aps_format_fp32();
 	cfg->small_elems = 1024;
 	cfg->flush_up = 0.5;
 	cfg->flush_down = 0.05;
@@ -51,7 +55,7 @@ void aps_policy_init(const struct aps_policy_config *cfg, const char *name, uint
 		set(p, &f, "rule");
 	} else if (cfg->automatic && count < cfg->small_elems && !aps_format_is_fp32(requested)) {
 		p->pinned = true;
-		aps_format_parse("fp32", &f);
+		f = aps_format_fp32();
 		set(p, &f, "small");
 	} else if (cfg->schedule_steps > 0) {
 		set(p, &cfg->schedule_format, "schedule");
@@ -61,13 +65,23 @@ void aps_policy_init(const struct aps_policy_config *cfg, const char *name, uint
 static int ladder_pos(const struct aps_format *f)
 {
 	for (size_t i = 0; i < LADDER_LEN; i++) {
-		if (strcmp(f->name, ladder[i]) == 0)
+		if (f->exp_bits == ladder[i].exp_bits && f->man_bits == ladder[i].man_bits &&
+		    !f->fn)
 			return (int)i;
 	}
 	return -1;
 }
 
 /* One rung up (the ladder above the requested format), or false at the top. */
+static struct aps_format rung(int pos)
+{
+	struct aps_format f;
+
+	(void)aps_format_make(ladder[pos].exp_bits, ladder[pos].man_bits, false, &f);
+	snprintf(f.name, sizeof(f.name), "%s", ladder[pos].name);
+	return f;
+}
+
 static bool step_up(struct aps_tensor_policy *p, const char *reason)
 {
 	int pos = ladder_pos(&p->current);
@@ -78,7 +92,7 @@ static bool step_up(struct aps_tensor_policy *p, const char *reason)
 	/* A format off the ladder (e5m2, bf16, ...) goes to the next wider rung. */
 	if (pos < 0)
 		pos = p->current.bits <= 8 ? 1 : 2;
-	aps_format_parse(ladder[pos + 1], &f);
+	f = rung(pos + 1);
 	set(p, &f, reason);
 	return true;
 }
@@ -88,7 +102,7 @@ static bool step_down(struct aps_tensor_policy *p)
 	int pos = ladder_pos(&p->current), base = ladder_pos(&p->base);
 	struct aps_format f;
 
-	if (pos <= 0 || strcmp(p->current.name, p->base.name) == 0)
+	if (pos <= 0 || aps_format_equal(&p->current, &p->base))
 		return false;
 	if (base >= 0 && pos - 1 < base)
 		return false;
@@ -96,7 +110,7 @@ static bool step_down(struct aps_tensor_policy *p)
 		set(p, &p->base, "calm"); /* back to the requested off-ladder format */
 		return true;
 	}
-	aps_format_parse(ladder[pos - 1], &f);
+	f = rung(pos - 1);
 	set(p, &f, "calm");
 	return true;
 }
