@@ -121,7 +121,7 @@ void aps_request_finish_locked(struct aps_client *c, struct aps_request *r, int 
 }
 
 /* Fails every active request; with none, a job-wide error waits for the next call. */
-void aps_client_fail_all(struct aps_client *c, int code, const char *text, bool fatal)
+static void fail_all(struct aps_client *c, int code, const char *text, bool fatal)
 {
 	pthread_mutex_lock(&c->lock);
 	if (fatal && c->fatal == 0) {
@@ -143,6 +143,16 @@ void aps_client_fail_all(struct aps_client *c, int code, const char *text, bool 
 		aps_request_finish_locked(c, r, code, text);
 	}
 	pthread_mutex_unlock(&c->lock);
+}
+
+void aps_client_fail_calls(struct aps_client *c, int code, const char *text)
+{
+	fail_all(c, code, text, false);
+}
+
+void aps_client_fail_for_good(struct aps_client *c, int code, const char *text)
+{
+	fail_all(c, code, text, true);
 }
 
 static void free_request(struct aps_request *r)

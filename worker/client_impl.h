@@ -151,8 +151,11 @@ int64_t aps_client_now_ms(void);
 /* The arguments of a registration: 0, or APS_EINVAL with the message set. */
 int aps_check_register_args(const char *name, uint64_t count, const uint32_t *tensor_id);
 
-/* Fails every request in flight (I/O thread); with fatal, every later one too. */
-void aps_client_fail_all(struct aps_client *c, int code, const char *text, bool fatal);
+/* Fails every request in flight (I/O thread); with none, a job-wide error waits
+ * for the next call. */
+void aps_client_fail_calls(struct aps_client *c, int code, const char *text);
+/* The same, and every later call too: the client is done (closed, refused, fatal). */
+void aps_client_fail_for_good(struct aps_client *c, int code, const char *text);
 
 /* rejoin.c: apsd lost this session (why); starts joining again. */
 void aps_rejoin_begin(struct aps_client *c, const char *why);

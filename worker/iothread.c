@@ -124,7 +124,7 @@ static bool start_new(struct aps_client *c)
 		batch[n++] = r;
 	}
 	if (n > 0 && aps_outbox_exponents(c, batch, n) < 0)
-		aps_client_fail_all(c, APS_ECONN, "send to the daemon failed", false);
+		aps_client_fail_calls(c, APS_ECONN, "send to the daemon failed");
 	free(batch);
 	return !stopping;
 }
@@ -367,7 +367,7 @@ static void on_error(struct aps_client *c, const struct aps_msg *m)
 	if (r != NULL)
 		finish(c, r, m->error_code, m->error_text);
 	else
-		aps_client_fail_all(c, m->error_code, m->error_text, false);
+		aps_client_fail_calls(c, m->error_code, m->error_text);
 }
 
 static void on_message(struct aps_client *c, const struct aps_msg *m)
@@ -402,7 +402,7 @@ static void on_message(struct aps_client *c, const struct aps_msg *m)
 		if (c->rejoin)
 			aps_rejoin_begin(c, "apsd is shutting down");
 		else
-			aps_client_fail_all(c, APS_ECONN, "apsd is shutting down", true);
+			aps_client_fail_for_good(c, APS_ECONN, "apsd is shutting down");
 		break;
 	case APS_MSG_WELCOME:
 		aps_resume_welcomed(c, m);
@@ -433,7 +433,7 @@ static void receive_all(struct aps_client *c)
 			return;
 		}
 		if (got == APS_TRANSPORT_RECV_REFUSED) {
-			aps_client_fail_all(c, APS_EACCES, aps_transport_refusal(c->tr), true);
+			aps_client_fail_for_good(c, APS_EACCES, aps_transport_refusal(c->tr));
 			return;
 		}
 		c->last_recv_ms = aps_client_now_ms();
@@ -515,13 +515,13 @@ void *aps_client_io_main(void *arg)
 	while (start_new(c)) {
 		int ready = aps_transport_poll(c->tr, c->wake_fd, run_timers(c));
 		if (ready < 0) {
-			aps_client_fail_all(c, APS_ECONN, "the connection to apsd failed", true);
+			aps_client_fail_for_good(c, APS_ECONN, "the connection to apsd failed");
 			break;
 		}
 		if (ready & APS_TRANSPORT_WOKEN && read(c->wake_fd, &wakeups, sizeof(wakeups)) < 0)
 			wakeups = 0;
 		if (ready & APS_TRANSPORT_REFUSED) {
-			aps_client_fail_all(c, APS_EACCES, aps_transport_refusal(c->tr), true);
+			aps_client_fail_for_good(c, APS_EACCES, aps_transport_refusal(c->tr));
 			continue;
 		}
 		/* What arrived before the close is read before the socket goes: apsd's
@@ -533,6 +533,6 @@ void *aps_client_io_main(void *arg)
 		else if (ready & APS_TRANSPORT_NOCONN)
 			aps_resume_lost(c, "apsd cannot be reached");
 	}
-	aps_client_fail_all(c, APS_ECLOSED, "the client was closed", true);
+	aps_client_fail_for_good(c, APS_ECLOSED, "the client was closed");
 	return NULL;
 }

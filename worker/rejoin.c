@@ -100,7 +100,7 @@ int aps_rejoin_timers(struct aps_client *c, int64_t now)
 		pthread_mutex_lock(&c->lock);
 		c->rejoining = false;
 		pthread_mutex_unlock(&c->lock);
-		aps_client_fail_all(c, APS_ECONN, text, true);
+		aps_client_fail_for_good(c, APS_ECONN, text);
 		return 0;
 	}
 	if (c->reregistering == 0 && now >= c->next_hello_ms) {
@@ -163,7 +163,7 @@ static void registered_again(struct aps_client *c, const struct aps_msg *m)
 		         "joining again: apsd gave tensor '%.80s' id %u, which this client knows "
 		         "by another name: ranks registered different tensors; start the job again",
 		         m->tensor_name, m->tensor_id);
-		aps_client_fail_all(c, APS_EMISMATCH, text, true);
+		aps_client_fail_for_good(c, APS_EMISMATCH, text);
 		return;
 	}
 	pthread_mutex_lock(&c->lock);
@@ -195,7 +195,7 @@ bool aps_rejoin_on_error(struct aps_client *c, const struct aps_msg *m)
 	pthread_mutex_lock(&c->lock);
 	c->rejoining = false;
 	pthread_mutex_unlock(&c->lock);
-	aps_client_fail_all(c, m->error_code, text, true);
+	aps_client_fail_for_good(c, m->error_code, text);
 	return true;
 }
 

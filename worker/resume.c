@@ -63,7 +63,7 @@ static void renew(struct aps_client *c, int64_t now)
 	c->send_lost = NULL;
 	c->last_renew_ms = now;
 	if (aps_transport_renew(c->tr) < 0) {
-		aps_client_fail_all(c, APS_ECONN, "cannot open a new connection to apsd", true);
+		aps_client_fail_for_good(c, APS_ECONN, "cannot open a new connection to apsd");
 		return;
 	}
 	c->last_recv_ms = now; /* the new connection gets a whole keepalive_ms */
@@ -127,7 +127,7 @@ bool aps_resume_refused(struct aps_client *c, const struct aps_msg *m)
 	         "the connection to apsd was lost and it did not take rank %u "
 	         "back: %.200s",
 	         c->rank, m->error_text);
-	aps_client_fail_all(c, APS_ENOSESSION, text, true);
+	aps_client_fail_for_good(c, APS_ENOSESSION, text);
 	return true;
 }
 
@@ -159,7 +159,7 @@ void aps_resume_calls(struct aps_client *c)
 	aps_client_log(c, 2, "apsd took rank %u of job '%s' back: %u calls in flight go again",
 	               c->rank, c->job, n_active);
 	if (n_active > 0 && (exchange = malloc(n_active * sizeof(*exchange))) == NULL) {
-		aps_client_fail_all(c, APS_ENOMEM, "out of memory resending calls", false);
+		aps_client_fail_calls(c, APS_ENOMEM, "out of memory resending calls");
 		return;
 	}
 	aps_rejoin_resumed(c);
@@ -173,6 +173,5 @@ void aps_resume_calls(struct aps_client *c)
 		ret = aps_outbox_exponents(c, exchange, n);
 	free(exchange);
 	if (ret < 0)
-		aps_client_fail_all(c, APS_ECONN, "send to the daemon failed after a reconnect",
-		                    false);
+		aps_client_fail_calls(c, APS_ECONN, "send to the daemon failed after a reconnect");
 }
