@@ -62,8 +62,8 @@ const struct key aps_config_keys[] = {
 	{ KEY(max_job_bytes), .type = KEY_SIZE, .min = KIB, .max = 1024 * GIB, .def = "8G",
 	  .help = "fp32 bytes of the tensors one job may register (suffixes k, M, G)" },
 	{ KEY(max_total_bytes), .type = KEY_SIZE, .min = 0, .max = 1024 * 1024 * GIB, .def = "0",
-	  .help = "fp32 bytes the tensors of every job together may hold (0: half the memory "
-	          "of the machine or of its cgroup)" },
+	  .help = "bytes the tensors of every job together may hold, their values and what "
+	          "each keeps per rank (0: half the memory of the machine or of its cgroup)" },
 	{ KEY(max_message_bytes), .type = KEY_SIZE, .min = 0, .max = 4 * GIB, .def = "0",
 	  .help = "largest frame accepted; a larger one closes its connection (0: chunk_bytes "
 	          "+ 64k, the largest a worker sends)" },

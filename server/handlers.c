@@ -95,10 +95,16 @@ static int check_memory(struct aps_server *srv, struct aps_session *s, const str
 	uint64_t total = 0, max = srv->opts.max_total_bytes, limit = srv->opts.max_job_bytes;
 	const char *name = "max_job_bytes";
 
+	/* Counts < 2^32 elements and ranks < 2^13: the sum cannot overflow. */
+	/* max_job_bytes bounds a job's values; max_total_bytes, the daemon's memory,
+	 * also what every tensor keeps per rank (~100 bytes a rank). */
+	uint64_t values = m->total_count * per;
+	uint64_t need = values + aps_job_tensor_overhead(job, m->total_count);
+
 	for (const struct aps_job *j = srv->jobs.jobs; j != NULL; j = j->next)
-		total += j->tensor_bytes;
-	if (m->total_count <= (srv->opts.max_job_bytes - job->tensor_bytes) / per) {
-		if (max == 0 || (total <= max && m->total_count <= (max - total) / per))
+		total += j->tensor_bytes + j->overhead_bytes;
+	if (job->tensor_bytes + values <= srv->opts.max_job_bytes) {
+		if (max == 0 || total + need <= max)
 			return 0;
 		name = "max_total_bytes";
 		limit = max;
@@ -107,11 +113,12 @@ static int check_memory(struct aps_server *srv, struct aps_session *s, const str
 	srv->counters.refused_memory++;
 	aps_outbox_error(srv, &s->peer, APS_ERANGE, m,
 	                 "cannot register tensor '%.80s' (%llu elements): job '%s' would "
-	                 "hold %llu fp32 bytes and every job %llu; %s is %llu",
+	                 "hold %llu fp32 bytes and %llu of bookkeeping, every job %llu; %s is "
+	                 "%llu",
 	                 m->tensor_name, (unsigned long long)m->total_count, job->name,
-	                 (unsigned long long)(job->tensor_bytes + m->total_count * per),
-	                 (unsigned long long)(total + m->total_count * per), name,
-	                 (unsigned long long)limit);
+	                 (unsigned long long)(job->tensor_bytes + values),
+	                 (unsigned long long)(job->overhead_bytes + need - values),
+	                 (unsigned long long)(total + need), name, (unsigned long long)limit);
 	return APS_ERANGE;
 }
 

@@ -167,6 +167,15 @@ static int grow_tensors(struct aps_job *job)
 	return 0;
 }
 
+uint64_t aps_job_tensor_overhead(const struct aps_job *job, uint64_t count)
+{
+	struct aps_tensor *t = NULL;
+
+	return sizeof(*t) +
+	       (uint64_t)job->world_size * (sizeof(*t->registered) + sizeof(*t->exp_has)) +
+	       aps_round_overhead(job->world_size, count, job->chunk_elems);
+}
+
 int aps_job_add_tensor(struct aps_job *job, const char *name, uint64_t count, uint32_t max_tensors,
                        struct aps_tensor **out)
 {
@@ -190,6 +199,7 @@ int aps_job_add_tensor(struct aps_job *job, const char *name, uint64_t count, ui
 	}
 	t->round.absent = job->absent;
 	job->tensor_bytes += count * sizeof(float);
+	job->overhead_bytes += aps_job_tensor_overhead(job, count);
 	snprintf(t->name, sizeof(t->name), "%s", name);
 	t->id = job->n_tensors;
 	t->count = count;

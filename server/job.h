@@ -97,8 +97,9 @@ struct aps_job {
 	bool *absent;
 	struct aps_tensor **tensors;
 	uint32_t n_tensors, cap_tensors;
-	uint64_t tensor_bytes; /* fp32 bytes of its tensors (optimize mode: with weights and
-	                          state): what max_job_bytes bounds */
+	uint64_t tensor_bytes;   /* fp32 bytes of its tensors (optimize mode: with weights and
+	                            state): what max_job_bytes bounds */
+	uint64_t overhead_bytes; /* what they keep besides values (aps_job_tensor_overhead) */
 	uint64_t barrier_step;
 	bool *barrier_has;
 	uint32_t barrier_arrived;
@@ -151,6 +152,10 @@ uint32_t aps_job_members(const struct aps_job *job);
 
 struct aps_tensor *aps_job_tensor_by_name(struct aps_job *job, const char *name);
 struct aps_tensor *aps_job_tensor(struct aps_job *job, uint32_t id);
+/* Bytes a tensor of count elements keeps besides its values, most of it per rank of
+ * each chunk: counted in tensor_bytes with them (max_job_bytes, max_total_bytes). */
+uint64_t aps_job_tensor_overhead(const struct aps_job *job, uint64_t count);
+
 /* Adds a tensor with the next id. Returns 0, APS_ENOMEM or APS_ERANGE (limit). */
 int aps_job_add_tensor(struct aps_job *job, const char *name, uint64_t count, uint32_t max_tensors,
                        struct aps_tensor **out);

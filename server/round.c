@@ -17,6 +17,21 @@
 #include <stdlib.h>
 #include <string.h>
 
+static size_t chunk_elems_of(size_t count, size_t chunk_elems)
+{
+	return chunk_elems == 0 || chunk_elems >= count ? (count ? count : 1) : chunk_elems;
+}
+
+uint64_t aps_round_overhead(uint32_t world_size, size_t count, size_t chunk_elems)
+{
+	size_t per = chunk_elems_of(count, chunk_elems);
+	uint64_t n_chunks = count > 0 ? (count + per - 1) / per : 1;
+	struct aps_round *r = NULL;
+
+	return n_chunks *
+	       (sizeof(*r->chunks) + (uint64_t)world_size * (sizeof(*r->has) + sizeof(*r->held)));
+}
+
 int aps_round_init(struct aps_round *r, uint32_t world_size, size_t count, size_t chunk_elems,
                    bool lowp)
 {
@@ -26,8 +41,7 @@ int aps_round_init(struct aps_round *r, uint32_t world_size, size_t count, size_
 	r->world_size = world_size;
 	r->count = count;
 	r->lowp = lowp;
-	r->chunk_elems =
-	        chunk_elems == 0 || chunk_elems >= count ? (count ? count : 1) : chunk_elems;
+	r->chunk_elems = chunk_elems_of(count, chunk_elems);
 	r->n_chunks = (uint32_t)((count + r->chunk_elems - 1) / r->chunk_elems);
 	if (r->n_chunks == 0)
 		r->n_chunks = 1;

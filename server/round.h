@@ -92,6 +92,10 @@ struct aps_round_result {
 	double rel_error; /* step_done with measure_error: ||result - mean|| / ||mean|| */
 };
 
+/* Bytes a round of count elements keeps besides its accumulator: per chunk, and
+ * per chunk and rank (what has arrived, what waits): what max_job_bytes counts. */
+uint64_t aps_round_overhead(uint32_t world_size, size_t count, size_t chunk_elems);
+
 /* chunk_elems 0 means one chunk for the whole tensor. Returns 0 or APS_ENOMEM. */
 int aps_round_init(struct aps_round *r, uint32_t world_size, size_t count, size_t chunk_elems,
                    bool lowp);

@@ -348,6 +348,32 @@ def test_max_total_bytes_bounds_every_job_together(daemon_factory):
     assert reply["type"] == ERROR and "max_total_bytes" in reply["error_text"], reply
 
 
+def test_what_a_tensor_keeps_per_rank_counts_against_max_total_bytes(daemon_factory):
+    # Before: rank 0 of a job of 1024 ranks (the others never come) registered
+    # 32768 one-element tensors: 2.2 GiB of RSS in 16 s past --max_total_bytes 1G,
+    # refused_memory 0 (a tensor's per-rank bookkeeping, ~70 KiB at 1024 ranks,
+    # was not counted; only its 4 bytes of values were).
+    d = daemon_factory(extra=["--max_total_bytes", "64M"])
+    pid = d.proc.pid
+    base = rss_kib(pid)
+    p = Peer(d.endpoint)
+    assert p.hello("wide", 0, 1024)["type"] == WELCOME
+    refused = None
+    for i in range(4000):
+        p.send(type=REGISTER, job="wide", rank=0, world_size=1024, tensor_name=f"t{i}",
+               total_count=1, format="fp32")
+        reply = p.recv()
+        if reply["type"] == ERROR:
+            refused = (i, reply["error_text"])
+            break
+    assert refused is not None, "4000 tensors of a 1024-rank job fitted in 64 MiB"
+    assert "max_total_bytes" in refused[1] and "bookkeeping" in refused[1], refused
+    assert d.counter("refused_memory") == 1
+    assert SANITIZED or rss_kib(pid) <= base + 96 * 1024, (base, rss_kib(pid))
+    p.close()
+    alive(d)
+
+
 def test_a_push_in_another_format_is_decoded_exactly(daemon_factory):
     d = daemon_factory()
     peers = [Peer(d.endpoint) for _ in range(2)]
