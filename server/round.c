@@ -22,10 +22,17 @@ static size_t chunk_elems_of(size_t count, size_t chunk_elems)
 	return chunk_elems == 0 || chunk_elems >= count ? (count ? count : 1) : chunk_elems;
 }
 
+/* At least one, even for an empty tensor. */
+static uint32_t chunks_of(size_t count, size_t per)
+{
+	uint32_t n = (uint32_t)((count + per - 1) / per);
+
+	return n > 0 ? n : 1;
+}
+
 uint64_t aps_round_overhead(uint32_t world_size, size_t count, size_t chunk_elems)
 {
-	size_t per = chunk_elems_of(count, chunk_elems);
-	uint64_t n_chunks = count > 0 ? (count + per - 1) / per : 1;
+	uint64_t n_chunks = chunks_of(count, chunk_elems_of(count, chunk_elems));
 	struct aps_round *r = NULL;
 
 	return n_chunks *
@@ -42,9 +49,7 @@ int aps_round_init(struct aps_round *r, uint32_t world_size, size_t count, size_
 	r->count = count;
 	r->lowp = lowp;
 	r->chunk_elems = chunk_elems_of(count, chunk_elems);
-	r->n_chunks = (uint32_t)((count + r->chunk_elems - 1) / r->chunk_elems);
-	if (r->n_chunks == 0)
-		r->n_chunks = 1;
+	r->n_chunks = chunks_of(count, r->chunk_elems);
 	cells = (size_t)r->n_chunks * world_size;
 	r->chunks = calloc(r->n_chunks, sizeof(*r->chunks));
 	r->has = calloc(cells, sizeof(*r->has));

@@ -31,6 +31,21 @@ def stranger_heartbeat(peer, job="j", rank=0, world_size=2):
     peer.send(type=HEARTBEAT, job=job, rank=rank, world_size=world_size)
 
 
+def flood_a_live_id(endpoint, dups, pause_s):
+    """An owner of a routing id, then dups connections with the same id that fill
+    their parked pipe and close (what libzmq never frees); the owner closes last."""
+    x = rid()
+    owner = Peer(endpoint, x)
+    stranger_heartbeat(owner)
+    for _ in range(dups):
+        dup = Peer(endpoint, x, sndhwm=0, linger_ms=2000)
+        for _ in range(3000):
+            dup.send_raw(b"\x00" * 2000)
+        time.sleep(pause_s)
+        dup.close()
+    owner.close()
+
+
 def a_job_still_works(d, job="after"):
     assert_all_ok(run_workers(d.endpoint, 2, [7, 4097], steps=2, job=job), 2, 2)
 
@@ -131,16 +146,7 @@ def test_connections_that_reuse_a_live_id_and_flood_it_are_cleared(daemon_factor
     d = daemon_factory(transport=transport, extra=FAST)
     pid = d.proc.pid
     base_fds, base_rss = open_fds(pid), rss_kib(pid)
-    x = rid()
-    owner = Peer(d.endpoint, x)
-    stranger_heartbeat(owner)
-    for _ in range(6):
-        dup = Peer(d.endpoint, x, sndhwm=0, linger_ms=2000)
-        for _ in range(3000):
-            dup.send_raw(b"\x00" * 2000)
-        time.sleep(0.3)
-        dup.close()
-    owner.close()
+    flood_a_live_id(d.endpoint, 6, 0.3)
     alive(d)
     fds = settle(lambda: open_fds(pid), base_fds, timeout=20, slack=3)
     assert fds <= base_fds + 3, (base_fds, fds)
@@ -163,16 +169,7 @@ def test_ranks_keep_their_sessions_across_the_resets_an_attacker_forces(daemon_f
     d.wait_for_log("job started job=default")
     deadline = time.monotonic() + 60
     while d.counter("listener_resets") < 4 and time.monotonic() < deadline:
-        x = rid()
-        owner = Peer(d.endpoint, x)
-        stranger_heartbeat(owner)
-        for _ in range(2):
-            dup = Peer(d.endpoint, x, sndhwm=0, linger_ms=2000)
-            for _ in range(3000):
-                dup.send_raw(b"\x00" * 2000)
-            time.sleep(0.2)
-            dup.close()
-        owner.close()
+        flood_a_live_id(d.endpoint, 2, 0.2)
         time.sleep(0.5)
     resets = d.counter("listener_resets")
     alive(d)
