@@ -125,6 +125,10 @@ static int join_again(struct aps_client *c, unsigned closes, unsigned tries)
 	struct aps_msg hello = c->hello;
 	struct timespec pause = { 0, (long)(tries < 5 ? 50 << tries : 1000) * 1000000L };
 
+	/* Closed before any handshake: a daemon of another mechanism is told at once. */
+	if (closes > 0 && !aps_transport_ever_handshook(c->tr) &&
+	    aps_transport_mechanism_differs(c->tr))
+		return aps_api_fail(APS_EACCES, "%s", aps_transport_refusal(c->tr));
 	/* A refusal whose ERROR the reset connection lost: the handshake never worked. */
 	if (closes >= JOIN_CLOSES_MAX && aps_transport_curve(c->tr) &&
 	    !aps_transport_ever_handshook(c->tr))

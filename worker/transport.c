@@ -12,6 +12,7 @@
 
 #include "common/err.h"
 #include "worker/aps.h"
+#include "worker/zmtp_probe.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -28,6 +29,7 @@
 /* A socket whose connect failed has no pipe, a full pipe takes nothing: a send
  * waits this long at most, then the connection is taken for lost (resume.c). */
 #define SEND_TIMEOUT_MS    1000
+#define PROBE_TIMEOUT_MS   1000 /* to read the daemon's greeting (zmtp_probe.c) */
 #define RECONNECT_NEVER_MS (24 * 3600 * 1000) /* a day: the socket is renewed long before */
 
 struct aps_transport {
@@ -275,6 +277,13 @@ int aps_transport_send_shared(struct aps_transport *t, const uint8_t *hdr, size_
 	return 0;
 }
 
+static const char *mechanism_mismatch(const struct aps_transport *t)
+{
+	return t->curve ? "this client uses CURVE and the daemon does not"
+	                : "the daemon uses CURVE and this client does not (set its "
+	                  "curve_server_key and key pair)";
+}
+
 /* Why a handshake failed, from its monitor event. */
 static void note_refusal(struct aps_transport *t, uint16_t event, int32_t value)
 {
@@ -289,9 +298,7 @@ static void note_refusal(struct aps_transport *t, uint16_t event, int32_t value)
 	         value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
 		snprintf(t->refusal, sizeof(t->refusal),
 		         "the handshake with apsd at %.120s failed: %s", t->endpoint,
-		         t->curve ? "this client uses CURVE and the daemon does not"
-		                  : "the daemon uses CURVE and this client does not (set its "
-		                    "curve_server_key and key pair)");
+		         mechanism_mismatch(t));
 	else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL)
 		snprintf(t->refusal, sizeof(t->refusal),
 		         "the handshake with apsd at %.120s failed (ZMTP error 0x%x): does the "
@@ -303,6 +310,19 @@ static void note_refusal(struct aps_transport *t, uint16_t event, int32_t value)
 		        "the handshake with apsd at %.120s failed: %.40s (does the daemon use CURVE "
 		        "when this client does not, or the other way round?)",
 		        t->endpoint, zmq_strerror(value));
+}
+
+bool aps_transport_mechanism_differs(struct aps_transport *t)
+{
+	char mech[APS_ZMTP_MECHANISM_LEN];
+	const char *ours = t->curve ? "CURVE" : "NULL";
+
+	if (aps_zmtp_probe_mechanism(t->endpoint, PROBE_TIMEOUT_MS, mech) < 0 ||
+	    strcmp(mech, ours) == 0)
+		return false;
+	snprintf(t->refusal, sizeof(t->refusal), "the handshake with apsd at %.120s failed: %s",
+	         t->endpoint, mechanism_mismatch(t));
+	return true;
 }
 
 /* Reads the monitor's events: a mask of APS_TRANSPORT_LOST and APS_TRANSPORT_REFUSED. */

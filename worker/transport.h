@@ -59,6 +59,11 @@ bool aps_transport_connected(const struct aps_transport *t);
 /* Why the last handshake failed ("" when none did). */
 const char *aps_transport_refusal(const struct aps_transport *t);
 
+/* Whether the daemon speaks another security mechanism than this client (CURVE
+ * against none), asked on a connection of its own (zmtp_probe.c): libzmq does not
+ * always say so when the daemon closes at once. If so, the refusal says which. */
+bool aps_transport_mechanism_differs(struct aps_transport *t);
+
 /* Whether any handshake with apsd succeeded, on any socket of this transport. */
 bool aps_transport_ever_handshook(const struct aps_transport *t);
 
