@@ -5,6 +5,7 @@
 #include "common/codec.h"
 
 #include "common/codec_kernels.h"
+#include "common/crc32c.h"
 #include "common/err.h"
 #include "common/pack.h"
 
@@ -254,6 +255,45 @@ size_t aps_codec_count_nonfinite(const struct aps_format *f, const uint8_t *code
 	for (size_t i = 0; i < n; i++)
 		count += aps_format_code_is_nonfinite(f, aps_bitreader_get(&r, f->bits));
 	return count;
+}
+
+/* v repeated in every lane of width bits across a 64-bit word. */
+static uint64_t every_lane(uint64_t v, unsigned bits)
+{
+	uint64_t w = 0;
+
+	for (unsigned at = 0; at < 64; at += bits)
+		w |= v << at;
+	return w;
+}
+
+/* The lane test that finds codes at or past the first non-finite magnitude: for
+ * code widths that tile a word, and fn formats whose one NaN is the top magnitude. */
+static bool nonfinite_lanes(const struct aps_format *f, struct aps_crc32c_lanes *l)
+{
+	uint64_t top = f->sign_bit, lo = f->fn ? f->nan_code : f->inf_code;
+
+	if (64 % f->bits != 0 || (f->fn && f->nan_code != top - 1) || lo == 0)
+		return false;
+	l->mask = every_lane(top - 1, f->bits);
+	l->add = every_lane(top - lo, f->bits);
+	l->high = every_lane(top, f->bits);
+	return true;
+}
+
+size_t aps_codec_crc_nonfinite(const struct aps_format *f, const uint8_t *codes, size_t len,
+                               size_t n, uint32_t *crc)
+{
+	struct aps_crc32c_lanes lanes;
+	uint64_t flag;
+
+	if (!nonfinite_lanes(f, &lanes)) {
+		*crc = aps_crc32c(0, codes, len);
+		return aps_codec_count_nonfinite(f, codes, n);
+	}
+	*crc = aps_crc32c_lanes(0, codes, len, &lanes, &flag);
+	/* A flag may come from a padding nibble: count the codes themselves. */
+	return flag == 0 ? 0 : aps_codec_count_nonfinite(f, codes, n);
 }
 
 size_t aps_codec_count_nonfinite_f32(const float *x, size_t n)

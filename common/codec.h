@@ -80,6 +80,11 @@ size_t aps_codec_count_nonfinite_f32(const float *x, size_t n);
 /* Counts inf and NaN codes in a packed buffer of n codes. */
 size_t aps_codec_count_nonfinite(const struct aps_format *f, const uint8_t *codes, size_t n);
 
+/* One pass over a payload of n codes in len bytes: *crc its CRC32C, and the count of
+ * its inf and NaN codes returned (aps_codec_count_nonfinite). */
+size_t aps_codec_crc_nonfinite(const struct aps_format *f, const uint8_t *codes, size_t len,
+                               size_t n, uint32_t *crc);
+
 /*
  * Pins the codec to an instruction set. Returns APS_EINVAL when the CPU lacks
  * it. APS_ISA_AUTO picks the best one; the environment variable

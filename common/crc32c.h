@@ -18,6 +18,22 @@
  */
 uint32_t aps_crc32c(uint32_t crc, const void *buf, size_t len);
 
+/*
+ * A test of every 64-bit word w of a buffer, made in the CRC's own pass:
+ * ((w & mask) + add) & high, ORed over the words. With lanes of b bits, mask
+ * the b-1 low bits of each lane, add (1 << (b-1)) - t to each and high their
+ * top bits, a lane's top bit is set when its value (top bit dropped) is at
+ * least t, and no carry crosses lanes (t >= 1): "a code reaches the inf code".
+ */
+struct aps_crc32c_lanes {
+	uint64_t mask, add, high;
+};
+
+/* aps_crc32c of buf, and *flag the lane test ORed over buf's words (the last,
+ * partial word padded with zero bytes). */
+uint32_t aps_crc32c_lanes(uint32_t crc, const void *buf, size_t len,
+                          const struct aps_crc32c_lanes *lanes, uint64_t *flag);
+
 /* The portable table path (tests, benchmarks); same contract. */
 uint32_t aps_crc32c_portable(uint32_t crc, const void *buf, size_t len);
 

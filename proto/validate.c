@@ -405,22 +405,8 @@ static bool expects_payload(const struct check *c)
 	}
 }
 
-static size_t count_nonfinite(const struct aps_format *f, const uint8_t *p, size_t n)
-{
-	size_t count = 0;
-
-	if (!aps_format_is_fp32(f))
-		return aps_codec_count_nonfinite(f, p, n);
-	for (size_t i = 0; i < n; i++) {
-		float x;
-
-		memcpy(&x, p + i * sizeof(x), sizeof(x));
-		count += !isfinite(x);
-	}
-	return count;
-}
-
-/* Length against the header and the count, then CRC, then the codes. */
+/* Length against the header and the count, then CRC, then the codes (CRC and codes
+ * in one pass over the bytes). */
 static int check_payload_bytes(struct check *c)
 {
 	const struct aps_msg *m = &c->msg;
@@ -440,12 +426,12 @@ static int check_payload_bytes(struct check *c)
 		return fail(c, APS_MSG_FAULT_BAD_LENGTH,
 		            "payload is %zu bytes, %" PRIu64 " %s codes need %zu", c->payload_len,
 		            m->chunk_count, c->fmt.name, need);
-	crc = aps_crc32c(0, c->payload, c->payload_len);
+	bad = aps_codec_crc_nonfinite(&c->fmt, c->payload, c->payload_len, (size_t)m->chunk_count,
+	                              &crc);
 	if (crc != c->wire_crc)
 		return fail(c, APS_MSG_FAULT_BAD_CRC,
 		            "payload CRC32C is 0x%08" PRIx32 ", header says 0x%08" PRIx32, crc,
 		            c->wire_crc);
-	bad = count_nonfinite(&c->fmt, c->payload, (size_t)m->chunk_count);
 	if (bad > 0)
 		return fail(c, APS_MSG_FAULT_NONFINITE, "payload holds %zu inf or NaN %s codes",
 		            bad, c->fmt.name);

@@ -6,6 +6,7 @@
  */
 #include "common/codec.h"
 #include "common/codec_kernels.h"
+#include "common/crc32c.h"
 #include "common/err.h"
 #include "common/format.h"
 #include "common/pack.h"
@@ -631,6 +632,55 @@ static void test_codec_count_nonfinite_codes(void **state)
 	}
 }
 
+/* Every non-finite code of the n packed in codes made 0 (the padding stays garbage). */
+static void make_finite(const struct aps_format *f, uint8_t *codes, size_t n)
+{
+	static uint32_t unpacked[40001];
+
+	aps_unpack_codes(codes, n, f->bits, unpacked);
+	for (size_t i = 0; i < n; i++)
+		if (aps_format_code_is_nonfinite(f, unpacked[i]))
+			unpacked[i] = 0;
+	if (f->bits == 4 && n % 2 == 1) { /* keep the garbage nibble after the last code */
+		uint8_t pad = codes[n / 2] & 0xf0;
+		aps_pack_codes(unpacked, n, f->bits, codes);
+		codes[n / 2] = (uint8_t)((codes[n / 2] & 0x0f) | pad);
+		return;
+	}
+	aps_pack_codes(unpacked, n, f->bits, codes);
+}
+
+/* The validator's one pass: the same CRC as aps_crc32c and the same count as
+ * aps_codec_count_nonfinite, for every kind of format, with zero, one or many
+ * non-finite codes, an odd count of 4-bit codes whose padding nibble is garbage,
+ * and payloads long enough for the CRC's three chains. */
+static void test_codec_crc_nonfinite_is_crc_and_count(void **state)
+{
+	static const char *const names[] = { "e5m2", "e4m3", "e4m3fn", "fp16", "bf16",
+		                             "e3m0", "e2m1", "e2m5",   "e6m9", "fp32" };
+	static const size_t counts[] = { 1, 7, 4099, 40001 };
+	static uint8_t codes[4 * 40001];
+
+	(void)state;
+	for (size_t k = 0; k < sizeof(names) / sizeof(names[0]); k++) {
+		struct aps_format f = fmt(names[k]);
+		for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++) {
+			size_t n = counts[c], len = aps_format_packed_size(&f, n), bad;
+			uint32_t crc;
+			for (int finite = 1; finite >= 0; finite--) {
+				for (size_t i = 0; i < len; i++)
+					codes[i] = (uint8_t)next_rand();
+				if (finite)
+					make_finite(&f, codes, n);
+				bad = aps_codec_crc_nonfinite(&f, codes, len, n, &crc);
+				assert_int_equal(crc, aps_crc32c(0, codes, len));
+				assert_int_equal(bad, aps_codec_count_nonfinite(&f, codes, n));
+				assert_true(finite ? bad == 0 : (n < 4099 || bad > 0));
+			}
+		}
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -647,6 +697,7 @@ int main(void)
 		cmocka_unit_test(test_codec_rejects_bad_arguments),
 		cmocka_unit_test(test_codec_maxabs_ignores_nonfinite),
 		cmocka_unit_test(test_codec_scan_flags_nonfinite_anywhere),
+		cmocka_unit_test(test_codec_crc_nonfinite_is_crc_and_count),
 		cmocka_unit_test(test_codec_count_nonfinite_codes),
 	};
 	return cmocka_run_group_tests_name("codec", tests, setup_isas, NULL);

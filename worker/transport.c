@@ -4,9 +4,10 @@
  * until the next receive, so that the caller reads the payload in place.
  *
  * Each socket has a random routing id of its own and lives for one
- * connection: a socket monitor says when it closed (LOST) or when its
- * handshake failed (REFUSED), and the client then renews the transport. No
- * ZMTP heartbeats: liveness is the protocol's (HEARTBEAT flagged ALIVE).
+ * connection: a socket monitor says when it was made, when it closed (LOST),
+ * when the connect failed or could not start (NOCONN) or when its handshake
+ * failed (REFUSED), and the client then renews the transport. No ZMTP
+ * heartbeats: liveness is the protocol's (HEARTBEAT flagged ALIVE).
  */
 #include "worker/transport.h"
 
@@ -29,7 +30,7 @@
 /* A socket whose connect failed has no pipe, a full pipe takes nothing: a send
  * waits this long at most, then the connection is taken for lost (resume.c). */
 #define SEND_TIMEOUT_MS    1000
-#define PROBE_TIMEOUT_MS   1000 /* to read the daemon's greeting (zmtp_probe.c) */
+#define PROBE_TIMEOUT_MS   1000               /* to read the daemon's greeting (zmtp_probe.c) */
 #define RECONNECT_NEVER_MS (24 * 3600 * 1000) /* a day: the socket is renewed long before */
 
 struct aps_transport {
@@ -42,6 +43,9 @@ struct aps_transport {
 	char refusal[320];
 	unsigned handshakes; /* that succeeded, on every socket so far */
 	bool handshook;      /* this socket's did */
+	bool linked;         /* this socket's connection is made and not lost */
+	bool tried;          /* this socket's connect got somewhere: made, closed or failed */
+	struct aps_transport_tally tally; /* every socket's connects so far */
 	zmq_msg_t frame[MAX_FRAMES];
 	size_t nkept;
 };
@@ -94,7 +98,8 @@ static int open_monitor(struct aps_transport *t)
 
 	snprintf(addr, sizeof(addr), "inproc://aps-transport-%p-%u", (void *)t, t->serial);
 	if (zmq_socket_monitor(t->sock, addr,
-	                       ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_CLOSED |
+	                       ZMQ_EVENT_CONNECTED | ZMQ_EVENT_CONNECT_RETRIED |
+	                               ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_CLOSED |
 	                               ZMQ_EVENT_HANDSHAKE_SUCCEEDED |
 	                               ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
 	                               ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
@@ -194,6 +199,17 @@ int aps_transport_open(struct aps_transport **out, const char *endpoint,
 void aps_transport_drop(struct aps_transport *t)
 {
 	close_socket(t, 0);
+	t->linked = false;
+}
+
+bool aps_transport_link_up(const struct aps_transport *t)
+{
+	return t->sock != NULL && t->linked;
+}
+
+void aps_transport_tally(const struct aps_transport *t, struct aps_transport_tally *out)
+{
+	*out = t->tally;
 }
 
 bool aps_transport_connected(const struct aps_transport *t)
@@ -205,6 +221,8 @@ int aps_transport_renew(struct aps_transport *t)
 {
 	close_socket(t, 0);
 	t->handshook = false;
+	t->linked = false;
+	t->tried = false;
 	return open_socket(t);
 }
 
@@ -325,7 +343,48 @@ bool aps_transport_mechanism_differs(struct aps_transport *t)
 	return true;
 }
 
-/* Reads the monitor's events: a mask of APS_TRANSPORT_LOST and APS_TRANSPORT_REFUSED. */
+/* What one monitor event says: a mask of APS_TRANSPORT_LOST, _NOCONN and _REFUSED. */
+static int on_event(struct aps_transport *t, uint16_t event, int32_t value)
+{
+	switch (event) {
+	case ZMQ_EVENT_CONNECTED:
+		t->linked = t->tried = true;
+		t->tally.made++;
+		return 0;
+	case ZMQ_EVENT_HANDSHAKE_SUCCEEDED:
+		t->handshakes++;
+		t->handshook = t->linked = t->tried = true;
+		return 0;
+	case ZMQ_EVENT_CONNECT_RETRIED:
+		/* After nothing else on this socket: its connect could not even start (the
+		 * host name does not resolve). After a close it is only that close's retry. */
+		if (t->tried)
+			return 0;
+		t->tried = true;
+		t->tally.unresolved++;
+		return APS_TRANSPORT_NOCONN;
+	case ZMQ_EVENT_CLOSED: /* a connect that failed: refused, or the host unreachable */
+		t->tried = true;
+		t->linked = false;
+		t->tally.failed++;
+		return APS_TRANSPORT_NOCONN;
+	case 0:
+		return 0;
+	default:
+		break;
+	}
+	t->tried = true;
+	t->linked = false;
+	note_refusal(t, event, value);
+	/* A refused key or a protocol the daemon does not speak will not change;
+	 * a handshake cut short (a blip, a full daemon) may. */
+	if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH ||
+	    event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL)
+		return APS_TRANSPORT_REFUSED;
+	return APS_TRANSPORT_LOST;
+}
+
+/* Reads the monitor's events: a mask of APS_TRANSPORT_LOST, _NOCONN and _REFUSED. */
 static int read_events(struct aps_transport *t)
 {
 	int what = 0;
@@ -352,22 +411,7 @@ static int read_events(struct aps_transport *t)
 			more = zmq_msg_recv(&part, t->monitor, 0) >= 0 && zmq_msg_more(&part);
 			zmq_msg_close(&part);
 		}
-		if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
-			t->handshakes++;
-			t->handshook = true;
-			continue;
-		}
-		if (event != 0)
-			note_refusal(t, event, value);
-		/* A refused key or a protocol the daemon does not speak will not change;
-		 * a handshake cut short (a blip, a full daemon) may. */
-		if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH ||
-		    event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL)
-			what |= APS_TRANSPORT_REFUSED;
-		else if (event == ZMQ_EVENT_CLOSED) /* a connect that failed */
-			what |= APS_TRANSPORT_NOCONN;
-		else if (event != 0)
-			what |= APS_TRANSPORT_LOST;
+		what |= on_event(t, event, value);
 	}
 }
 

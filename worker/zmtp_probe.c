@@ -54,8 +54,7 @@ static bool wait_fd(int fd, short events, int64_t deadline)
 }
 
 /* A non-blocking connect to addr, finished by the deadline: the descriptor or -1. */
-static int connect_by(const struct sockaddr *addr, socklen_t len, int family,
-                      int64_t deadline)
+static int connect_by(const struct sockaddr *addr, socklen_t len, int family, int64_t deadline)
 {
 	int fd = socket(family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
 	int err = 0;

@@ -7,6 +7,7 @@
  * unit tests own correctness.
  */
 #include "common/codec.h"
+#include "common/crc32c.h"
 #include "common/err.h"
 #include "common/format.h"
 #include "common/scale.h"
@@ -94,6 +95,31 @@ static void op_scan_one_pass(struct job *j)
 	volatile float m = aps_codec_scan(j->b->x, j->b->n, &nonfinite);
 
 	(void)m;
+}
+
+/* The validator's check of a payload of e4m3 codes (one per element of x): CRC32C,
+ * then the inf/NaN count, as two passes (before 2026-12-03) ... */
+static void op_check_two_passes(struct job *j)
+{
+	volatile uint32_t crc = aps_crc32c(0, j->b->codes, j->b->n);
+	volatile size_t bad = aps_codec_count_nonfinite(j->f, j->b->codes, j->b->n);
+
+	(void)crc;
+	(void)bad;
+}
+
+/* ... and as the one pass it makes now; against a memcpy of the same bytes. */
+static void op_check_one_pass(struct job *j)
+{
+	uint32_t crc;
+	volatile size_t bad = aps_codec_crc_nonfinite(j->f, j->b->codes, j->b->n, j->b->n, &crc);
+
+	(void)bad;
+}
+
+static void op_memcpy_codes(struct job *j)
+{
+	memcpy(j->b->out, j->b->codes, j->b->n);
 }
 
 /* What a worker does per tensor: the inf/NaN and max scan, local k, quantize. */
@@ -213,6 +239,28 @@ static void bench_format(const struct options *o, struct bufs *b, const char *na
 	}
 }
 
+static void print_check(struct job *j)
+{
+	struct aps_format f;
+	struct aps_quant_opts qo = { .rounding = APS_ROUND_NEAREST };
+	struct aps_codec_stats st;
+	double t_two, t_one, t_copy;
+
+	if (aps_format_parse("e4m3", &f) < 0 ||
+	    aps_scale_local(&f, aps_codec_maxabs(j->b->x, j->b->n), &qo.scale_exp) < 0 ||
+	    aps_codec_quantize(&f, j->b->x, j->b->n, &qo, j->b->codes, 4 * j->b->n, &st) < 0)
+		fail("e4m3 codes", APS_EINVAL);
+	j->f = &f;
+	t_two = measure(op_check_two_passes, j);
+	t_one = measure(op_check_one_pass, j);
+	t_copy = measure(op_memcpy_codes, j);
+	printf("check of a payload of %zu e4m3 codes (CRC32C and inf/NaN): two passes %.2f us, "
+	       "one pass %.2f us (%.1fx faster, %.2f GB/s, %.2fx a memcpy of the codes)\n\n",
+	       j->b->n, t_two * 1e6, t_one * 1e6, t_two / t_one, (double)j->b->n / t_one * 1e-9,
+	       t_one / t_copy);
+	j->f = NULL;
+}
+
 static void bench_size(const struct options *o, struct bufs *b)
 {
 	struct job j = { .b = b };
@@ -227,6 +275,7 @@ static void bench_size(const struct options *o, struct bufs *b)
 	printf("inf/NaN check and max of the fp32 buffer (auto ISA): two passes %.2f us, one "
 	       "pass %.2f us (%.1fx faster, %.2fx the memcpy)\n\n",
 	       t_two * 1e6, t_one * 1e6, t_two / t_one, t_one / t_copy);
+	print_check(&j);
 	print_table_head();
 	if (o->format != NULL) {
 		bench_format(o, b, o->format, t_copy);
