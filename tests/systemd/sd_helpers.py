@@ -21,7 +21,7 @@ BUILD = ROOT / os.environ.get("APS_BUILD", "build")
 APSD = BUILD / "server" / "apsd"
 WORKER = BUILD / "tests" / "integration" / "itest_worker"
 APSCTL = BUILD / "worker" / "apsctl"
-UNIT_TEMPLATE = ROOT / "deploy" / "apsd.service"
+UNIT_TEMPLATE = ROOT / "deploy" / "apsd.service.in"
 PLACEHOLDER = re.compile(r"@([A-Z_]+)@")
 
 

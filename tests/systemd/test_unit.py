@@ -1,4 +1,4 @@
-"""deploy/apsd.service: `systemd-analyze verify` on the unit rendered with
+"""deploy/apsd.service.in (the unit): `systemd-analyze verify` on the unit rendered with
 build-tree paths, its `systemd-analyze security` exposure (as recorded in
 docs/OPERATIONS.md), the unit meson renders for installation, and, since no
 systemd runs these tests, every system call and socket family apsd uses in a
@@ -45,7 +45,7 @@ def user_exists(name):
 
 
 def test_unit_template_has_only_the_placeholders_meson_fills():
-    assert set(PLACEHOLDER.findall((ROOT / "deploy" / "apsd.service").read_text())) == {
+    assert set(PLACEHOLDER.findall((ROOT / "deploy" / "apsd.service.in").read_text())) == {
         "SBINDIR", "SYSCONFDIR"}
 
 
@@ -234,7 +234,7 @@ def test_every_system_call_apsd_makes_is_allowed_by_the_unit(tmp_path, transport
     endpoint = (f"tcp://127.0.0.1:{free_port()}" if transport == "tcp"
                 else f"ipc://{tmp_path}/apsd.ipc")
     log = run_traced_daemon(tmp_path, endpoint)
-    unit = (ROOT / "deploy" / "apsd.service").read_text()
+    unit = (ROOT / "deploy" / "apsd.service.in").read_text()
     groups = syscall_groups()
     allowed = unit_allows(unit, "SystemCallFilter",
                           lambda v: expand([v], groups))
