@@ -57,8 +57,9 @@ static void fan_out(struct aps_server *srv, struct aps_job *job, struct aps_tens
 		t->stats.bytes_out += res->payload->len;
 	}
 	aps_resend_keep(srv, t, step, res, hdr, len);
-	aps_trace_stage(srv->opts.trace, "send", t0, t->name, step,
-	                (uint32_t)(res->offset / t->round.chunk_elems));
+	aps_trace_stage(srv->opts.trace, "send", t0,
+	                &(struct aps_trace_at){ job->name, t->name, step,
+	                                        (uint32_t)(res->offset / t->round.chunk_elems) });
 }
 
 /* What the stats socket shows of a finished chunk, and of a finished step. */

@@ -26,6 +26,7 @@ static void init_tensor(struct aps_job *job, struct aps_tensor *t, struct aps_tr
 {
 	t->round.trace = trace;
 	t->round.label = t->name;
+	t->round.job_label = job->name;
 	t->round.measure_error = job->policy.automatic && job->optim.kind == APS_OPTIM_NONE;
 	aps_policy_init(&job->policy, t->name, t->count, requested, &t->policy);
 }

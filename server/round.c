@@ -137,6 +137,9 @@ static void round_to_format(struct aps_round *r, const struct aps_format *f, flo
 	aps_codec_dequantize(f, r->scratch, len, n, 0, acc);
 }
 
+/* Where a stage of this round stands on the timeline. */
+#define AT(r, chunk) ((struct aps_trace_at){ (r)->job_label, (r)->label, (r)->step, (chunk) })
+
 /* Decodes one contribution into its chunk of acc: the first writes, later ones add. */
 static void sum_one(struct aps_round *r, uint32_t chunk, const struct aps_contribution *c,
                     bool first)
@@ -150,13 +153,13 @@ static void sum_one(struct aps_round *r, uint32_t chunk, const struct aps_contri
 
 	if (first) {
 		aps_codec_dequantize(&c->fmt, p->data, p->len, n, k, acc);
-		aps_trace_stage(r->trace, "dequantize", t0, r->label, r->step, chunk);
+		aps_trace_stage(r->trace, "dequantize", t0, &AT(r, chunk));
 		return;
 	}
 	aps_codec_accumulate(&c->fmt, p->data, p->len, n, k, acc);
 	if (r->lowp)
 		round_to_format(r, &c->fmt, acc, n);
-	aps_trace_stage(r->trace, "sum", t0, r->label, r->step, chunk);
+	aps_trace_stage(r->trace, "sum", t0, &AT(r, chunk));
 }
 
 static bool is_absent(const struct aps_round *r, uint32_t rank)
@@ -385,7 +388,7 @@ int aps_round_finish_chunk(struct aps_round *r, uint32_t chunk, const struct aps
 	if (r->transform != NULL)
 		r->transform(r->transform_ctx, r->kind, res->offset, acc, n);
 	ret = encode(acc, n, scaling, res);
-	aps_trace_stage(r->trace, "quantize", t0, r->label, r->step, chunk);
+	aps_trace_stage(r->trace, "quantize", t0, &AT(r, chunk));
 	if (ret == 0 && r->measure_error && r->kind == APS_ROUND_ALLREDUCE)
 		ret = measure_error(r, acc, n, res);
 	if (r->lowp)

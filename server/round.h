@@ -74,6 +74,7 @@ struct aps_round {
 	double err_num, err_den;       /* sums of (result - mean)^2 and mean^2 this step */
 	float *err_scratch;            /* one chunk of decoded result */
 	const char *label;             /* the tensor's name, for the timeline */
+	const char *job_label;         /* its job's name, for the timeline */
 	/* Optimize mode: turns a finished chunk (the mean, or the broadcast values) in
 	 * place into what is encoded for the downlink; NULL: sent as it is. */
 	void (*transform)(void *ctx, enum aps_round_kind kind, size_t offset, float *acc, size_t n);

@@ -155,8 +155,9 @@ static void on_message(void *ctx, struct aps_inmsg *in)
 		aps_outbox_error(srv, &in->peer, APS_EPROTO, NULL, "%s", fault.text);
 		return;
 	}
-	aps_trace_stage(srv->opts.trace, "receive", t0, aps_msg_type_name(m.type), m.step,
-	                (uint32_t)m.tensor_id);
+	aps_trace_stage(srv->opts.trace, "receive", t0,
+	                &(struct aps_trace_at){ m.job, aps_msg_type_name(m.type), m.step,
+	                                        (uint32_t)m.tensor_id });
 	if (m.type == APS_MSG_HELLO && aps_reconnect_hello(srv, in, &m))
 		return; /* a session taken back by its token, from any connection */
 	s = aps_jobs_find_session(&srv->jobs, &in->peer);
@@ -219,6 +220,7 @@ static void on_tick(uv_timer_t *timer)
 	}
 	aps_reconnect_tick(srv, now);
 	aps_join_tick(srv, now);
+	aps_trace_flush_due(srv->opts.trace);
 }
 
 static int init_downlink(struct aps_server *srv)

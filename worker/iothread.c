@@ -255,12 +255,16 @@ static void on_result(struct aps_client *c, const struct aps_msg *m)
 		aps_codec_divide(out, m->chunk_count, (float)c->world_size);
 	if (m->next_format[0] != '\0')
 		switch_format(c, r, &m->next_fmt);
-	aps_trace_stage(c->trace, "dequantize", t0, r->name, r->step,
-	                (uint32_t)(m->chunk_offset / (r->chunk_elems ? r->chunk_elems : r->count)));
+	aps_trace_stage(
+	        c->trace, "dequantize", t0,
+	        &(struct aps_trace_at){ c->job, r->name, r->step,
+	                                (uint32_t)(m->chunk_offset /
+	                                           (r->chunk_elems ? r->chunk_elems : r->count)) });
 	r->deadline_ms = aps_client_now_ms() + r->timeout_ms;
 	if (++r->chunks_done < r->chunks)
 		return;
-	aps_trace_stage(c->trace, "wait", r->sent_ns, r->name, r->step, r->chunks);
+	aps_trace_stage(c->trace, "wait", r->sent_ns,
+	                &(struct aps_trace_at){ c->job, r->name, r->step, r->chunks });
 	finish(c, r, 0, NULL);
 }
 

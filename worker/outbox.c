@@ -50,7 +50,8 @@ int aps_outbox_chunks(struct aps_client *c, struct aps_request *r)
 		                    aps_format_packed_size(&r->fmt, n)) < 0)
 			return APS_ECONN;
 	}
-	aps_trace_stage(c->trace, "push", t0, r->name, r->step, r->chunks);
+	aps_trace_stage(c->trace, "push", t0,
+	                &(struct aps_trace_at){ c->job, r->name, r->step, r->chunks });
 	r->sent_ns = aps_trace_now();
 	return 0;
 }

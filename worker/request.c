@@ -106,7 +106,8 @@ int aps_request_encode(struct aps_client *c, struct aps_request *r)
 	r->flushed = st.flushed;
 	if (r->corrected != NULL)
 		keep_residual(r);
-	aps_trace_stage(c->trace, "quantize", t0, r->name, r->step, 0);
+	aps_trace_stage(c->trace, "quantize", t0,
+	                &(struct aps_trace_at){ c->job, r->name, r->step, 0 });
 	return 0;
 }
 
@@ -206,7 +207,8 @@ static int start_reduce(aps_client *c, struct aps_request *r, const float *whole
 		/* One pass finds the exponent's max and refuses inf and NaN. */
 		t0 = c->trace != NULL ? aps_trace_now() : 0;
 		maxabs = aps_codec_scan(r->src, r->count, &nonfinite);
-		aps_trace_stage(c->trace, "scan", t0, r->name, r->step, 0);
+		aps_trace_stage(c->trace, "scan", t0,
+		                &(struct aps_trace_at){ c->job, r->name, r->step, 0 });
 		if (nonfinite)
 			return refuse_nonfinite(r, aps_codec_count_nonfinite_f32(r->src, r->count));
 	}

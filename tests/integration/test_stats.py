@@ -190,6 +190,30 @@ def test_trace_timelines_of_daemon_and_workers(daemon_factory, tmp_path):
         assert all(e["dur"] >= 0 for e in worker if e["ph"] == "X")
 
 
+def test_trace_is_json_while_apsd_runs_and_names_the_job(daemon_factory, tmp_path):
+    # Before: stdio's buffer cut the file mid-record while apsd ran, and no event
+    # said its job. A job name with a quote and a backslash must not break the JSON.
+    trace = tmp_path / "apsd.trace.json"
+    d = daemon_factory(extra=["--trace", str(trace), "--chunk_bytes", "16k"])
+    job = 'a"b\\c'
+    procs = [start_worker(d.endpoint, r, 2, [7, 10_000], steps=40, job=job) for r in range(2)]
+    seen = 0
+    while any(p.poll() is None for p in procs):
+        events = json.loads(trace.read_text())  # a whole array at every moment
+        seen = max(seen, len(events))
+        time.sleep(0.05)
+    for p in procs:
+        assert p.wait(timeout=30) == 0, p.stdout.read()
+    time.sleep(1.5)  # the last events reach the file at a tick, within a second
+    apsd_events = [e for e in json.loads(trace.read_text()) if e["ph"] == "X"]
+    # the file filled while the job ran, not only at apsd's exit
+    assert seen > 1 and len(apsd_events) > 100, (seen, len(apsd_events))
+    assert {e["args"]["job"] for e in apsd_events if e["name"] != "receive"} == {job}
+    assert any(e["name"] == "send" and e["args"]["step"] == 39 for e in apsd_events)
+    d.stop()
+    assert json.loads(trace.read_text())[-1]["ph"] == "X"
+
+
 def test_metrics_port_in_use_is_a_clean_failure(tmp_path):
     """Regression: a failed listen freed the listener's owner twice."""
     with socket.socket() as busy:
