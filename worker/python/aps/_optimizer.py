@@ -22,6 +22,11 @@ How a step flows:
   whether some rank had NaN or inf: such a tensor is sent as zeros and the
   step is skipped on every rank (reported, not raised), as a grad scaler
   expects.
+
+DistributedOptimizer is a torch.optim.Optimizer whose param_groups, state and
+defaults are the wrapped optimizer's own objects, so that lr schedulers,
+state_dict()/load_state_dict() and code that reads param_groups see and change
+the optimizer that steps.
 """
 
 import contextlib
@@ -68,19 +73,38 @@ def plan_buckets(named_params, bucket_bytes):
     return buckets
 
 
-def _named_optimizer_params(optimizer, named_parameters, prefix):
-    """[(wire name, param)] for every parameter of optimizer that requires grad,
-    in the optimizer's order, named from named_parameters if given."""
-    params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
+def param_list(params):
+    """The parameters of a group's "params" (a tensor or an ordered iterable)
+    as a list; a set is refused, as torch does: its order differs by rank."""
+    if isinstance(params, torch.Tensor):
+        return [params]
+    if isinstance(params, set):
+        raise TypeError("parameter groups need an ordered collection of parameters, not a set")
+    return list(params)
+
+
+def _parameter_names(named_parameters):
+    """{id(param): name} of named_parameters (a shared parameter keeps its
+    first name); None stays None (parameters are named by position)."""
     if named_parameters is None:
-        return [(f"{prefix}{i}", p) for i, p in enumerate(params)]
+        return None
     names = {}
     for name, p in named_parameters:
         if id(p) in names and names[id(p)] != name:
-            continue  # a shared parameter keeps its first name
+            continue
         names[id(p)] = name
     if len(set(names.values())) != len(names):
         raise ValueError("named_parameters has duplicate names")
+    return names
+
+
+def _named_optimizer_params(param_groups, names, prefix, first=0):
+    """[(wire name, param)] for every parameter of param_groups that requires
+    grad, in the optimizer's order, named from names ({id: name}) or by
+    position (counted from first) when names is None."""
+    params = [p for g in param_groups for p in g["params"] if p.requires_grad]
+    if names is None:
+        return [(f"{prefix}{i}", p) for i, p in enumerate(params, first)]
     missing = [i for i, p in enumerate(params) if id(p) not in names]
     if missing:
         raise ValueError(f"{len(missing)} parameters of the optimizer are not in "
@@ -93,7 +117,7 @@ def _named_optimizer_params(optimizer, named_parameters, prefix):
     return out
 
 
-class DistributedOptimizer:
+class DistributedOptimizer(torch.optim.Optimizer):
     """Wraps a torch optimizer so that step() applies the mean gradient over
     every rank of client's job. apsd returns the mean: do not divide the loss
     by the world size.
@@ -102,24 +126,32 @@ class DistributedOptimizer:
     every rank; default: positions in the optimizer). bucket_bytes: size of
     the groups queued together. check_finite: detect NaN/inf gradients on any
     rank and skip the step on all of them (last_step_skipped, skipped_steps).
+
+    It is a torch.optim.Optimizer that shares param_groups, state and
+    defaults with the wrapped optimizer (self.optimizer): an lr scheduler made
+    on it changes the wrapped optimizer's lr, state_dict() is the wrapped
+    optimizer's, add_param_group() adds to it (on every rank alike). A
+    GradScaler(enabled=False) steps it as any optimizer; an enabled one (CUDA)
+    is not supported: it would unscale gradients still being all-reduced.
     """
 
     def __init__(self, optimizer, client, named_parameters=None,
                  bucket_bytes=DEFAULT_BUCKET_BYTES, check_finite=True, prefix="grad."):
+        # torch.optim.Optimizer.__init__ is not called: it would make groups of
+        # its own, where these are the wrapped optimizer's.
         self.optimizer = optimizer
         self.client = client
         self.check_finite = check_finite
         self._flag = AnyRankFlag(client, prefix + "@nonfinite") if check_finite else None
-        named = _named_optimizer_params(optimizer, named_parameters, prefix)
-        self._buckets = plan_buckets(named, bucket_bytes)
-        self._bucket_of = {id(p): b for b in self._buckets for _, p, _ in b.entries}
+        self._prefix = prefix
+        self._bucket_bytes = bucket_bytes
+        self._names = _parameter_names(named_parameters)
         self._lock = threading.Lock()
         self._next = 0  # the next bucket to queue
         self._sync = True
         self._accumulators = []  # keep the AccumulateGrad nodes (and their hooks) alive
-        for b in self._buckets:
-            for name, p, _ in b.entries:
-                self._hook(name, p)
+        self._named = []  # (wire name, param) of every parameter sent, in optimizer order
+        self._plan(_named_optimizer_params(optimizer.param_groups, self._names, prefix))
         self.skipped_steps = 0
         self.last_step_skipped = False
 
@@ -129,13 +161,25 @@ class DistributedOptimizer:
     def param_groups(self):
         return self.optimizer.param_groups
 
+    @param_groups.setter
+    def param_groups(self, groups):
+        self.optimizer.param_groups = groups
+
     @property
     def state(self):
         return self.optimizer.state
 
+    @state.setter
+    def state(self, state):
+        self.optimizer.state = state
+
     @property
     def defaults(self):
         return self.optimizer.defaults
+
+    @defaults.setter
+    def defaults(self, defaults):
+        self.optimizer.defaults = defaults
 
     def state_dict(self):
         return self.optimizer.state_dict()
@@ -144,13 +188,23 @@ class DistributedOptimizer:
         self.optimizer.load_state_dict(state_dict)
 
     def add_param_group(self, group):
-        raise NotImplementedError("add parameter groups before wrapping the optimizer")
+        """Adds group to the wrapped optimizer; its parameters get hooks and
+        buckets (every bucket is planned again). Every rank must add the same
+        groups at the same step, between two steps."""
+        self._check_idle("add_param_group()")
+        params = param_list(group["params"])
+        new = _named_optimizer_params([{"params": params}], self._names, self._prefix,
+                                      first=len(self._named))
+        self.optimizer.add_param_group({**group, "params": params})
+        self._plan(self._named + new)
 
-    def zero_grad(self, set_to_none=False):
-        if self._next > 0:
-            raise RuntimeError("zero_grad() while gradients are being all-reduced: "
-                               "call step() or synchronize() first")
-        self.optimizer.zero_grad(set_to_none=set_to_none)
+    def zero_grad(self, set_to_none=None):
+        """The wrapped optimizer's zero_grad (set_to_none: its default if None)."""
+        self._check_idle("zero_grad()")
+        if set_to_none is None:
+            self.optimizer.zero_grad()
+        else:
+            self.optimizer.zero_grad(set_to_none=set_to_none)
 
     def __repr__(self):
         return (f"DistributedOptimizer({self.optimizer.__class__.__name__}, "
@@ -210,6 +264,20 @@ class DistributedOptimizer:
         return loss if loss is not None else result
 
     # -- internals --------------------------------------------------------
+
+    def _check_idle(self, what):
+        if self._next > 0:
+            raise RuntimeError(f"{what} while gradients are being all-reduced: "
+                               "call step() or synchronize() first")
+
+    def _plan(self, named):
+        """Buckets for named ([(wire name, param)], the ones planned before
+        first), and a hook on each parameter that has none yet."""
+        for name, p in named[len(self._named):]:
+            self._hook(name, p)
+        self._named = named
+        self._buckets = plan_buckets(named, self._bucket_bytes)
+        self._bucket_of = {id(p): b for b in self._buckets for _, p, _ in b.entries}
 
     def _hook(self, name, p):
         # p.expand_as(p) has p's AccumulateGrad as its first next function; a

@@ -21,12 +21,18 @@ The parameters must change only through step(): the daemon keeps what each
 worker holds and sends the difference to the new weights, so that what a
 worker holds is never more than half a quantization step of the last update
 away from the master weights. pull() fetches the exact master weights.
+
+ServerOptimizer is a torch.optim.Optimizer: each parameter group's "lr" is the
+learning rate sent with its parameters every step, so that an lr scheduler
+(torch.optim.lr_scheduler.StepLR(opt, ...)) schedules what the daemon
+applies. The other settings are the job's, in the client's spec.
 """
 
 import math
 
 import torch
 
+from aps._optimizer import param_list
 from aps._staging import is_direct
 
 _DEFAULTS = {
@@ -63,18 +69,24 @@ def _parse_spec(spec):
     return name, _settings(name, dict(p.split("=", 1) for p in pairs))
 
 
+# Settings of a parameter group that the job's spec fixes for every tensor.
+_JOB_SETTINGS = {k for d in _DEFAULTS.values() for k in d} | {"betas"}
+
+
 def _same(a, b):
     """Two settings dicts agree once rounded to the float32 the daemon keeps."""
     f32 = lambda v: torch.tensor(v, dtype=torch.float32).item()  # noqa: E731
     return a.keys() == b.keys() and all(f32(a[k]) == f32(b[k]) for k in a)
 
 
-class ServerOptimizer:
+class ServerOptimizer(torch.optim.Optimizer):
     """Steps model's parameters with the optimizer the daemon runs for client's
     job. optimizer and the keyword settings (momentum=..., betas=..., ...)
     must agree with the spec the client was opened with; None takes the
-    client's. lr is the learning rate sent with every step (step(lr=...) or
-    the lr attribute change it). Parameter names travel with prefix."""
+    client's. lr is the learning rate sent with every step: param_groups[i]
+    ["lr"] for the parameters of group i (an lr scheduler changes it;
+    step(lr=...) and the lr attribute set every group's). Parameter names
+    travel with prefix."""
 
     def __init__(self, model, client, optimizer=None, lr=0.01, prefix="param.", **hyper):
         if not client.optimizer:
@@ -91,45 +103,66 @@ class ServerOptimizer:
         if not (math.isfinite(lr) and lr >= 0):
             raise ValueError(f"learning rate {lr} is not finite and >= 0")
         self.client = client
-        self.lr = float(lr)
         self.spec = client.optimizer
         self._prefix = prefix
-        self._params = [(prefix + name, p) for name, p in model.named_parameters()
-                        if p.requires_grad]
+        named = list(model.named_parameters())
+        self._names = {id(p): prefix + name for name, p in named}
+        self._params = []  # (wire name, param) of every parameter stepped, in group order
         self._weights = {}  # wire name -> the float32 CPU memory the updates go to
         self._grads = {}  # wire name -> a host buffer for staged gradients
-        self.resumed_step = self._broadcast()
+        self._started = False
+        super().__init__([p for _, p in named if p.requires_grad], {"lr": float(lr)})
+        self.resumed_step = self._broadcast(self._params)
+        self._started = True
         self.steps = 0
 
     @property
-    def param_groups(self):
-        """One group, for code that reads param_groups[0]["lr"]."""
-        return [{"params": [p for _, p in self._params], "lr": self.lr}]
+    def lr(self):
+        """The first parameter group's lr; setting it sets every group's."""
+        return self.param_groups[0]["lr"]
 
-    def zero_grad(self, set_to_none=False):
-        for _, p in self._params:
-            if p.grad is None:
-                continue
-            if set_to_none:
-                p.grad = None
-            else:
-                p.grad.detach_()
-                p.grad.zero_()
+    @lr.setter
+    def lr(self, value):
+        for group in self.param_groups:
+            group["lr"] = float(value)
+
+    def add_param_group(self, group):
+        """Adds group (parameters of the model, and an lr of its own if
+        wanted); after construction its parameters are broadcast from rank 0,
+        so every rank must add the same groups between the same steps."""
+        fixed = sorted(set(group) & _JOB_SETTINGS)
+        if fixed:
+            raise ValueError(f"{fixed} are the job's settings ({self.spec!r}), the same "
+                             "for every parameter: only lr can differ by group")
+        params = param_list(group["params"])
+        alien = [p for p in params if id(p) not in self._names]
+        if alien:
+            raise ValueError(f"{len(alien)} parameters of the group are not the model's")
+        super().add_param_group({**group, "params": params})
+        new = [(self._names[id(p)], p) for p in params if p.requires_grad]
+        self._params += new
+        if self._started:
+            self._broadcast(new)
 
     def step(self, closure=None, lr=None):
-        """Sends every gradient (zeros for a parameter without one) with the
-        learning rate, and adds the daemon's updates to the parameters."""
+        """Sends every gradient (zeros for a parameter without one) with its
+        group's learning rate (or lr, which becomes every group's), and adds
+        the daemon's updates to the parameters."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
         if lr is not None:
-            self.lr = float(lr)
-        items = []
+            self.lr = lr
         with torch.no_grad():
-            for name, p in self._params:
-                items.append((name, self._grad_memory(name, p), self._weights[name]))
-            self.client.step_many_async(items, self.lr).wait()
+            handles = []
+            for group in self.param_groups:
+                items = [(name, self._grad_memory(name, p), self._weights[name])
+                         for name, p in self._group_params(group)]
+                if items:
+                    handles.append(self.client.step_many_async(items, group["lr"]))
+            for h in handles:
+                h.wait()
             for name, p in self._params:
                 if self._weights[name] is not p.data:
                     p.data.copy_(self._weights[name].view_as(p))
@@ -147,7 +180,20 @@ class ServerOptimizer:
         return out
 
     def state_dict(self):
-        return {"lr": self.lr, "spec": self.spec, "steps": self.steps}
+        """torch's optimizer state dict (the groups and their lr; the
+        optimizer's state is the daemon's), with the job's spec and the steps
+        taken."""
+        return {**super().state_dict(), "spec": self.spec, "steps": self.steps}
+
+    def load_state_dict(self, state_dict):
+        """Takes back the groups' lr and the steps of state_dict(); the
+        weights and the optimizer's state are the daemon's (its checkpoints)."""
+        spec = state_dict.get("spec", self.spec)
+        if spec != self.spec:
+            raise ValueError(f"the state dict is of a job that runs {spec!r}, "
+                             f"this one runs {self.spec!r}")
+        super().load_state_dict(state_dict)
+        self.steps = state_dict.get("steps", self.steps)
 
     def __repr__(self):
         return (f"ServerOptimizer({self.spec!r}, lr={self.lr}, {len(self._params)} tensors, "
@@ -155,23 +201,31 @@ class ServerOptimizer:
 
     # -- internals --------------------------------------------------------
 
-    def _broadcast(self):
-        """Rank 0's values become the master weights (or the daemon's resumed
-        ones come back); returns the fewest updates any tensor has had."""
+    def _group_params(self, group):
+        """(wire name, param) of group's parameters that are stepped."""
+        for p in group["params"]:
+            name = self._names[id(p)]
+            if name in self._weights:
+                yield name, p
+
+    def _broadcast(self, params):
+        """Rank 0's values of params ([(wire name, param)]) become the master
+        weights (or the daemon's resumed ones come back); returns the fewest
+        updates any of them has had."""
         handles = []
         with torch.no_grad():
-            for name, p in self._params:
+            for name, p in params:
                 w = p.data if is_direct(p.data) else \
                     p.detach().to(device="cpu", dtype=torch.float32).contiguous()
                 self._weights[name] = w
                 handles.append(self.client.broadcast_async(name, w))
             for h in handles:
                 h.wait()
-            for name, p in self._params:
+            for name, p in params:
                 if self._weights[name] is not p.data:
                     p.data.copy_(self._weights[name].view_as(p))
         return min((self.client.updates(name, self._weights[name])
-                    for name, _ in self._params), default=0)
+                    for name, _ in params), default=0)
 
     def _grad_memory(self, name, p):
         g = p.grad

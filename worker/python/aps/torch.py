@@ -8,6 +8,7 @@
         opt.zero_grad()
         loss_fn(model(x), y).backward()                   # gradients leave as they are ready
         opt.step()                                        # mean over ranks, then SGD
+    client.close()                                        # BYE, or apsd counts a lost rank
 
 or, with the optimizer on the daemon (apsd holds the weights, optimize mode):
 
@@ -16,6 +17,9 @@ or, with the optimizer on the daemon (apsd holds the weights, optimize mode):
 
 or, for a DDP script (torch.distributed initialised, e.g. gloo with a world of 1
 per process): ddp_model.register_comm_hook(client, aps.torch.allreduce_hook).
+
+Both optimizers are torch.optim.Optimizer objects: lr schedulers, state_dict()
+and load_state_dict(), zero_grad() and add_param_group() work on them.
 
 Tensors that are not contiguous CPU float32 (CUDA, fp16, bf16) are staged
 through host buffers (aps._staging).
