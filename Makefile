@@ -53,7 +53,14 @@ bench: build
 	$(BUILD)/tests/bench/bench_codec
 	$(BUILD)/tests/bench/bench_blas
 	$(PYTHON) tests/bench/bench_codec.py
+	$(MAKE) --no-print-directory bench-engine
 	$(MAKE) --no-print-directory bench-allreduce
+
+# The daemon's per-byte work without sockets (check, sum in rank order, encode) on 1
+# and 2 threads, each owning every other chunk: GB/s of codes per core (issue 17).
+.PHONY: bench-engine
+bench-engine: build
+	$(BUILD)/tests/bench/bench_engine --threads 1,2 --seconds 3
 
 # All-reduce through apsd (ResNet-50 shapes, 4 workers) against torch gloo and raw
 # ZeroMQ, a perf profile, 4 KiB latency, chunk pipelining (~4 min; docs/BENCHMARKS.md).
