@@ -195,6 +195,49 @@ float aps_codec_maxabs(const float *x, size_t n)
 	return aps_codec_scan(x, n, &nonfinite);
 }
 
+/* v repeated in every lane of width bits across a 64-bit word. */
+static uint64_t every_lane(uint64_t v, unsigned bits)
+{
+	uint64_t w = 0;
+
+	for (unsigned at = 0; at < 64; at += bits)
+		w |= v << at;
+	return w;
+}
+
+/* The lane test that finds codes at or past the first non-finite magnitude: for
+ * code widths that tile a word, and fn formats whose one NaN is the top magnitude. */
+static bool nonfinite_lanes(const struct aps_format *f, struct aps_crc32c_lanes *l)
+{
+	uint64_t top = f->sign_bit, lo = f->fn ? f->nan_code : f->inf_code;
+
+	if (64 % f->bits != 0 || (f->fn && f->nan_code != top - 1) || lo == 0)
+		return false;
+	l->mask = every_lane(top - 1, f->bits);
+	l->add = every_lane(top - lo, f->bits);
+	l->high = every_lane(top, f->bits);
+	return true;
+}
+
+/* The lane test over the codes' words alone: whether some word may hold a non-finite
+ * code (a plain loop of OR over words, which the compiler vectorises). */
+static bool lanes_flag(const struct aps_crc32c_lanes *l, const uint8_t *codes, size_t len)
+{
+	uint64_t f = 0, w;
+	size_t i = 0;
+
+	for (; i + 8 <= len; i += 8) {
+		memcpy(&w, codes + i, sizeof(w));
+		f |= ((w & l->mask) + l->add) & l->high;
+	}
+	if (i < len) {
+		w = 0;
+		memcpy(&w, codes + i, len - i);
+		f |= ((w & l->mask) + l->add) & l->high;
+	}
+	return f != 0;
+}
+
 /* A code is inf or NaN when its magnitude reaches the inf code (IEEE-style) or is
  * the one NaN code (fn): plain compares the compiler vectorises over bytes. */
 static size_t count_nonfinite8(const struct aps_format *f, const uint8_t *codes, size_t n)
@@ -232,7 +275,8 @@ static size_t count_nonfinite16(const struct aps_format *f, const uint8_t *codes
 	return count;
 }
 
-size_t aps_codec_count_nonfinite(const struct aps_format *f, const uint8_t *codes, size_t n)
+/* The count, code by code. */
+static size_t count_nonfinite(const struct aps_format *f, const uint8_t *codes, size_t n)
 {
 	struct aps_bitreader r = { .in = codes };
 	size_t count = 0;
@@ -257,30 +301,6 @@ size_t aps_codec_count_nonfinite(const struct aps_format *f, const uint8_t *code
 	return count;
 }
 
-/* v repeated in every lane of width bits across a 64-bit word. */
-static uint64_t every_lane(uint64_t v, unsigned bits)
-{
-	uint64_t w = 0;
-
-	for (unsigned at = 0; at < 64; at += bits)
-		w |= v << at;
-	return w;
-}
-
-/* The lane test that finds codes at or past the first non-finite magnitude: for
- * code widths that tile a word, and fn formats whose one NaN is the top magnitude. */
-static bool nonfinite_lanes(const struct aps_format *f, struct aps_crc32c_lanes *l)
-{
-	uint64_t top = f->sign_bit, lo = f->fn ? f->nan_code : f->inf_code;
-
-	if (64 % f->bits != 0 || (f->fn && f->nan_code != top - 1) || lo == 0)
-		return false;
-	l->mask = every_lane(top - 1, f->bits);
-	l->add = every_lane(top - lo, f->bits);
-	l->high = every_lane(top, f->bits);
-	return true;
-}
-
 size_t aps_codec_crc_nonfinite(const struct aps_format *f, const uint8_t *codes, size_t len,
                                size_t n, uint32_t *crc)
 {
@@ -289,11 +309,21 @@ size_t aps_codec_crc_nonfinite(const struct aps_format *f, const uint8_t *codes,
 
 	if (!nonfinite_lanes(f, &lanes)) {
 		*crc = aps_crc32c(0, codes, len);
-		return aps_codec_count_nonfinite(f, codes, n);
+		return count_nonfinite(f, codes, n);
 	}
 	*crc = aps_crc32c_lanes(0, codes, len, &lanes, &flag);
 	/* A flag may come from a padding nibble: count the codes themselves. */
-	return flag == 0 ? 0 : aps_codec_count_nonfinite(f, codes, n);
+	return flag == 0 ? 0 : count_nonfinite(f, codes, n);
+}
+
+size_t aps_codec_count_nonfinite(const struct aps_format *f, const uint8_t *codes, size_t n)
+{
+	struct aps_crc32c_lanes lanes;
+
+	/* Payloads are checked whole and are almost always finite: the fast test first. */
+	if (nonfinite_lanes(f, &lanes) && !lanes_flag(&lanes, codes, aps_format_packed_size(f, n)))
+		return 0;
+	return count_nonfinite(f, codes, n);
 }
 
 size_t aps_codec_count_nonfinite_f32(const float *x, size_t n)
