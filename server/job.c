@@ -243,6 +243,26 @@ bool aps_job_busy(const struct aps_job *job)
 	return false;
 }
 
+static bool in_round(const struct aps_round *r, uint32_t rank)
+{
+	for (uint32_t chunk = 0; chunk < r->n_chunks; chunk++) {
+		if (aps_round_has(r, rank, r->step, chunk))
+			return true;
+	}
+	return false;
+}
+
+bool aps_job_rank_waits(const struct aps_job *job, uint32_t rank)
+{
+	if (job->barrier_has[rank])
+		return true;
+	for (uint32_t i = 0; i < job->n_tensors; i++) {
+		if (job->tensors[i]->exp_has[rank] || in_round(&job->tensors[i]->round, rank))
+			return true;
+	}
+	return false;
+}
+
 void aps_job_forget_rank(struct aps_job *job, uint32_t rank)
 {
 	if (job->barrier_has[rank]) {

@@ -117,6 +117,8 @@ struct aps_job {
 	char token[APS_MSG_TOKEN_MAX + 1]; /* its first HELLO's job token: the others' must match */
 	uint64_t created_ms;               /* its first HELLO */
 	bool filled;                       /* every rank has joined once: no deadline */
+	uint64_t mismatch_logged_ms; /* the last HELLO refused for options it logged (join.c) */
+	uint32_t mismatch_unlogged;  /* refused since then without a line */
 };
 
 struct aps_jobs {
@@ -178,5 +180,9 @@ void aps_job_abort_rounds(struct aps_job *job);
 
 /* True when any round or the barrier holds a contribution. */
 bool aps_job_busy(const struct aps_job *job);
+
+/* True when a round, an exponent exchange or the barrier holds one of rank's: its
+ * call waits. */
+bool aps_job_rank_waits(const struct aps_job *job, uint32_t rank);
 
 #endif

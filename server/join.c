@@ -25,6 +25,8 @@
 #include <string.h>
 #include <sys/random.h>
 
+#define MISMATCH_LOG_MS 10000 /* a job's refusals for options: one line this often */
+
 /* sum = lowp only works when every rank scales with one exponent. */
 static bool lowp_needs_global(bool lowp, const struct aps_msg *m)
 {
@@ -43,8 +45,8 @@ static bool options_differ(const struct aps_job *job, bool job_policy_auto, cons
 		         "scaling 'global', rank %u asks for '%s'",
 		         job->name, m->rank, aps_scaling_name((enum aps_scaling)m->scaling));
 	else if (job->world_size != m->world_size)
-		snprintf(why, len, "job '%s' has world size %u, rank %u says %u", job->name,
-		         job->world_size, m->rank, m->world_size);
+		snprintf(why, len, "rank %u said world_size %u, job '%s' has world size %u",
+		         m->rank, m->world_size, job->name, job->world_size);
 	else if (m->scaling != APS_MSG_SCALING_UNSET && (int)job->scaling != m->scaling)
 		snprintf(why, len, "job '%s' uses scaling '%s', rank %u asks for '%s'", job->name,
 		         aps_scaling_name(job->scaling), m->rank,
@@ -106,6 +108,80 @@ static void refuse_hello(struct aps_server *srv, struct aps_session *s, const st
 {
 	srv->counters.refused_hello++;
 	aps_outbox_error(srv, &s->peer, code, m, "%s", why);
+}
+
+/*
+ * Whether the job waits for the rank a refused HELLO would have been: it has
+ * not filled (a rank never joined), nothing ended it, and the HELLO's rank is
+ * not held (with another world size it may be past the job's ranks). A
+ * stranger's HELLO to a job whose ranks are all there disturbs no one.
+ */
+static bool waits_for(const struct aps_job *job, const struct aps_msg *m)
+{
+	return !job->filled && job->departed[0] == '\0' &&
+	       (m->rank >= job->world_size || job->ranks[m->rank] == NULL);
+}
+
+/*
+ * A HELLO the job refuses for its world size or options while the job waits
+ * for a rank: most likely that rank, launched wrong, and it will not come
+ * right by itself. The ranks whose calls wait hear so now (APS_EMISMATCH)
+ * instead of at their deadline, and what they had sent is dropped with their
+ * calls: a call made again is taken afresh, and the same HELLO said again
+ * tells no one twice. A rank with no call in flight is not told (its next
+ * call would fail for it). The job stays: a correct rank may still come (the
+ * wrong process was a stray of another launch, or is started again right),
+ * and join_timeout_ms ends a job that never fills.
+ */
+static uint32_t tell_waiting(struct aps_server *srv, struct aps_job *job, const char *why)
+{
+	char text[APS_MSG_TEXT_MAX + 1];
+	uint32_t told = 0;
+
+	snprintf(text, sizeof(text),
+	         "%.136s: apsd refused that HELLO, and the calls that wait for the job to fill "
+	         "fail (two launches mixed, or one misconfigured?)",
+	         why);
+	for (uint32_t r = 0; r < job->world_size; r++) {
+		struct aps_session *s = job->ranks[r];
+		if (s == NULL || s->detached_ms != 0 || !aps_job_rank_waits(job, r))
+			continue;
+		aps_outbox_error_rank(srv, job, r, APS_EMISMATCH, text);
+		told++;
+	}
+	if (told > 0)
+		aps_job_abort_rounds(job);
+	return told;
+}
+
+/* One line per job and MISMATCH_LOG_MS for a rank that keeps trying (a launcher's
+ * restarts), with how many were not logged; a refusal that failed calls, always. */
+static void log_mismatch(struct aps_server *srv, struct aps_job *job, const struct aps_session *s,
+                         const struct aps_msg *m, const char *why, uint32_t told)
+{
+	uint64_t now = uv_now(srv->loop);
+
+	if (told == 0 && job->mismatch_logged_ms != 0 &&
+	    now - job->mismatch_logged_ms < MISMATCH_LOG_MS) {
+		job->mismatch_unlogged++;
+		return;
+	}
+	aps_log_warn("server",
+	             "refused a hello job=%s rank=%u world_size=%u job_world_size=%u address=%s "
+	             "ranks_told=%u unlogged=%u reason=\"%s\"",
+	             job->name, m->rank, m->world_size, job->world_size, s->address, told,
+	             job->mismatch_unlogged, why);
+	job->mismatch_logged_ms = now;
+	job->mismatch_unlogged = 0;
+}
+
+static void refuse_mismatch(struct aps_server *srv, struct aps_job *job, struct aps_session *s,
+                            const struct aps_msg *m, const char *why)
+{
+	uint32_t told = waits_for(job, m) ? tell_waiting(srv, job, why) : 0;
+
+	log_mismatch(srv, job, s, m, why, told);
+	refuse_hello(srv, s, m, APS_EMISMATCH, why);
 }
 
 /*
@@ -303,6 +379,8 @@ void aps_handle_hello(struct aps_server *srv, struct aps_session *s, const struc
 		job = NULL;
 	}
 	ret = job != NULL ? job_refuses(srv, job, m, spec, why, sizeof(why)) : 0;
+	if (ret == APS_EMISMATCH) /* before anything of the job changed */
+		return refuse_mismatch(srv, job, s, m, why);
 	job = aps_jobs_find(&srv->jobs, m->job); /* gone if its last rank was evicted */
 	if (ret == 0 && job == NULL)
 		ret = new_job_refuses(srv, m, why, sizeof(why));

@@ -1,8 +1,8 @@
 /*
  * Every message apsd sends to a worker is built and packed here, and only
  * here are they handed to the bridge: a reply, an ERROR (counted), one ERROR
- * to a whole job, a REGISTERED, a SCALES, and a result packed once for every
- * rank.
+ * to a whole job or to one rank about its job, a REGISTERED, a SCALES, and a
+ * result packed once for every rank.
  */
 #include "server/outbox.h"
 
@@ -73,18 +73,23 @@ void aps_outbox_error(struct aps_server *srv, const struct aps_peer *peer, int c
 	aps_outbox_send(srv, peer, &e, NULL);
 }
 
+void aps_outbox_error_rank(struct aps_server *srv, struct aps_job *job, uint32_t rank, int code,
+                           const char *text)
+{
+	struct aps_msg about;
+
+	aps_msg_init(&about, APS_MSG_ERROR); /* about no type: the client fails every call */
+	snprintf(about.job, sizeof(about.job), "%s", job->name);
+	about.rank = rank;
+	about.world_size = job->world_size;
+	aps_outbox_error(srv, &job->ranks[rank]->peer, code, &about, "%s", text);
+}
+
 void aps_outbox_error_job(struct aps_server *srv, struct aps_job *job, int code, const char *text)
 {
 	for (uint32_t r = 0; r < job->world_size; r++) {
-		struct aps_session *s = job->ranks[r];
-		struct aps_msg about;
-		if (s == NULL)
-			continue;
-		aps_msg_init(&about, APS_MSG_ERROR);
-		snprintf(about.job, sizeof(about.job), "%s", job->name);
-		about.rank = r;
-		about.world_size = job->world_size;
-		aps_outbox_error(srv, &s->peer, code, &about, "%s", text);
+		if (job->ranks[r] != NULL)
+			aps_outbox_error_rank(srv, job, r, code, text);
 	}
 }
 

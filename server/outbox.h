@@ -36,6 +36,10 @@ void aps_outbox_error(struct aps_server *srv, const struct aps_peer *peer, int c
 /* The same ERROR to every live rank of job. */
 void aps_outbox_error_job(struct aps_server *srv, struct aps_job *job, int code, const char *text);
 
+/* An ERROR about the job (no one call) to one of its ranks. */
+void aps_outbox_error_rank(struct aps_server *srv, struct aps_job *job, uint32_t rank, int code,
+                           const char *text);
+
 /* REGISTERED to s about t: its id, size, chunking, next step and format. */
 void aps_outbox_registered(struct aps_server *srv, struct aps_job *job, struct aps_session *s,
                            const struct aps_tensor *t);

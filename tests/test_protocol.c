@@ -2,8 +2,9 @@
  * The daemon's protocol state machine without a socket: server/ linked with a
  * fake bridge (the seam of zbridge.h) that records what apsd sends and lets
  * a test hand it messages and closes. Join, a round, a barrier, a lost rank,
- * a reconnect that takes its session back, and a push said again after it:
- * each in milliseconds, through the same code as the daemon's.
+ * a reconnect that takes its session back, a push said again after it, and a
+ * HELLO of another world size while ranks wait: each in milliseconds, through
+ * the same code as the daemon's.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -324,6 +325,102 @@ static void test_a_rank_that_names_another_world_size_is_refused(void **state)
 	stop();
 }
 
+/* A HELLO of rank 1 that says world size 3 to the job of world size 2. */
+static void hello_of_world_3(struct worker *w)
+{
+	struct aps_msg m;
+
+	aps_msg_init(&m, APS_MSG_HELLO);
+	m.world_size = 3;
+	memcpy(m.session, w->token, sizeof(m.session));
+	m.has_session = true;
+	say(w, &m, NULL, 0);
+}
+
+static void barrier(struct worker *w, uint64_t step)
+{
+	struct aps_msg m;
+
+	aps_msg_init(&m, APS_MSG_BARRIER);
+	m.step = step;
+	say(w, &m, NULL, 0);
+}
+
+static void test_a_world_size_mismatch_fails_the_calls_that_wait_for_it(void **state)
+{
+	struct worker a = worker(0, 1), b = worker(1, 2);
+	const struct sent *e;
+	size_t before;
+
+	(void)state;
+	start(1500);
+	hello(&a, 0);
+	reg(&a);
+	push(&a, 0, 1.0f); /* waits for rank 1 */
+	hello_of_world_3(&b);
+	e = last_to(&b, APS_MSG_ERROR);
+	assert_non_null(e);
+	assert_int_equal(e->msg.error_code, APS_EMISMATCH);
+	e = last_to(&a, APS_MSG_ERROR);
+	assert_non_null(e);
+	assert_int_equal(e->msg.error_code, APS_EMISMATCH);
+	assert_int_equal(e->msg.about_type, APS_MSG_UNSPECIFIED); /* every call of it fails */
+	assert_non_null(
+	        strstr(e->msg.error_text, "rank 1 said world_size 3, job 'j' has world size 2"));
+	/* The job stays: a correct rank 1 joins, and rank 0's call made again counts afresh. */
+	hello(&b, 0);
+	assert_non_null(last_to(&b, APS_MSG_WELCOME));
+	reg(&b);
+	before = bridge->n_sent;
+	push(&a, 0, 1.0f);
+	push(&b, 0, 3.0f);
+	assert_int_equal(count_to(&a, APS_MSG_ERROR, before), 0);
+	assert_int_equal(count_to(&a, APS_MSG_RESULT, before), 2);
+	assert_int_equal(count_to(&b, APS_MSG_RESULT, before), 2);
+	for (size_t i = 0; i < 8; i++)
+		assert_true(last_to(&a, APS_MSG_RESULT)->values[i] == 2.0f);
+	stop();
+}
+
+static void test_a_world_size_mismatch_tells_a_waiting_rank_once_and_an_idle_one_never(void **state)
+{
+	struct worker a = worker(0, 1), b = worker(1, 2), c = worker(2, 3);
+
+	(void)state;
+	start(1500);
+	hello(&a, 0);
+	reg(&a);
+	hello_of_world_3(&b); /* rank 0 has no call in flight: its next one must not fail */
+	assert_int_equal(count_to(&a, APS_MSG_ERROR, 0), 0);
+	barrier(&a, 0);
+	hello_of_world_3(&b);
+	assert_int_equal(count_to(&a, APS_MSG_ERROR, 0), 1);
+	hello_of_world_3(&c); /* rank 2 of 3: past the job's ranks, and nothing waits now */
+	assert_non_null(last_to(&c, APS_MSG_ERROR));
+	assert_int_equal(count_to(&a, APS_MSG_ERROR, 0), 1);
+	stop();
+}
+
+static void test_a_world_size_mismatch_to_a_full_job_disturbs_no_one(void **state)
+{
+	struct worker a = worker(0, 1), b = worker(1, 2), stranger = worker(1, 3);
+	size_t before;
+
+	(void)state;
+	stranger.peer.id[1] = 9; /* another client than rank 1's */
+	memset(stranger.token, 0x77, sizeof(stranger.token));
+	start(1500);
+	joined_pair(&a, &b);
+	push(&a, 0, 1.0f);
+	hello_of_world_3(&stranger);
+	assert_non_null(last_to(&stranger, APS_MSG_ERROR));
+	assert_int_equal(count_to(&a, APS_MSG_ERROR, 0), 0);
+	before = bridge->n_sent;
+	push(&b, 0, 3.0f);
+	assert_int_equal(count_to(&a, APS_MSG_RESULT, before), 2);
+	stop();
+}
+
 static void test_a_barrier_returns_when_both_are_in_it(void **state)
 {
 	struct worker a = worker(0, 1), b = worker(1, 2);
@@ -409,6 +506,10 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_a_round_gives_both_ranks_the_mean),
 		cmocka_unit_test(test_a_rank_that_names_another_world_size_is_refused),
+		cmocka_unit_test(test_a_world_size_mismatch_fails_the_calls_that_wait_for_it),
+		cmocka_unit_test(
+		        test_a_world_size_mismatch_tells_a_waiting_rank_once_and_an_idle_one_never),
+		cmocka_unit_test(test_a_world_size_mismatch_to_a_full_job_disturbs_no_one),
 		cmocka_unit_test(test_a_barrier_returns_when_both_are_in_it),
 		cmocka_unit_test(test_a_rank_lost_in_a_round_is_named_to_the_other),
 		cmocka_unit_test(

@@ -170,6 +170,15 @@ struct aps_client_opts {
 	                             refused with APS_EACCES (a stranger cannot take a free
 	                             rank). Keep it secret; with CURVE it also never travels
 	                             in clear */
+
+	int32_t connect_timeout_ms; /* joining: how long the client tries to connect to apsd
+	                               (again every second at most while nothing listens,
+	                               so that a daemon started after its workers is
+	                               joined) before aps_client_new fails with APS_ECONN,
+	                               saying whether the connection was refused or nothing
+	                               answered; a daemon that took the connection is waited
+	                               for up to timeout_ms. Default 10000; 0: no limit but
+	                               timeout_ms */
 };
 
 /**
@@ -188,10 +197,13 @@ size_t aps_client_opts_size(void);
  * Joins the job: connects, says HELLO and waits for the daemon's WELCOME
  * (with several endpoints: joins the job on every shard, in list order).
  * On success *out owns a client to free with aps_client_close. Returns 0,
- * APS_EINVAL, APS_EFORMAT, APS_ETIMEDOUT (no daemon answered), APS_EBUSY (the
- * rank is held by a live session), APS_EMISMATCH (the job's world size or
- * options differ), APS_EACCES (the job token differs, or apsd refused this
- * client's CURVE key: "authentication failed") or APS_ECONN.
+ * APS_EINVAL, APS_EFORMAT, APS_ECONN (no connection could be made within
+ * connect_timeout_ms, or timeout_ms if that is shorter: the message says
+ * whether it was refused or nothing answered; or apsd closed it again and
+ * again), APS_ETIMEDOUT (apsd took the connection but did not answer within
+ * timeout_ms), APS_EBUSY (the rank is held by a live session), APS_EMISMATCH
+ * (the job's world size or options differ) or APS_EACCES (the job token
+ * differs, or apsd refused this client's CURVE key: "authentication failed").
  */
 int aps_client_new(aps_client **out, const struct aps_client_opts *o);
 

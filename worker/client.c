@@ -10,6 +10,7 @@
 #include "worker/api_error.h"
 
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +31,7 @@ void aps_client_opts_init(struct aps_client_opts *o)
 	o->scaling = APS_SCALING_MODE_LOCAL;
 	o->timeout_ms = 60000;
 	o->heartbeat_ms = 1000;
+	o->connect_timeout_ms = 10000;
 }
 
 size_t aps_client_opts_size(void)
@@ -74,6 +76,8 @@ static int check_opts(const struct aps_client_opts *o, struct aps_format *fmt,
 		                    o->scaling);
 	if (o->timeout_ms <= 0 || o->heartbeat_ms <= 0)
 		return aps_api_fail(APS_EINVAL, "timeout_ms and heartbeat_ms must be positive");
+	if (o->connect_timeout_ms < 0)
+		return aps_api_fail(APS_EINVAL, "connect_timeout_ms must be 0 (none) or positive");
 	if (aps_rules_check(o->rules, why, sizeof(why)) < 0)
 		return aps_api_fail(APS_EINVAL, "rules: %s", why);
 	if (o->optimizer != NULL && strlen(o->optimizer) > APS_MSG_OPTIM_MAX)
@@ -103,6 +107,7 @@ static void copy_opts(struct aps_client *c, const struct aps_client_opts *o,
 	c->scaling = (enum aps_scaling)o->scaling;
 	c->timeout_ms = o->timeout_ms;
 	c->heartbeat_ms = o->heartbeat_ms;
+	c->connect_timeout_ms = o->connect_timeout_ms;
 	c->log = o->log;
 	c->log_ctx = o->log_ctx;
 	c->wake_fd = -1;
@@ -118,12 +123,70 @@ static void copy_opts(struct aps_client *c, const struct aps_client_opts *o,
 	c->limits.from_server = true;
 }
 
+/* Joining: what await_welcome waits for. */
+struct join {
+	int64_t deadline;   /* the call's: timeout_ms after the first HELLO */
+	int64_t connect_by; /* while no connection is up: connect_timeout_ms after the
+	                       start or the last close (INT64_MAX: no limit) */
+	unsigned closes;    /* connections that closed before WELCOME */
+	unsigned waits;     /* connects that failed or could not start */
+};
+
+static void arm_connect(const struct aps_client *c, struct join *j)
+{
+	j->connect_by =
+	        c->connect_timeout_ms > 0 ? aps_client_now_ms() + c->connect_timeout_ms : INT64_MAX;
+}
+
+/* How long the next receive may wait: to the deadline, or while no connection is up,
+ * to the connect deadline if that comes first. */
+static int join_wait_ms(const struct aps_client *c, const struct join *j)
+{
+	int64_t until = j->deadline, now = aps_client_now_ms();
+
+	if (!aps_transport_link_up(c->tr) && j->connect_by < until)
+		until = j->connect_by;
+	return until > now ? (int)(until - now) : 0;
+}
+
+/* No connection could be made in time: why, as far as the connects tell. */
+static int connect_failed(struct aps_client *c, const struct join *j)
+{
+	bool ipc = strncmp(c->endpoint, "ipc://", 6) == 0;
+	bool ours = j->connect_by <= j->deadline; /* connect_timeout_ms ran out first */
+	const char *limit = ours ? "connect_timeout_ms" : "timeout_ms";
+	int ms = ours ? c->connect_timeout_ms : c->timeout_ms;
+	struct aps_transport_tally t;
+
+	aps_transport_tally(c->tr, &t);
+	if (t.failed > 0)
+		return aps_api_fail(
+		        APS_ECONN,
+		        "joining the job: cannot connect to apsd at %.120s within %s = "
+		        "%d: connection refused (%u tries; nothing listens there%s): is "
+		        "apsd running there, and is the %s right?",
+		        c->endpoint, limit, ms, t.failed, ipc ? "" : ", or the host is unreachable",
+		        ipc ? "socket path" : "port");
+	if (t.unresolved > 0)
+		return aps_api_fail(APS_ECONN,
+		                    "joining the job: cannot connect to apsd at %.120s within %s = "
+		                    "%d: the address does not resolve (%u tries): is the host "
+		                    "name right?",
+		                    c->endpoint, limit, ms, t.unresolved);
+	return aps_api_fail(APS_ECONN,
+	                    "joining the job: no answer from %.120s within %s = %d: no "
+	                    "connection could be made (is apsd running there and the address "
+	                    "right, or does a firewall drop the packets?)",
+	                    c->endpoint, limit, ms);
+}
+
 /* The connection closed (closes so far) or could not be made before WELCOME: a new
- * one after a pause that grows with tries, and HELLO again. */
-static int join_again(struct aps_client *c, unsigned closes, unsigned tries)
+ * one after a pause that grows with tries (at most max_pause_ms), and HELLO again. */
+static int join_again(struct aps_client *c, unsigned closes, unsigned tries, int max_pause_ms)
 {
 	struct aps_msg hello = c->hello;
-	struct timespec pause = { 0, (long)(tries < 5 ? 50 << tries : 1000) * 1000000L };
+	int ms = tries < 5 ? 50 << tries : 1000;
+	struct timespec pause;
 
 	/* Closed before any handshake: a daemon of another mechanism is told at once. */
 	if (closes > 0 && !aps_transport_ever_handshook(c->tr) &&
@@ -145,6 +208,8 @@ static int join_again(struct aps_client *c, unsigned closes, unsigned tries)
 		                    "this client: its log says why)",
 		                    c->endpoint, closes);
 	aps_transport_drop(c->tr); /* not to be connected again under its old routing id */
+	ms = ms < max_pause_ms ? ms : max_pause_ms;
+	pause = (struct timespec){ ms / 1000, (long)(ms % 1000) * 1000000L };
 	nanosleep(&pause, NULL);
 	if (aps_transport_renew(c->tr) < 0)
 		return aps_api_fail(APS_ECONN, "cannot connect to %s again", c->endpoint);
@@ -155,58 +220,89 @@ static int join_again(struct aps_client *c, unsigned closes, unsigned tries)
 	               : 0;
 }
 
-/* Waits for WELCOME on this thread: the I/O thread does not exist yet. */
+/* The connection closed, or the connect failed: a new one (0), or why not. */
+static int join_link_event(struct aps_client *c, struct join *j, int got)
+{
+	/* Only a connection that closed counts; nothing listening yet is a wait. */
+	if (got == APS_TRANSPORT_RECV_LOST) {
+		j->closes++;
+		arm_connect(c, j); /* a new connection gets connect_timeout_ms again */
+		return join_again(c, j->closes, j->closes, join_wait_ms(c, j));
+	}
+	j->waits++;
+	return join_again(c, j->closes, j->waits, join_wait_ms(c, j));
+}
+
+/* Nothing came within the wait: no connection in time, no WELCOME in time, or
+ * the connection came up meanwhile (0: wait on). */
+static int join_timed_out(struct aps_client *c, const struct join *j)
+{
+	int64_t now = aps_client_now_ms();
+
+	if (!aps_transport_link_up(c->tr) && (now >= j->connect_by || now >= j->deadline))
+		return connect_failed(c, j);
+	if (now < j->deadline)
+		return 0;
+	return aps_api_fail(APS_ETIMEDOUT,
+	                    "joining the job: apsd at %.120s took the connection but did not "
+	                    "answer within timeout_ms = %d (is it stopped or overloaded, or is "
+	                    "something else listening there?)",
+	                    c->endpoint, c->timeout_ms);
+}
+
+/* WELCOME (1), an ERROR or a message apsd should not send first (< 0), else 0. */
+static int join_message(struct aps_client *c, const struct aps_rxmsg *rx)
+{
+	struct aps_msg_fault fault;
+	struct aps_msg m;
+
+	if (aps_msg_parse(&c->limits, rx->hdr, rx->hdr_len, rx->payload, rx->payload_len,
+	                  rx->payload != NULL, &m, &fault) < 0)
+		return aps_api_fail(APS_EPROTO, "bad message from apsd: %s", fault.text);
+	if (m.type == APS_MSG_ERROR)
+		return aps_api_fail(m.error_code, "%s", m.error_text);
+	if (m.type != APS_MSG_WELCOME)
+		return 0;
+	if (c->optimizer[0] != '\0' && m.optimizer[0] == '\0')
+		return aps_api_fail(APS_EPROTO,
+		                    "apsd at %s does not serve optimize mode (protocol %u.%u, "
+		                    "optimize mode needs 1.4)",
+		                    c->endpoint, m.version_major, m.version_minor);
+	snprintf(c->optimizer, sizeof(c->optimizer), "%s", m.optimizer);
+	c->barrier_step = m.step; /* a rank back in an elastic job joins the next one */
+	aps_resume_welcomed(c, &m);
+	c->last_recv_ms = aps_client_now_ms();
+	return 1;
+}
+
+/*
+ * Waits for WELCOME on this thread: the I/O thread does not exist yet. Until a
+ * connection is made (a TCP or IPC connection, before any handshake) joining
+ * waits connect_timeout_ms at most, trying again while nothing listens (a daemon
+ * started after its workers); a daemon that took the connection is waited for
+ * up to the call's deadline.
+ */
 static int await_welcome(struct aps_client *c)
 {
-	int64_t deadline = aps_client_now_ms() + c->timeout_ms;
-	struct aps_msg_fault fault;
+	struct join j = { .deadline = aps_client_now_ms() + c->timeout_ms };
 	struct aps_rxmsg rx;
-	struct aps_msg m;
-	unsigned closes = 0, waits = 0;
+	int ret;
 
+	arm_connect(c, &j);
 	for (;;) {
-		int64_t left = deadline - aps_client_now_ms();
-		int got = aps_transport_recv(c->tr, left > 0 ? (int)left : 0, &rx);
+		int got = aps_transport_recv(c->tr, join_wait_ms(c, &j), &rx);
 		if (got < 0)
 			return aps_api_fail(APS_ECONN, "receive from %s failed", c->endpoint);
 		if (got == APS_TRANSPORT_RECV_REFUSED)
 			return aps_api_fail(APS_EACCES, "%s", aps_transport_refusal(c->tr));
-		if (got == APS_TRANSPORT_RECV_LOST || got == APS_TRANSPORT_RECV_NOCONN) {
-			/* Only a connection that closed counts; nothing listening yet is a wait. */
-			if (got == APS_TRANSPORT_RECV_LOST)
-				closes++;
-			else
-				waits++;
-			int ret = join_again(c, closes,
-			                     got == APS_TRANSPORT_RECV_LOST ? closes : waits);
-			if (ret < 0)
-				return ret;
-			continue;
-		}
-		if (got == 0)
-			return aps_api_fail(APS_ETIMEDOUT,
-			                    "joining the job: no answer from apsd at %s within %d "
-			                    "ms (is the daemon running?)",
-			                    c->endpoint, c->timeout_ms);
-		if (aps_msg_parse(&c->limits, rx.hdr, rx.hdr_len, rx.payload, rx.payload_len,
-		                  rx.payload != NULL, &m, &fault) < 0)
-			return aps_api_fail(APS_EPROTO, "bad message from apsd: %s", fault.text);
-		if (m.type == APS_MSG_ERROR)
-			return aps_api_fail(m.error_code, "%s", m.error_text);
-		if (m.type == APS_MSG_WELCOME && c->optimizer[0] != '\0' && m.optimizer[0] == '\0')
-			return aps_api_fail(
-			        APS_EPROTO,
-			        "apsd at %s does not serve optimize mode (protocol %u.%u, "
-			        "optimize mode needs 1.4)",
-			        c->endpoint, m.version_major, m.version_minor);
-		if (m.type == APS_MSG_WELCOME) {
-			snprintf(c->optimizer, sizeof(c->optimizer), "%s", m.optimizer);
-			c->barrier_step =
-			        m.step; /* a rank back in an elastic job joins the next one */
-			aps_resume_welcomed(c, &m);
-			c->last_recv_ms = aps_client_now_ms();
-			return 0;
-		}
+		if (got == APS_TRANSPORT_RECV_LOST || got == APS_TRANSPORT_RECV_NOCONN)
+			ret = join_link_event(c, &j, got);
+		else if (got == 0)
+			ret = join_timed_out(c, &j);
+		else
+			ret = join_message(c, &rx);
+		if (ret != 0)
+			return ret < 0 ? ret : 0;
 	}
 }
 

@@ -104,6 +104,7 @@ struct aps_client {
 	struct aps_format format;
 	enum aps_scaling scaling;
 	int timeout_ms, heartbeat_ms;
+	int connect_timeout_ms; /* joining: how long no connection may be made (0: no limit) */
 	aps_log_fn log;
 	void *log_ctx;
 	struct aps_trace *trace; /* NULL: no timeline */

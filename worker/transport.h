@@ -7,7 +7,8 @@
  * When its connection closes (APS_TRANSPORT_LOST) or its connect fails
  * (APS_TRANSPORT_NOCONN: nothing listens yet), the client renews the
  * transport, a new socket with a new routing id, and takes its session back
- * by its token (resume.c). A handshake apsd refused (CURVE) is reported at
+ * by its token (resume.c). A connect that cannot start (an address that does
+ * not resolve) is APS_TRANSPORT_NOCONN too. A handshake apsd refused (CURVE) is reported at
  * once (APS_TRANSPORT_REFUSED), with why.
  */
 #ifndef APS_WORKER_TRANSPORT_H
@@ -56,6 +57,20 @@ void aps_transport_drop(struct aps_transport *t);
 /* False between aps_transport_drop and aps_transport_renew. */
 bool aps_transport_connected(const struct aps_transport *t);
 
+/* Whether the socket now in use has its connection: made (TCP or IPC, before
+ * any handshake) and not lost since. */
+bool aps_transport_link_up(const struct aps_transport *t);
+
+/* How the connects of a transport went, over every socket it had. */
+struct aps_transport_tally {
+	unsigned made;       /* connections made */
+	unsigned failed;     /* connects that failed: refused (nothing listens), or the host
+	                        unreachable */
+	unsigned unresolved; /* connects that could not start: the address does not resolve */
+};
+
+void aps_transport_tally(const struct aps_transport *t, struct aps_transport_tally *out);
+
 /* Why the last handshake failed ("" when none did). */
 const char *aps_transport_refusal(const struct aps_transport *t);
 
@@ -91,7 +106,7 @@ int aps_transport_send_shared(struct aps_transport *t, const uint8_t *hdr, size_
  * Waits up to timeout_ms for one message: 1 received, 0 timed out,
  * APS_TRANSPORT_RECV_LOST (nothing received: the connection closed, and what
  * was sent may be lost: renew), APS_TRANSPORT_RECV_NOCONN (the connect
- * failed: renew, a little later), APS_TRANSPORT_RECV_REFUSED (a handshake
+ * failed or could not start: renew, a little later), APS_TRANSPORT_RECV_REFUSED (a handshake
  * failed), or APS_ECONN.
  */
 #define APS_TRANSPORT_RECV_LOST    2

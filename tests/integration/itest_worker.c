@@ -23,6 +23,7 @@
 struct args {
 	const char *endpoint, *job, *format, *downlink, *mode;
 	int rank, world, steps, jitter_ms, timeout_ms, sleep_ms;
+	int connect_timeout_ms; /* -1: the library's default */
 	enum aps_scaling scaling;
 	bool lowp;                /* the daemon runs with sum = lowp */
 	bool policy;              /* ask for the automatic precision policy */
@@ -378,6 +379,7 @@ static int parse(struct args *a, int argc, char **argv)
 		            .world = 1,
 		            .steps = 2,
 		            .timeout_ms = 20000,
+		            .connect_timeout_ms = -1,
 		            .scaling = APS_SCALING_LOCAL,
 		            .seed = 1,
 		            .wide = -1 };
@@ -405,6 +407,8 @@ static int parse(struct args *a, int argc, char **argv)
 			a->sleep_ms = atoi(v);
 		else if (!strcmp(k, "--timeout-ms"))
 			a->timeout_ms = atoi(v);
+		else if (!strcmp(k, "--connect-timeout-ms"))
+			a->connect_timeout_ms = atoi(v);
 		else if (!strcmp(k, "--seed"))
 			a->seed = strtoull(v, NULL, 10);
 		else if (!strcmp(k, "--scaling"))
@@ -456,6 +460,8 @@ int main(int argc, char **argv)
 	o.downlink = a.downlink;
 	o.scaling = (int32_t)a.scaling;
 	o.timeout_ms = a.timeout_ms;
+	if (a.connect_timeout_ms >= 0)
+		o.connect_timeout_ms = a.connect_timeout_ms;
 	o.policy_auto = a.policy;
 	/* CURVE keys (Z85) from the environment, as a deployment would pass them */
 	o.curve_server_key = getenv("APS_CURVE_SERVER_KEY");

@@ -226,9 +226,11 @@ def test_sigterm_says_bye_and_exits_zero(daemon_factory):
     assert "stopped" in d.log_path.read_text()
 
 
-def test_no_daemon_is_a_clear_timeout(tmp_path):
+def test_no_daemon_is_a_clear_refusal(tmp_path):
+    # the call's deadline comes before the connect timeout: still a refusal, said so
     out = run_workers(f"ipc://{tmp_path}/nobody", 1, [7], steps=1, timeout_ms=800)[0][1]
-    assert "APS_ETIMEDOUT" in out and "is the daemon running" in out, out
+    assert "APS_ECONN" in out and "within timeout_ms = 800: connection refused" in out, out
+    assert "is apsd running there, and is the socket path right?" in out, out
 
 
 @pytest.mark.parametrize("args,reason", [

@@ -46,11 +46,26 @@ def test_env_errors(env, match):
 
 # -- options and connection errors ----------------------------------------------
 
-def test_no_daemon_times_out_with_a_clear_message():
+def test_no_daemon_is_a_clear_refusal():
     endpoint = aps.daemon.free_endpoint()
-    with pytest.raises(aps.Error, match="is the daemon running") as err:
+    with pytest.raises(aps.Error, match="connection refused") as err:
         aps.Client(endpoint, 0, 1, timeout_ms=200)
-    assert err.value.name == "APS_ETIMEDOUT" and err.value.code == -8
+    assert err.value.name == "APS_ECONN" and "is apsd running there" in str(err.value)
+
+
+def test_connect_timeout_ms_bounds_joining():
+    endpoint = aps.daemon.free_endpoint()
+    start = time.monotonic()
+    with pytest.raises(aps.Error, match="within connect_timeout_ms = 700: connection refused"):
+        aps.Client(endpoint, 0, 1, timeout_ms=60000, connect_timeout_ms=700)
+    assert time.monotonic() - start < 3
+    with pytest.raises(aps.Error, match="within connect_timeout_ms = 600"):
+        aps.Client.from_env({"APS_ENDPOINT": endpoint, "APS_CONNECT_TIMEOUT_MS": "600"},
+                            timeout_ms=60000)
+    assert aps._env.client_config({"APS_CONNECT_TIMEOUT_MS": "2500"})["connect_timeout_ms"] == 2500
+    assert "connect_timeout_ms" not in aps._env.client_config({})
+    with pytest.raises(ValueError, match="connect_timeout_ms must be 0"):
+        aps.Client(endpoint, 0, 1, connect_timeout_ms=-1)
 
 
 @pytest.mark.parametrize("kwargs,exc,match", [

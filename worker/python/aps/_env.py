@@ -40,7 +40,8 @@ def rank_and_world(environ=None):
 def client_config(environ=None):
     """The Client arguments the environment gives: endpoint (APS_ENDPOINT, one
     endpoint or a comma-separated list of shards), job, rank, world_size, and
-    job_token (APS_JOB_TOKEN) when it is set."""
+    job_token (APS_JOB_TOKEN) and connect_timeout_ms (APS_CONNECT_TIMEOUT_MS)
+    when they are set."""
     environ = os.environ if environ is None else environ
     rank, world_size = rank_and_world(environ)
     config = {"endpoint": environ.get("APS_ENDPOINT") or DEFAULT_ENDPOINT,
@@ -48,4 +49,6 @@ def client_config(environ=None):
               "rank": rank, "world_size": world_size}
     if environ.get("APS_JOB_TOKEN"):
         config["job_token"] = environ["APS_JOB_TOKEN"]
+    if environ.get("APS_CONNECT_TIMEOUT_MS"):
+        config["connect_timeout_ms"] = _int_var(environ, "APS_CONNECT_TIMEOUT_MS")
     return config

@@ -82,6 +82,7 @@ class ClientOpts(ctypes.Structure):
         ("partition_bytes", ctypes.c_uint64),
         ("optimizer", ctypes.c_char_p),
         ("job_token", ctypes.c_char_p),
+        ("connect_timeout_ms", ctypes.c_int32),
     ]
 
 

@@ -65,7 +65,11 @@ class Client:
     format is the uplink format of every tensor ("fp32", "e4m3", "e3m0", ...),
     scaling "local" (APS, the default), "global" (the paper) or "none",
     downlink the format of results (None: the uplink format). timeout_ms
-    bounds each call without progress.
+    bounds each call without progress. connect_timeout_ms bounds how long
+    joining tries to connect (again every second at most while nothing
+    listens, so that a daemon started a little later is joined; default 10000,
+    $APS_CONNECT_TIMEOUT_MS with from_env; 0: timeout_ms alone); a daemon that
+    took the connection is waited for up to timeout_ms.
 
     Hybrid precision (opt-in; a plain format= pins every tensor): policy="auto"
     lets the daemon move tensors that lose too much to a wider format and send
@@ -97,16 +101,20 @@ class Client:
     apsd refuses a HELLO with another token or none (aps.Error APS_EACCES), so
     that a stranger cannot take a free rank of the job.
 
-    Raises aps.Error (e.g. APS_ETIMEDOUT when no daemon answers, APS_EBUSY when
-    the rank is taken, APS_EACCES when the job token differs or CURVE refused
-    the key) or aps.ArgumentError for bad options.
+    Raises aps.Error (e.g. APS_ECONN when no connection could be made, saying
+    whether it was refused or nothing answered, APS_ETIMEDOUT when the daemon
+    took the connection but did not answer, APS_EBUSY when the rank is taken,
+    APS_EMISMATCH when the job's world size or options differ, APS_EACCES when
+    the job token differs or CURVE refused the key) or aps.ArgumentError for
+    bad options.
     """
 
     def __init__(self, endpoint, rank, world_size, format="e4m3", scaling="local",
                  job="default", downlink=None, timeout_ms=60000, policy=None, rules=None,
                  error_feedback=False, trace=None, curve_server_key=None,
                  curve_public_key=None, curve_secret_key=None, rejoin=False,
-                 partition_bytes=None, optimizer=None, job_token=None):
+                 partition_bytes=None, optimizer=None, job_token=None,
+                 connect_timeout_ms=10000):
         if scaling not in _SCALING:
             raise ValueError(f"scaling must be one of {sorted(_SCALING)}, not {scaling!r}")
         if policy not in (None, "auto"):
@@ -136,6 +144,9 @@ class Client:
             raise ValueError(f"rank {rank} is not in a world of {world_size}")
         opts.scaling = _SCALING[scaling]
         opts.timeout_ms = _check_int(timeout_ms, "timeout_ms")
+        opts.connect_timeout_ms = _check_int(connect_timeout_ms, "connect_timeout_ms")
+        if opts.connect_timeout_ms != connect_timeout_ms:
+            raise ValueError(f"connect_timeout_ms {connect_timeout_ms} is out of range")
         if partition_bytes is not None:
             if _check_int(partition_bytes, "partition_bytes") < 32:
                 raise ValueError(f"partition_bytes must be at least 32, not {partition_bytes}")
