@@ -78,8 +78,13 @@ bench-cluster: build
 bench-cluster-quick: build
 	$(PYTHON) tests/bench/bench_cluster.py --build $(BUILD) --quick
 
+# The Python package goes where python3 imports the prefix's packages (for
+# PREFIX=/usr/local: /usr/local/lib/python3.X/dist-packages) and finds libaps by
+# its installed path; ldconfig then lets apsctl and programs linked with -laps
+# find libaps.so.0 in the prefix's libdir (as root, unless DESTDIR stages it).
 install: build
 	meson install -C $(BUILD)
+	@if [ -z "$(DESTDIR)" ] && [ "$$(id -u)" -eq 0 ]; then ldconfig; fi
 
 clean:
 	rm -rf $(BUILD) $(ASAN) build-fuzz

@@ -8,6 +8,7 @@ build-essential pkg-config meson ninja-build clang libclang-rt-14-dev
 libuv1-dev libzmq3-dev libprotobuf-c-dev protobuf-c-compiler libopenblas-dev
 libcmocka-dev libjansson-dev
 python3 python3-numpy python3-torch python3-pytest python3-matplotlib python3-zmq
+python3-venv python3-mesonpy
 dataset-fashion-mnist
 valgrind hyperfine clang-format iproute2 tmux prometheus curl systemd strace
 "

@@ -1,7 +1,8 @@
 """Loading libaps and declaring the C signatures the binding uses (ctypes).
 
-The library is found through APS_LIBRARY, else the build tree's
-build/worker/libaps.so.0, else the system's libaps.so.0.
+The library is found through APS_LIBRARY, else libaps.so next to this file (the
+wheel's copy), else the libdir that `meson install` recorded in aps/_install.py,
+else the build tree's build/worker/libaps.so.0, else the system's libaps.so.0.
 """
 
 import ctypes
@@ -99,8 +100,13 @@ def _candidates():
     env = os.environ.get("APS_LIBRARY")
     if env:
         return [env]
-    repo = pathlib.Path(__file__).resolve().parents[3]
-    return [str(repo / "build" / "worker" / "libaps.so.0"), "libaps.so.0"]
+    here = pathlib.Path(__file__).resolve().parent
+    found = [here / "libaps.so"]
+    if (here / "_install.py").exists():
+        from aps._install import LIBDIR
+        found.append(pathlib.Path(LIBDIR) / "libaps.so.0")
+    found.append(here.parents[2] / "build" / "worker" / "libaps.so.0")
+    return [str(p) for p in found] + ["libaps.so.0"]
 
 
 def _load():
