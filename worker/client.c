@@ -1,13 +1,15 @@
 /*
- * The client's life: joining a job (HELLO/WELCOME on the caller's thread,
- * before the I/O thread exists), waiting for requests, and leaving (BYE). The socket belongs to the
- * I/O thread from the moment it starts until aps_client_close has joined it.
+ * The client's life: its options, joining a job (join.c, on the caller's thread,
+ * before the I/O thread exists), the I/O thread's start, and leaving (BYE). The
+ * socket belongs to the I/O thread from the moment it starts until
+ * aps_client_close has joined it.
  */
 #include "worker/client_impl.h"
 
 #include "common/err.h"
 #include "common/rules.h"
 #include "worker/api_error.h"
+#include "worker/join.h"
 
 #include <stdarg.h>
 #include <stdint.h>
@@ -18,8 +20,6 @@
 #include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
-
-#define JOIN_CLOSES_MAX 8 /* closes without an answer before joining gives up */
 
 void aps_client_opts_init(struct aps_client_opts *o)
 {
@@ -123,212 +123,6 @@ static void copy_opts(struct aps_client *c, const struct aps_client_opts *o,
 	c->limits.from_server = true;
 }
 
-/* Joining: what await_welcome waits for. */
-struct join {
-	int64_t deadline;   /* the call's: timeout_ms after the first HELLO */
-	int64_t connect_by; /* while no connection is up: connect_timeout_ms after the
-	                       start or the last close (INT64_MAX: no limit) */
-	unsigned closes;    /* connections that closed before WELCOME */
-	unsigned waits;     /* connects that failed or could not start */
-};
-
-static void arm_connect(const struct aps_client *c, struct join *j)
-{
-	j->connect_by =
-	        c->connect_timeout_ms > 0 ? aps_client_now_ms() + c->connect_timeout_ms : INT64_MAX;
-}
-
-/* How long the next receive may wait: to the deadline, or while no connection is up,
- * to the connect deadline if that comes first. */
-static int join_wait_ms(const struct aps_client *c, const struct join *j)
-{
-	int64_t until = j->deadline, now = aps_client_now_ms();
-
-	if (!aps_transport_link_up(c->tr) && j->connect_by < until)
-		until = j->connect_by;
-	return until > now ? (int)(until - now) : 0;
-}
-
-/* No connection could be made in time: why, as far as the connects tell. */
-static int connect_failed(struct aps_client *c, const struct join *j)
-{
-	bool ipc = strncmp(c->endpoint, "ipc://", 6) == 0;
-	bool ours = j->connect_by <= j->deadline; /* connect_timeout_ms ran out first */
-	const char *limit = ours ? "connect_timeout_ms" : "timeout_ms";
-	int ms = ours ? c->connect_timeout_ms : c->timeout_ms;
-	struct aps_transport_tally t;
-
-	aps_transport_tally(c->tr, &t);
-	if (t.failed > 0)
-		return aps_api_fail(
-		        APS_ECONN,
-		        "joining the job: cannot connect to apsd at %.120s within %s = "
-		        "%d: connection refused (%u tries; nothing listens there%s): is "
-		        "apsd running there, and is the %s right?",
-		        c->endpoint, limit, ms, t.failed, ipc ? "" : ", or the host is unreachable",
-		        ipc ? "socket path" : "port");
-	if (t.unresolved > 0)
-		return aps_api_fail(APS_ECONN,
-		                    "joining the job: cannot connect to apsd at %.120s within %s = "
-		                    "%d: the address does not resolve (%u tries): is the host "
-		                    "name right?",
-		                    c->endpoint, limit, ms, t.unresolved);
-	return aps_api_fail(APS_ECONN,
-	                    "joining the job: no answer from %.120s within %s = %d: no "
-	                    "connection could be made (is apsd running there and the address "
-	                    "right, or does a firewall drop the packets?)",
-	                    c->endpoint, limit, ms);
-}
-
-/* The connection closed (closes so far) or could not be made before WELCOME: a new
- * one after a pause that grows with tries (at most max_pause_ms), and HELLO again. */
-static int join_again(struct aps_client *c, unsigned closes, unsigned tries, int max_pause_ms)
-{
-	struct aps_msg hello = c->hello;
-	int ms = tries < 5 ? 50 << tries : 1000;
-	struct timespec pause;
-
-	/* Closed before any handshake: a daemon of another mechanism is told at once. */
-	if (closes > 0 && !aps_transport_ever_handshook(c->tr) &&
-	    aps_transport_mechanism_differs(c->tr))
-		return aps_api_fail(APS_EACCES, "%s", aps_transport_refusal(c->tr));
-	/* A refusal whose ERROR the reset connection lost: the handshake never worked. */
-	if (closes >= JOIN_CLOSES_MAX && aps_transport_curve(c->tr) &&
-	    !aps_transport_ever_handshook(c->tr))
-		return aps_api_fail(APS_EACCES,
-		                    "authentication failed: the CURVE handshake with apsd at %s "
-		                    "never completed in %u tries (is this client's public key in "
-		                    "the daemon's curve_allow_file, and curve_server_key the "
-		                    "daemon's public key?)",
-		                    c->endpoint, closes);
-	if (closes >= JOIN_CLOSES_MAX)
-		return aps_api_fail(APS_ECONN,
-		                    "joining the job: apsd at %s closed the connection %u times "
-		                    "before it answered (it may be at max_connections, or not take "
-		                    "this client: its log says why)",
-		                    c->endpoint, closes);
-	aps_transport_drop(c->tr); /* not to be connected again under its old routing id */
-	ms = ms < max_pause_ms ? ms : max_pause_ms;
-	pause = (struct timespec){ ms / 1000, (long)(ms % 1000) * 1000000L };
-	nanosleep(&pause, NULL);
-	if (aps_transport_renew(c->tr) < 0)
-		return aps_api_fail(APS_ECONN, "cannot connect to %s again", c->endpoint);
-	/* The HELLO or its WELCOME may be lost: say it again (apsd answers a HELLO of a
-	 * session it knows with WELCOME again). */
-	return aps_client_send(c, &hello, NULL, NULL, 0) < 0
-	               ? aps_api_fail(APS_ECONN, "cannot send to %s", c->endpoint)
-	               : 0;
-}
-
-/* The connection closed, or the connect failed: a new one (0), or why not. */
-static int join_link_event(struct aps_client *c, struct join *j, int got)
-{
-	/* Only a connection that closed counts; nothing listening yet is a wait. */
-	if (got == APS_TRANSPORT_RECV_LOST) {
-		j->closes++;
-		arm_connect(c, j); /* a new connection gets connect_timeout_ms again */
-		return join_again(c, j->closes, j->closes, join_wait_ms(c, j));
-	}
-	j->waits++;
-	return join_again(c, j->closes, j->waits, join_wait_ms(c, j));
-}
-
-/* Nothing came within the wait: no connection in time, no WELCOME in time, or
- * the connection came up meanwhile (0: wait on). */
-static int join_timed_out(struct aps_client *c, const struct join *j)
-{
-	int64_t now = aps_client_now_ms();
-
-	if (!aps_transport_link_up(c->tr) && (now >= j->connect_by || now >= j->deadline))
-		return connect_failed(c, j);
-	if (now < j->deadline)
-		return 0;
-	return aps_api_fail(APS_ETIMEDOUT,
-	                    "joining the job: apsd at %.120s took the connection but did not "
-	                    "answer within timeout_ms = %d (is it stopped or overloaded, or is "
-	                    "something else listening there?)",
-	                    c->endpoint, c->timeout_ms);
-}
-
-/* WELCOME (1), an ERROR or a message apsd should not send first (< 0), else 0. */
-static int join_message(struct aps_client *c, const struct aps_rxmsg *rx)
-{
-	struct aps_msg_fault fault;
-	struct aps_msg m;
-
-	if (aps_msg_parse(&c->limits, rx->hdr, rx->hdr_len, rx->payload, rx->payload_len,
-	                  rx->payload != NULL, &m, &fault) < 0)
-		return aps_api_fail(APS_EPROTO, "bad message from apsd: %s", fault.text);
-	if (m.type == APS_MSG_ERROR)
-		return aps_api_fail(m.error_code, "%s", m.error_text);
-	if (m.type != APS_MSG_WELCOME)
-		return 0;
-	if (c->optimizer[0] != '\0' && m.optimizer[0] == '\0')
-		return aps_api_fail(APS_EPROTO,
-		                    "apsd at %s does not serve optimize mode (protocol %u.%u, "
-		                    "optimize mode needs 1.4)",
-		                    c->endpoint, m.version_major, m.version_minor);
-	snprintf(c->optimizer, sizeof(c->optimizer), "%s", m.optimizer);
-	c->barrier_step = m.step; /* a rank back in an elastic job joins the next one */
-	aps_resume_welcomed(c, &m);
-	c->last_recv_ms = aps_client_now_ms();
-	return 1;
-}
-
-/*
- * Waits for WELCOME on this thread: the I/O thread does not exist yet. Until a
- * connection is made (a TCP or IPC connection, before any handshake) joining
- * waits connect_timeout_ms at most, trying again while nothing listens (a daemon
- * started after its workers); a daemon that took the connection is waited for
- * up to the call's deadline.
- */
-static int await_welcome(struct aps_client *c)
-{
-	struct join j = { .deadline = aps_client_now_ms() + c->timeout_ms };
-	struct aps_rxmsg rx;
-	int ret;
-
-	arm_connect(c, &j);
-	for (;;) {
-		int got = aps_transport_recv(c->tr, join_wait_ms(c, &j), &rx);
-		if (got < 0)
-			return aps_api_fail(APS_ECONN, "receive from %s failed", c->endpoint);
-		if (got == APS_TRANSPORT_RECV_REFUSED)
-			return aps_api_fail(APS_EACCES, "%s", aps_transport_refusal(c->tr));
-		if (got == APS_TRANSPORT_RECV_LOST || got == APS_TRANSPORT_RECV_NOCONN)
-			ret = join_link_event(c, &j, got);
-		else if (got == 0)
-			ret = join_timed_out(c, &j);
-		else
-			ret = join_message(c, &rx);
-		if (ret != 0)
-			return ret < 0 ? ret : 0;
-	}
-}
-
-static int hello(struct aps_client *c, const struct aps_client_opts *o)
-{
-	struct aps_msg m;
-
-	/* The session's token, ours for the client's life: every HELLO says it, and it
-	 * takes the session back after the connection closed (resume.c). */
-	if (getrandom(c->session, sizeof(c->session), 0) != (ssize_t)sizeof(c->session))
-		return aps_api_fail(APS_ESYS, "no randomness for a session token (getrandom)");
-	aps_client_msg(c, &m, APS_MSG_HELLO);
-	memcpy(m.session, c->session, sizeof(m.session));
-	m.has_session = true;
-	m.scaling = (int)c->scaling;
-	m.flags = c->policy_auto ? APS_MSG_FLAG_POLICY_AUTO : 0;
-	snprintf(m.optimizer, sizeof(m.optimizer), "%s", c->optimizer);
-	snprintf(m.job_token, sizeof(m.job_token), "%s", c->job_token);
-	if (o->downlink != NULL && strcmp(o->downlink, "auto") != 0)
-		snprintf(m.format, sizeof(m.format), "%s", o->downlink);
-	c->hello = m; /* said again if apsd restarts (rejoin) */
-	if (aps_client_send(c, &m, NULL, NULL, 0) < 0)
-		return aps_api_fail(APS_ECONN, "cannot send to %s", c->endpoint);
-	return await_welcome(c);
-}
-
 static void open_trace(struct aps_client *c, const struct aps_client_opts *o)
 {
 	const char *path = o->trace != NULL ? o->trace : getenv("APS_TRACE");
@@ -391,7 +185,7 @@ int aps_conn_new(aps_client **out, const struct aps_client_opts *o)
 		return aps_api_fail(APS_ECONN, "cannot connect to '%.200s': %s", o->endpoint,
 		                    aps_transport_strerror());
 	}
-	ret = hello(c, o);
+	ret = aps_join(c, o->downlink);
 	if (ret == 0) {
 		open_trace(c, o);
 		ret = start_io(c);
