@@ -196,7 +196,9 @@ def test_trace_is_json_while_apsd_runs_and_names_the_job(daemon_factory, tmp_pat
     trace = tmp_path / "apsd.trace.json"
     d = daemon_factory(extra=["--trace", str(trace), "--chunk_bytes", "16k"])
     job = 'a"b\\c'
-    procs = [start_worker(d.endpoint, r, 2, [7, 10_000], steps=40, job=job) for r in range(2)]
+    # jitter: the job runs about 2 s, so that the file is read many times while it does
+    procs = [start_worker(d.endpoint, r, 2, [7, 10_000], steps=40, jitter_ms=50, job=job)
+             for r in range(2)]
     seen = 0
     while any(p.poll() is None for p in procs):
         events = json.loads(trace.read_text())  # a whole array at every moment
