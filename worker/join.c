@@ -74,6 +74,19 @@ static int connect_failed(struct aps_client *c, const struct join *j)
 	                    c->endpoint, limit, ms);
 }
 
+/* Says HELLO on the connection now. A send that does not go is not the reason to
+ * give: libzmq drops the pipe of a connection whose handshake failed (another
+ * security mechanism, a refused key) before the first send may reach it, and the
+ * monitor's event that follows says why; the wait for WELCOME acts on it. */
+static int say_hello(struct aps_client *c, struct aps_msg *m)
+{
+	int ret = aps_client_send(c, m, NULL, NULL, 0);
+
+	if (ret == APS_ECONN)
+		return 0;
+	return ret < 0 ? aps_api_fail(ret, "cannot send HELLO to %s", c->endpoint) : 0;
+}
+
 /* The connection closed (closes so far) or could not be made before WELCOME: a new
  * one after a pause that grows with tries (at most max_pause_ms), and HELLO again. */
 static int join_again(struct aps_client *c, unsigned closes, unsigned tries, int max_pause_ms)
@@ -109,9 +122,7 @@ static int join_again(struct aps_client *c, unsigned closes, unsigned tries, int
 		return aps_api_fail(APS_ECONN, "cannot connect to %s again", c->endpoint);
 	/* The HELLO or its WELCOME may be lost: say it again (apsd answers a HELLO of a
 	 * session it knows with WELCOME again). */
-	return aps_client_send(c, &hello, NULL, NULL, 0) < 0
-	               ? aps_api_fail(APS_ECONN, "cannot send to %s", c->endpoint)
-	               : 0;
+	return say_hello(c, &hello);
 }
 
 /* The connection closed, or the connect failed: a new one (0), or why not. */
@@ -203,6 +214,7 @@ static int await_welcome(struct aps_client *c)
 int aps_join(struct aps_client *c, const char *downlink)
 {
 	struct aps_msg m;
+	int ret;
 
 	/* The session's token, ours for the client's life: every HELLO says it, and it
 	 * takes the session back after the connection closed (resume.c). */
@@ -218,7 +230,6 @@ int aps_join(struct aps_client *c, const char *downlink)
 	if (downlink != NULL && strcmp(downlink, "auto") != 0)
 		snprintf(m.format, sizeof(m.format), "%s", downlink);
 	c->hello = m; /* said again if apsd restarts (rejoin) */
-	if (aps_client_send(c, &m, NULL, NULL, 0) < 0)
-		return aps_api_fail(APS_ECONN, "cannot send to %s", c->endpoint);
-	return await_welcome(c);
+	ret = say_hello(c, &m);
+	return ret < 0 ? ret : await_welcome(c);
 }
