@@ -89,6 +89,12 @@ install: build
 clean:
 	rm -rf $(BUILD) $(ASAN) build-fuzz
 
+# Debian packages apsd, libaps0, libaps-dev, python3-aps (debian/, dpkg-buildpackage on a
+# copy of the tree, not in build/'s meson tree): build/deb/*.deb (~25 s; docs/OPERATIONS.md).
+.PHONY: deb
+deb: deps
+	@deploy/build-deb.sh $(BUILD)/deb
+
 # Soak test (issue 9, docs/RELIABILITY.md): 2 jobs x 8 workers for SOAK_SECONDS under
 # kill -9 of workers, daemon restarts and a rogue peer; every result checked.
 SOAK_SECONDS ?= 300

@@ -1,16 +1,18 @@
 #!/bin/sh
 # Installs every Debian package apsd needs to build, test, run the demo and the
-# benchmarks. Idempotent: prints nothing and exits 0 when everything is present.
+# benchmarks, and to build its own Debian packages (make deb: debhelper,
+# dh-python). Idempotent: prints nothing and exits 0 when everything is present.
 set -eu
 
 PACKAGES="
 build-essential pkg-config meson ninja-build clang libclang-rt-14-dev
 libuv1-dev libzmq3-dev libprotobuf-c-dev protobuf-c-compiler libopenblas-dev
-libcmocka-dev libjansson-dev
+libcmocka-dev libjansson-dev debhelper dh-python
 python3 python3-numpy python3-torch python3-pytest python3-matplotlib python3-zmq
 python3-venv python3-mesonpy
 dataset-fashion-mnist
 valgrind hyperfine clang-format iproute2 tmux prometheus curl systemd strace
+slurm-wlm slurmctld slurmd slurm-client munge python3-yaml
 "
 
 missing=""

@@ -1,7 +1,8 @@
 #!/bin/sh
 # Runs every default suite and ends with one line "N passed, N failed" counting
 # every case: cmocka unit tests, Python tests, integration tests (the real apsd
-# and real worker processes), the systemd unit and sd_notify tests, the unit and
+# and real worker processes), the systemd unit and sd_notify tests, the Debian
+# packages (built, installed, run and purged; as root, else skipped), the unit and
 # integration suites again under ASan+UBSan (leaks fail them), and 20 s of
 # libFuzzer per harness. Builds must exist (make test builds them; the fuzz
 # stage builds build-fuzz/ itself). Exit status 0 only if all pass.
@@ -31,6 +32,9 @@ pytest_suite build/integration.junit.xml tests/integration APS_BUILD=build
 echo "== systemd (unit file, sd_notify, reload)"
 pytest_suite build/systemd.junit.xml tests/systemd APS_BUILD=build
 
+echo "== packaging (Debian packages: built, installed, run, purged; as root)"
+pytest_suite build/packaging.junit.xml tests/packaging
+
 echo "== unit under ASan+UBSan"
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 	meson test -C build-asan --suite unit --no-rebuild --print-errorlogs -q
@@ -45,5 +49,5 @@ tests/fuzz/run-fuzz.sh 20
 echo "== summary"
 exec "$PYTHON" tests/summary.py unit=build python=build/pytest.junit.xml \
 	integration=build/integration.junit.xml systemd=build/systemd.junit.xml \
-	asan-unit=build-asan \
+	packaging=build/packaging.junit.xml asan-unit=build-asan \
 	asan-integration=build-asan/integration.junit.xml fuzz=build-fuzz/fuzz.junit.xml
