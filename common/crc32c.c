@@ -9,6 +9,7 @@
 
 #if defined(__x86_64__) /* the 64-bit crc32 instruction */
 #define APS_CRC32C_X86 1
+#include <immintrin.h>
 #include <nmmintrin.h>
 #endif
 
@@ -179,6 +180,45 @@ __attribute__((target("sse4.2"))) static uint32_t crc_lanes_sse42(uint32_t crc, 
 	return crc_sse42(crc, buf, len, l, flag);
 }
 
+/* With AVX2: the lane test on 32 bytes of each stripe at once, beside the twelve crc32
+ * instructions of those 96 bytes (the scalar test was the pace); the rest as above. */
+__attribute__((target("sse4.2,avx2"))) static uint32_t
+crc_lanes_avx2(uint32_t crc, const uint8_t *p, size_t len, const struct aps_crc32c_lanes *l,
+               uint64_t *flag)
+{
+	const __m256i mask = _mm256_set1_epi64x((long long)l->mask),
+	              add = _mm256_set1_epi64x((long long)l->add),
+	              high = _mm256_set1_epi64x((long long)l->high);
+	__m256i acc = _mm256_setzero_si256();
+	uint64_t c = (uint32_t)~crc, rest;
+	uint64_t lanes[4];
+
+	for (; len >= 3 * STRIPE; len -= 3 * STRIPE, p += 3 * STRIPE) {
+		uint64_t c0 = c, c1 = 0, c2 = 0;
+		for (size_t i = 0; i < STRIPE; i += 32) {
+			for (int s = 0; s < 3; s++) {
+				__m256i v =
+				        _mm256_loadu_si256((const __m256i *)(p + s * STRIPE + i));
+				acc = _mm256_or_si256(
+				        acc,
+				        _mm256_and_si256(
+				                _mm256_add_epi64(_mm256_and_si256(v, mask), add),
+				                high));
+			}
+			for (size_t j = i; j < i + 32; j += 8) {
+				c0 = _mm_crc32_u64(c0, load64(p + j));
+				c1 = _mm_crc32_u64(c1, load64(p + STRIPE + j));
+				c2 = _mm_crc32_u64(c2, load64(p + 2 * STRIPE + j));
+			}
+		}
+		c = stripe_join((uint32_t)c0, (uint32_t)c1, (uint32_t)c2);
+	}
+	_mm256_storeu_si256((__m256i *)lanes, acc);
+	c = ~crc_sse42(~(uint32_t)c, p, len, l, &rest);
+	*flag = lanes[0] | lanes[1] | lanes[2] | lanes[3] | rest;
+	return ~(uint32_t)c;
+}
+
 #else
 
 bool aps_crc32c_has_sse42(void)
@@ -227,6 +267,10 @@ static uint64_t lanes_portable(const uint8_t *p, size_t len, const struct aps_cr
 uint32_t aps_crc32c_lanes(uint32_t crc, const void *buf, size_t len,
                           const struct aps_crc32c_lanes *lanes, uint64_t *flag)
 {
+#ifdef APS_CRC32C_X86
+	if (aps_crc32c_has_sse42() && __builtin_cpu_supports("avx2"))
+		return crc_lanes_avx2(crc, buf, len, lanes, flag);
+#endif
 	if (aps_crc32c_has_sse42())
 		return crc_lanes_sse42(crc, buf, len, lanes, flag);
 	*flag = lanes_portable(buf, len, lanes);
