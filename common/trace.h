@@ -34,9 +34,9 @@ struct aps_trace_at {
 /*
  * One stage that ran from start_ns to now: name ("dequantize", a literal) and
  * what it served. Events reach the file within a second (of the next event or
- * of aps_trace_flush_due), and
- * the file is a whole JSON array after every write. Thread-safe; t NULL is a
- * no-op.
+ * of aps_trace_flush_due), and the file is a whole JSON array after every
+ * write (a reader that races a write may see it torn: a write is not atomic
+ * against a read; read again). Thread-safe; t NULL is a no-op.
  */
 void aps_trace_stage(struct aps_trace *t, const char *name, uint64_t start_ns,
                      const struct aps_trace_at *at);

@@ -114,6 +114,7 @@ struct aps_job {
 	 * collective call is answered APS_EPEERLOST with this text at once.
 	 */
 	char departed[APS_MSG_TEXT_MAX + 1];
+	int departed_code; /* the error the job's later calls get: 0 is APS_EPEERLOST */
 	char token[APS_MSG_TOKEN_MAX + 1]; /* its first HELLO's job token: the others' must match */
 	uint64_t created_ms;               /* its first HELLO */
 	bool filled;                       /* every rank has joined once: no deadline */

@@ -26,6 +26,7 @@
 #include <sys/random.h>
 
 #define MISMATCH_LOG_MS 10000 /* a job's refusals for options: one line this often */
+#define REFUSAL_LOG_MS  1000  /* refusals for a token or key: one line this often */
 
 /* sum = lowp only works when every rank scales with one exponent. */
 static bool lowp_needs_global(bool lowp, const struct aps_msg *m)
@@ -126,12 +127,13 @@ static bool waits_for(const struct aps_job *job, const struct aps_msg *m)
  * A HELLO the job refuses for its world size or options while the job waits
  * for a rank: most likely that rank, launched wrong, and it will not come
  * right by itself. The ranks whose calls wait hear so now (APS_EMISMATCH)
- * instead of at their deadline, and what they had sent is dropped with their
- * calls: a call made again is taken afresh, and the same HELLO said again
- * tells no one twice. A rank with no call in flight is not told (its next
- * call would fail for it). The job stays: a correct rank may still come (the
- * wrong process was a stray of another launch, or is started again right),
- * and join_timeout_ms ends a job that never fills.
+ * instead of at their deadline, and the job cannot go on: its rounds are
+ * dropped, and what its ranks send later (chunks of the failed calls still
+ * on their way, calls made again, barriers) is answered with the same error,
+ * as after a lost rank. Keeping the job would take those late chunks into a
+ * fresh round and give the others a wrong mean. A job with no call in flight
+ * is not touched: a correct rank may still come, and join_timeout_ms ends a
+ * job that never fills.
  */
 static uint32_t tell_waiting(struct aps_server *srv, struct aps_job *job, const char *why)
 {
@@ -139,8 +141,8 @@ static uint32_t tell_waiting(struct aps_server *srv, struct aps_job *job, const 
 	uint32_t told = 0;
 
 	snprintf(text, sizeof(text),
-	         "%.136s: apsd refused that HELLO, and the calls that wait for the job to fill "
-	         "fail (two launches mixed, or one misconfigured?)",
+	         "%.136s: apsd refused that HELLO, and the job cannot go on (two launches "
+	         "mixed, or one misconfigured?)",
 	         why);
 	for (uint32_t r = 0; r < job->world_size; r++) {
 		struct aps_session *s = job->ranks[r];
@@ -149,8 +151,12 @@ static uint32_t tell_waiting(struct aps_server *srv, struct aps_job *job, const 
 		aps_outbox_error_rank(srv, job, r, APS_EMISMATCH, text);
 		told++;
 	}
-	if (told > 0)
+	if (told > 0) {
+		snprintf(job->departed, sizeof(job->departed),
+		         "a HELLO of job '%.40s' was refused (%.150s)", job->name, why);
+		job->departed_code = APS_EMISMATCH;
 		aps_job_abort_rounds(job);
+	}
 	return told;
 }
 
@@ -305,6 +311,23 @@ static bool key_may_join(const struct aps_server *srv, const char *user, const c
 }
 
 /* Whether this HELLO may touch its job at all: a job token, a key's jobs. */
+/* A stranger's HELLOs cost one log line a second at most; refused_token counts each. */
+static void log_refusal(struct aps_server *srv, const struct aps_session *s,
+                        const struct aps_msg *m, const char *why)
+{
+	uint64_t now = uv_now(srv->loop);
+
+	if (srv->refusal_logged_ms != 0 && now - srv->refusal_logged_ms < REFUSAL_LOG_MS) {
+		srv->refusals_unlogged++;
+		return;
+	}
+	aps_log_warn("server",
+	             "refused a hello job=%s rank=%u address=%s unlogged=%u reason=\"%s\"", m->job,
+	             m->rank, s->address, srv->refusals_unlogged, why);
+	srv->refusal_logged_ms = now;
+	srv->refusals_unlogged = 0;
+}
+
 static bool let_in(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m)
 {
 	const struct aps_job *job = aps_jobs_find(&srv->jobs, m->job);
@@ -318,8 +341,7 @@ static bool let_in(struct aps_server *srv, struct aps_session *s, const struct a
 	if (why == NULL)
 		return true;
 	srv->counters.refused_token++;
-	aps_log_warn("server", "refused a hello job=%s rank=%u address=%s reason=\"%s\"", m->job,
-	             m->rank, s->address, why);
+	log_refusal(srv, s, m, why);
 	aps_outbox_error(srv, &s->peer, APS_EACCES, m, "not allowed in job '%s': %s", m->job, why);
 	return false;
 }

@@ -58,7 +58,9 @@ static bool job_incomplete(struct aps_server *srv, struct aps_session *s, const 
 	if (s->job->departed[0] == '\0' || aps_resend_answerable(s, m))
 		return false;
 	srv->counters.refused_incomplete++;
-	aps_outbox_error(srv, &s->peer, APS_EPEERLOST, m, "%s", s->job->departed);
+	aps_outbox_error(srv, &s->peer,
+	                 s->job->departed_code != 0 ? s->job->departed_code : APS_EPEERLOST, m,
+	                 "%s", s->job->departed);
 	return true;
 }
 

@@ -24,6 +24,8 @@ struct aps_server {
 	struct aps_zbridge_counters bridge_counters; /* copied when the bridge closes */
 	struct aps_latency latency;                  /* of steps: first push to last result */
 	uint64_t started_ms;
+	uint64_t refusal_logged_ms; /* the last HELLO refused for its token or key it logged */
+	uint32_t refusals_unlogged; /* since then (join.c: one line a second at most) */
 	bool stopping;
 	struct aps_ckpt_queue *ckpt; /* NULL: no checkpoint_dir */
 	uv_timer_t *tick_timer;      /* graces, silences, job deadlines (owned) */

@@ -97,7 +97,7 @@ static int join_again(struct aps_client *c, unsigned closes, unsigned tries, int
 
 	/* Closed before any handshake: a daemon of another mechanism is told at once. */
 	if (closes > 0 && !aps_transport_ever_handshook(c->tr) &&
-	    aps_transport_mechanism_differs(c->tr))
+	    aps_transport_mechanism_differs(c->tr, max_pause_ms))
 		return aps_api_fail(APS_EACCES, "%s", aps_transport_refusal(c->tr));
 	/* A refusal whose ERROR the reset connection lost: the handshake never worked. */
 	if (closes >= JOIN_CLOSES_MAX && aps_transport_curve(c->tr) &&

@@ -330,16 +330,29 @@ static void note_refusal(struct aps_transport *t, uint16_t event, int32_t value)
 		        t->endpoint, zmq_strerror(value));
 }
 
-bool aps_transport_mechanism_differs(struct aps_transport *t)
+bool aps_transport_mechanism_differs(struct aps_transport *t, int timeout_ms)
 {
 	char mech[APS_ZMTP_MECHANISM_LEN];
 	const char *ours = t->curve ? "CURVE" : "NULL";
+	bool known = false;
 
-	if (aps_zmtp_probe_mechanism(t->endpoint, PROBE_TIMEOUT_MS, mech) < 0 ||
+	timeout_ms = timeout_ms < PROBE_TIMEOUT_MS ? timeout_ms : PROBE_TIMEOUT_MS;
+	if (timeout_ms <= 0 || aps_zmtp_probe_mechanism(t->endpoint, timeout_ms, mech) < 0 ||
 	    strcmp(mech, ours) == 0)
 		return false;
-	snprintf(t->refusal, sizeof(t->refusal), "the handshake with apsd at %.120s failed: %s",
-	         t->endpoint, mechanism_mismatch(t));
+	known = strcmp(mech, t->curve ? "NULL" : "CURVE") == 0;
+	for (char *ch = mech; *ch != '\0'; ch++) /* a stranger's bytes, printed */
+		if (*ch < 0x21 || *ch > 0x7e)
+			*ch = '?';
+	if (known)
+		snprintf(t->refusal, sizeof(t->refusal),
+		         "the handshake with apsd at %.120s failed: %s", t->endpoint,
+		         mechanism_mismatch(t));
+	else
+		snprintf(t->refusal, sizeof(t->refusal),
+		         "the handshake with %.120s failed: it speaks ZMTP mechanism '%.20s', this "
+		         "client %s (is it apsd?)",
+		         t->endpoint, mech, ours);
 	return true;
 }
 

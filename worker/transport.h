@@ -75,9 +75,10 @@ void aps_transport_tally(const struct aps_transport *t, struct aps_transport_tal
 const char *aps_transport_refusal(const struct aps_transport *t);
 
 /* Whether the daemon speaks another security mechanism than this client (CURVE
- * against none), asked on a connection of its own (zmtp_probe.c): libzmq does not
- * always say so when the daemon closes at once. If so, the refusal says which. */
-bool aps_transport_mechanism_differs(struct aps_transport *t);
+ * against none, or one apsd never speaks), asked on a connection of its own within
+ * timeout_ms (1 s at most; zmtp_probe.c): libzmq does not always say so when the
+ * daemon closes at once. If so, the refusal says which. */
+bool aps_transport_mechanism_differs(struct aps_transport *t, int timeout_ms);
 
 /* Whether any handshake with apsd succeeded, on any socket of this transport. */
 bool aps_transport_ever_handshook(const struct aps_transport *t);

@@ -141,7 +141,9 @@ int aps_zmtp_probe_mechanism(const char *endpoint, int timeout_ms,
 		return APS_EINVAL;
 	if (fd < 0)
 		return APS_ECONN;
-	got = write(fd, head, sizeof(head)) == (ssize_t)sizeof(head)
+	/* send, not write: a daemon that closed first must not kill this process by
+	 * SIGPIPE (libaps leaves the caller's signal dispositions alone) */
+	got = send(fd, head, sizeof(head), MSG_NOSIGNAL) == (ssize_t)sizeof(head)
 	              ? read_until(fd, greeting, sizeof(greeting), deadline)
 	              : 0;
 	close(fd);

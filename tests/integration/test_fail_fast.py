@@ -10,6 +10,8 @@ import socket
 import subprocess
 import time
 
+import pytest
+
 from conftest import APSD, free_port, start_worker
 
 
@@ -112,3 +114,45 @@ def test_a_world_size_mismatch_fails_the_waiting_rank_at_once(daemon):
             in log), log
     assert "ranks_told=1" in log, log
     assert daemon.counter("refused_hello") == 1
+
+
+def test_a_mismatch_while_chunks_are_in_flight_never_gives_a_wrong_mean(daemon_factory):
+    """Before: the abort dropped what had arrived, the failed calls' later chunks entered
+    a fresh round, and a correct third rank got a mean mixed from both calls
+    ([11, 14, 20] for 20). Now the job cannot go on: every later call is refused."""
+    import numpy as np
+
+    import aps
+    from peers import HELLO, Peer
+
+    d = daemon_factory(extra=["--chunk_bytes", "64k"])
+    n = 16 << 20  # 1024 chunks of fp32: most still to come when the bad HELLO lands
+    clients = [aps.Client(d.endpoint, r, 3, job="j", format="fp32", timeout_ms=5000)
+               for r in range(2)]
+    try:
+        calls = [c.allreduce_async("w", np.full(n, r + 1.0, np.float32))
+                 for r, c in enumerate(clients)]
+        deadline = time.monotonic() + 10
+        while d.counter("bytes_in") < (1 << 20) and time.monotonic() < deadline:
+            time.sleep(0.002)  # some chunks of both calls are in: the ranks wait
+        bad = Peer(d.endpoint)
+        bad.send(type=HELLO, job="j", rank=2, world_size=4)
+        assert "said world_size 4" in bad.recv()["error_text"]
+        bad.close()
+        for call in calls:
+            try:
+                call.wait()  # a call already complete when the HELLO came is fine too
+            except aps.Error as e:
+                assert e.name == "APS_EMISMATCH", e
+        with pytest.raises(aps.Error) as late:
+            aps.Client(d.endpoint, 2, 3, job="j", format="fp32", timeout_ms=5000)
+        assert late.value.name == "APS_EBUSY" and "was refused" in str(late.value)
+        again = [c.allreduce_async("w", np.full(n, 10.0 * (r + 1), np.float32))
+                 for r, c in enumerate(clients)]
+        for call in again:
+            with pytest.raises(aps.Error) as e:
+                call.wait()
+            assert e.value.name == "APS_EMISMATCH" and "was refused" in str(e.value)
+    finally:
+        for c in clients:
+            c.close()

@@ -201,7 +201,11 @@ def test_trace_is_json_while_apsd_runs_and_names_the_job(daemon_factory, tmp_pat
              for r in range(2)]
     seen = 0
     while any(p.poll() is None for p in procs):
-        events = json.loads(trace.read_text())  # a whole array at every moment
+        try:
+            events = json.loads(trace.read_text())  # a whole array after every write
+        except ValueError:  # a read that raced a write (not atomic against it): again
+            time.sleep(0.02)
+            events = json.loads(trace.read_text())
         seen = max(seen, len(events))
         time.sleep(0.05)
     for p in procs:
