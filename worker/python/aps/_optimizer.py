@@ -4,8 +4,9 @@ produces them, then step the wrapped optimizer.
 How a step flows:
 - Parameters are grouped into buckets of about bucket_bytes, in reverse order
   of the optimizer's parameters (roughly the order backward finishes them).
-- A hook on each parameter's gradient accumulator (torch 1.13 has no
-  post-accumulate hook on the tensor) marks the gradient ready. When every
+- A hook on each parameter's gradient accumulator (torch >= 2.1: the
+  tensor's post-accumulate-grad hook; 1.13 has none, and the hook goes on the
+  AccumulateGrad node) marks the gradient ready. When every
   gradient of a bucket is ready, the bucket is queued on the client's I/O
   thread, while backward goes on. Buckets are queued strictly in bucket order,
   so every rank makes the same calls in the same order (the I/O thread runs
@@ -149,7 +150,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._lock = threading.Lock()
         self._next = 0  # the next bucket to queue
         self._sync = True
-        self._accumulators = []  # keep the AccumulateGrad nodes (and their hooks) alive
+        self._accumulators = []  # the AccumulateGrad nodes (keeping their hooks alive) or handles
         self._named = []  # (wire name, param) of every parameter sent, in optimizer order
         self._plan(_named_optimizer_params(optimizer.param_groups, self._names, prefix))
         self.skipped_steps = 0
@@ -280,6 +281,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._bucket_of = {id(p): b for b in self._buckets for _, p, _ in b.entries}
 
     def _hook(self, name, p):
+        if hasattr(p, "register_post_accumulate_grad_hook"):  # torch >= 2.1
+            self._accumulators.append(
+                p.register_post_accumulate_grad_hook(lambda _: self._on_ready(name, p)))
+            return
         # p.expand_as(p) has p's AccumulateGrad as its first next function; a
         # hook on that node runs once the gradient is accumulated into p.grad.
         acc = p.expand_as(p).grad_fn.next_functions[0][0]
