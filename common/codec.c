@@ -219,25 +219,6 @@ static bool nonfinite_lanes(const struct aps_format *f, struct aps_crc32c_lanes 
 	return true;
 }
 
-/* The lane test over the codes' words alone: whether some word may hold a non-finite
- * code (a plain loop of OR over words, which the compiler vectorises). */
-static bool lanes_flag(const struct aps_crc32c_lanes *l, const uint8_t *codes, size_t len)
-{
-	uint64_t f = 0, w;
-	size_t i = 0;
-
-	for (; i + 8 <= len; i += 8) {
-		memcpy(&w, codes + i, sizeof(w));
-		f |= ((w & l->mask) + l->add) & l->high;
-	}
-	if (i < len) {
-		w = 0;
-		memcpy(&w, codes + i, len - i);
-		f |= ((w & l->mask) + l->add) & l->high;
-	}
-	return f != 0;
-}
-
 /* A code is inf or NaN when its magnitude reaches the inf code (IEEE-style) or is
  * the one NaN code (fn): plain compares the compiler vectorises over bytes. */
 static size_t count_nonfinite8(const struct aps_format *f, const uint8_t *codes, size_t n)
@@ -321,7 +302,8 @@ size_t aps_codec_count_nonfinite(const struct aps_format *f, const uint8_t *code
 	struct aps_crc32c_lanes lanes;
 
 	/* Payloads are checked whole and are almost always finite: the fast test first. */
-	if (nonfinite_lanes(f, &lanes) && !lanes_flag(&lanes, codes, aps_format_packed_size(f, n)))
+	if (nonfinite_lanes(f, &lanes) &&
+	    aps_crc32c_lanes_only(codes, aps_format_packed_size(f, n), &lanes) == 0)
 		return 0;
 	return count_nonfinite(f, codes, n);
 }

@@ -247,9 +247,9 @@ uint32_t aps_crc32c(uint32_t crc, const void *buf, size_t len)
 	return aps_crc32c_portable(crc, buf, len);
 }
 
-/* Without SSE4.2: the table path, then the lane test in a pass of its own. */
-static uint64_t lanes_portable(const uint8_t *p, size_t len, const struct aps_crc32c_lanes *l)
+uint64_t aps_crc32c_lanes_only(const void *buf, size_t len, const struct aps_crc32c_lanes *l)
 {
+	const uint8_t *p = buf;
 	uint64_t f = 0, w;
 
 	for (; len >= 8; len -= 8, p += 8) {
@@ -273,6 +273,7 @@ uint32_t aps_crc32c_lanes(uint32_t crc, const void *buf, size_t len,
 #endif
 	if (aps_crc32c_has_sse42())
 		return crc_lanes_sse42(crc, buf, len, lanes, flag);
-	*flag = lanes_portable(buf, len, lanes);
+	/* Without SSE4.2: the table path, then the lane test in a pass of its own. */
+	*flag = aps_crc32c_lanes_only(buf, len, lanes);
 	return aps_crc32c_portable(crc, buf, len);
 }

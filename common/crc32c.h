@@ -34,6 +34,9 @@ struct aps_crc32c_lanes {
 uint32_t aps_crc32c_lanes(uint32_t crc, const void *buf, size_t len,
                           const struct aps_crc32c_lanes *lanes, uint64_t *flag);
 
+/* The lane test of aps_crc32c_lanes alone, without the CRC: the OR over buf's words. */
+uint64_t aps_crc32c_lanes_only(const void *buf, size_t len, const struct aps_crc32c_lanes *lanes);
+
 /* The portable table path (tests, benchmarks); same contract. */
 uint32_t aps_crc32c_portable(uint32_t crc, const void *buf, size_t len);
 

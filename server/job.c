@@ -245,6 +245,8 @@ bool aps_job_busy(const struct aps_job *job)
 
 static bool in_round(const struct aps_round *r, uint32_t rank)
 {
+	if (!aps_round_busy(r)) /* nothing of this step: no chunk to look at */
+		return false;
 	for (uint32_t chunk = 0; chunk < r->n_chunks; chunk++) {
 		if (aps_round_has(r, rank, r->step, chunk))
 			return true;

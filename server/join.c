@@ -140,6 +140,8 @@ static uint32_t tell_waiting(struct aps_server *srv, struct aps_job *job, const 
 	char text[APS_MSG_TEXT_MAX + 1];
 	uint32_t told = 0;
 
+	if (!aps_job_busy(job)) /* no call in flight: no rank to look at one by one */
+		return 0;
 	snprintf(text, sizeof(text),
 	         "%.136s: apsd refused that HELLO, and the job cannot go on (two launches "
 	         "mixed, or one misconfigured?)",
