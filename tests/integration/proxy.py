@@ -82,12 +82,14 @@ class BlipProxy:
         with self.lock:
             pairs, self.pairs = self.pairs, []
             self.cuts += 1
+            if not server_sees_it:
+                # before the client's side goes: its pipe thread, woken by
+                # the reset, must already know to leave the server's side open
+                self.silent.extend(b for _, b in pairs)
         for a, b in pairs:
             self._reset(a)
             if server_sees_it:
                 self._reset(b)
-            else:
-                self.silent.append(b)
         return len(pairs)
 
     def close(self):
