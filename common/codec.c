@@ -205,13 +205,19 @@ static uint64_t every_lane(uint64_t v, unsigned bits)
 	return w;
 }
 
+/* Magnitude of the first non-finite code: inf (IEEE-style) or the one NaN (fn). */
+static uint32_t first_nonfinite(const struct aps_format *f)
+{
+	return f->layout == APS_LAYOUT_FN ? f->nan_code : f->inf_code;
+}
+
 /* The lane test that finds codes at or past the first non-finite magnitude: for
  * code widths that tile a word, and fn formats whose one NaN is the top magnitude. */
 static bool nonfinite_lanes(const struct aps_format *f, struct aps_crc32c_lanes *l)
 {
-	uint64_t top = f->sign_bit, lo = f->fn ? f->nan_code : f->inf_code;
+	uint64_t top = f->sign_bit, lo = first_nonfinite(f);
 
-	if (64 % f->bits != 0 || (f->fn && f->nan_code != top - 1) || lo == 0)
+	if (64 % f->bits != 0 || (f->layout == APS_LAYOUT_FN && f->nan_code != top - 1) || lo == 0)
 		return false;
 	l->mask = every_lane(top - 1, f->bits);
 	l->add = every_lane(top - lo, f->bits);
@@ -223,35 +229,38 @@ static bool nonfinite_lanes(const struct aps_format *f, struct aps_crc32c_lanes 
  * the one NaN code (fn): plain compares the compiler vectorises over bytes. */
 static size_t count_nonfinite8(const struct aps_format *f, const uint8_t *codes, size_t n)
 {
-	uint8_t lo = (uint8_t)(f->fn ? f->nan_code : f->inf_code);
+	uint8_t lo = (uint8_t)first_nonfinite(f);
+	bool fn = f->layout == APS_LAYOUT_FN;
 	size_t count = 0;
 
 	for (size_t i = 0; i < n; i++)
-		count += (uint8_t)(codes[i] & 0x7f) >= lo && (!f->fn || (codes[i] & 0x7f) == lo);
+		count += (uint8_t)(codes[i] & 0x7f) >= lo && (!fn || (codes[i] & 0x7f) == lo);
 	return count;
 }
 
 /* Two 4-bit codes a byte, low nibble first (DESIGN.md packing). */
 static size_t count_nonfinite4(const struct aps_format *f, const uint8_t *codes, size_t n)
 {
-	uint8_t lo = (uint8_t)(f->fn ? f->nan_code : f->inf_code);
+	uint8_t lo = (uint8_t)first_nonfinite(f);
+	bool fn = f->layout == APS_LAYOUT_FN;
 	size_t count = 0;
 
 	for (size_t i = 0; i < n; i++) {
 		uint8_t c = (uint8_t)((codes[i / 2] >> (4 * (i & 1))) & 0x7);
-		count += c >= lo && (!f->fn || c == lo);
+		count += c >= lo && (!fn || c == lo);
 	}
 	return count;
 }
 
 static size_t count_nonfinite16(const struct aps_format *f, const uint8_t *codes, size_t n)
 {
-	uint16_t lo = (uint16_t)(f->fn ? f->nan_code : f->inf_code);
+	uint16_t lo = (uint16_t)first_nonfinite(f);
+	bool fn = f->layout == APS_LAYOUT_FN;
 	size_t count = 0;
 
 	for (size_t i = 0; i < n; i++) {
 		uint16_t c = (uint16_t)((codes[2 * i] | codes[2 * i + 1] << 8) & 0x7fff);
-		count += c >= lo && (!f->fn || c == lo);
+		count += c >= lo && (!fn || c == lo);
 	}
 	return count;
 }
@@ -262,6 +271,8 @@ static size_t count_nonfinite(const struct aps_format *f, const uint8_t *codes, 
 	struct aps_bitreader r = { .in = codes };
 	size_t count = 0;
 
+	if (f->layout == APS_LAYOUT_MX)
+		return 0; /* every code is finite */
 	if (f->bits == 4)
 		return count_nonfinite4(f, codes, n);
 	if (f->bits == 8)

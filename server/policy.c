@@ -66,7 +66,7 @@ static int ladder_pos(const struct aps_format *f)
 {
 	for (size_t i = 0; i < LADDER_LEN; i++) {
 		if (f->exp_bits == ladder[i].exp_bits && f->man_bits == ladder[i].man_bits &&
-		    !f->fn)
+		    f->layout == APS_LAYOUT_IEEE)
 			return (int)i;
 	}
 	return -1;
@@ -77,7 +77,7 @@ static struct aps_format rung(int pos)
 {
 	struct aps_format f;
 
-	(void)aps_format_make(ladder[pos].exp_bits, ladder[pos].man_bits, false, &f);
+	(void)aps_format_make(ladder[pos].exp_bits, ladder[pos].man_bits, APS_LAYOUT_IEEE, &f);
 	snprintf(f.name, sizeof(f.name), "%s", ladder[pos].name);
 	return f;
 }

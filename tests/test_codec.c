@@ -22,7 +22,8 @@
 
 #include <cmocka.h>
 
-static const char *const named[] = { "fp32", "bf16", "fp16", "e5m2", "e4m3", "e4m3fn", "e3m0" };
+static const char *const named[] = { "fp32",   "bf16", "fp16", "e5m2",    "e4m3",
+	                             "e4m3fn", "e3m0", "fp4",  "fp6e2m3", "fp6e3m2" };
 #define N_NAMED (sizeof(named) / sizeof(named[0]))
 
 static enum aps_codec_isa isas[3];
@@ -195,7 +196,7 @@ static void check_all_codes(const struct aps_format *f)
 		values[c] = (float)aps_format_decode(f, c);
 		want[c] = c;
 		if (aps_format_code_is_nonfinite(f, c)) {
-			bool inf = !f->fn && mag == f->inf_code;
+			bool inf = f->layout == APS_LAYOUT_IEEE && mag == f->inf_code;
 			assert_true(inf ? isinf(values[c]) : isnan(values[c]));
 			/* inf saturates, NaN becomes the canonical NaN. */
 			want[c] = inf ? (c & f->sign_bit) | f->max_code : f->nan_code;
@@ -234,10 +235,14 @@ static void test_codec_every_code_roundtrips(void **state)
 	}
 	for (int x = 2; x <= 8; x++) {
 		for (int y = 0; 1 + x + y <= 16; y++) {
-			assert_int_equal(aps_format_make(x, y, false, &f), 0);
+			assert_int_equal(aps_format_make(x, y, APS_LAYOUT_IEEE, &f), 0);
 			check_all_codes(&f);
+			if (x < 8) {
+				assert_int_equal(aps_format_make(x, y, APS_LAYOUT_MX, &f), 0);
+				check_all_codes(&f);
+			}
 			if (y > 0 && x < 8) {
-				assert_int_equal(aps_format_make(x, y, true, &f), 0);
+				assert_int_equal(aps_format_make(x, y, APS_LAYOUT_FN, &f), 0);
 				check_all_codes(&f);
 			}
 		}

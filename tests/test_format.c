@@ -6,6 +6,7 @@
 #include "common/format.h"
 #include "common/pack.h"
 
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -21,11 +22,11 @@ static void test_format_parses_named_and_generic(void **state)
 
 	(void)state;
 	assert_int_equal(aps_format_parse("e4m3fn", &f), 0);
-	assert_true(f.fn);
+	assert_int_equal(f.layout, APS_LAYOUT_FN);
 	assert_int_equal(f.bits, 8);
 	assert_int_equal(f.emax, 8);
 	assert_int_equal(aps_format_parse("e4m3", &f), 0);
-	assert_false(f.fn);
+	assert_int_equal(f.layout, APS_LAYOUT_IEEE);
 	assert_int_equal(f.emax, 7);
 	assert_int_equal(aps_format_parse("e3m0", &f), 0);
 	assert_int_equal(f.bits, 4);
@@ -41,9 +42,10 @@ static void test_format_parses_named_and_generic(void **state)
 
 static void test_format_rejects_bad_names(void **state)
 {
-	static const char *const bad[] = { "",      "e1m3",    "e9m1",   "e4m12", "e04m3",
-		                           "e4m3x", "e4m3fnx", "e3m0fn", "e+4m3", "E4M3",
-		                           "fp8",   "e4m",     "e8m7fn", "e4m3 " };
+	static const char *const bad[] = { "",        "e1m3",    "e9m1",   "e4m12", "e04m3",
+		                           "e4m3x",   "e4m3fnx", "e3m0fn", "e+4m3", "E4M3",
+		                           "fp8",     "e4m",     "e8m7fn", "e4m3 ", "e8m2mx",
+		                           "e4m3mxx", "fp6",     "FP4",    "fp4 " };
 	struct aps_format f;
 
 	(void)state;
@@ -52,6 +54,65 @@ static void test_format_rejects_bad_names(void **state)
 			fail_msg("'%s' was accepted", bad[i]);
 	}
 	assert_int_equal(aps_format_parse(NULL, &f), APS_EINVAL);
+}
+
+/*
+ * The OCP MX v1.0 element formats, from the specification's own tables
+ * (section 5.3.3: FP6 and FP4 encodings), written out here by hand rather
+ * than derived from the code under test.
+ */
+static void test_format_mx_elements_match_the_ocp_tables(void **state)
+{
+	/* FP4 E2M1: codes 0..7 (the sign bit is code 8). */
+	static const float fp4[8] = { 0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f };
+	/* FP6 E2M3: exponent bias 1, subnormals 0.125 apart, max 7.5. */
+	static const float e2m3[32] = { 0, 0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875,
+		                        1, 1.125, 1.25, 1.375, 1.5, 1.625, 1.75, 1.875,
+		                        2, 2.25,  2.5,  2.75,  3,   3.25,  3.5,  3.75,
+		                        4, 4.5,   5,    5.5,   6,   6.5,   7,    7.5 };
+	/* FP6 E3M2: exponent bias 3, subnormals 0.0625 apart, max 28. */
+	static const float e3m2[32] = { 0,   0.0625, 0.125, 0.1875, 0.25, 0.3125, 0.375, 0.4375,
+		                        0.5, 0.625,  0.75,  0.875,  1,    1.25,   1.5,   1.75,
+		                        2,   2.5,    3,     3.5,    4,    5,      6,     7,
+		                        8,   10,     12,    14,     16,   20,     24,    28 };
+	static const struct {
+		const char *name;
+		const float *table;
+		unsigned bits;
+		float max, min_normal, min_subnormal;
+	} mx[] = {
+		{ "fp4", fp4, 4, 6.0f, 1.0f, 0.5f },
+		{ "fp6e2m3", e2m3, 6, 7.5f, 1.0f, 0.125f },
+		{ "fp6e3m2", e3m2, 6, 28.0f, 0.25f, 0.0625f },
+	};
+	struct aps_format f;
+
+	(void)state;
+	for (size_t i = 0; i < sizeof(mx) / sizeof(mx[0]); i++) {
+		unsigned half = 1u << (mx[i].bits - 1);
+		assert_int_equal(aps_format_parse(mx[i].name, &f), 0);
+		assert_string_equal(f.name, mx[i].name);
+		assert_int_equal(f.layout, APS_LAYOUT_MX);
+		assert_int_equal(f.bits, mx[i].bits);
+		assert_true(f.max_finite == mx[i].max);
+		assert_true(f.min_normal == mx[i].min_normal);
+		assert_true(f.min_subnormal == mx[i].min_subnormal);
+		for (uint32_t c = 0; c < 2 * half; c++) {
+			double want = c < half ? mx[i].table[c] : -mx[i].table[c - half];
+			double got = aps_format_decode(&f, c);
+			if (got != want || signbit(got) != (c >= half))
+				fail_msg("%s code %#x: %g, the OCP table says %g", f.name, c, got,
+				         want);
+			assert_false(aps_format_code_is_nonfinite(&f, c)); /* no inf, no NaN */
+		}
+	}
+	/* The generic spelling names the same format; e2m1 stays IEEE-style. */
+	assert_int_equal(aps_format_parse("e2m1mx", &f), 0);
+	assert_string_equal(f.name, "fp4");
+	assert_int_equal(aps_format_parse("e3m3mx", &f), 0);
+	assert_true(f.max_finite == 30.0f); /* 1.875 x 2^4 */
+	assert_int_equal(aps_format_parse("e2m1", &f), 0);
+	assert_true(f.max_finite == 3.0f);
 }
 
 static void test_format_packed_size(void **state)
@@ -121,6 +182,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_format_parses_named_and_generic),
 		cmocka_unit_test(test_format_rejects_bad_names),
+		cmocka_unit_test(test_format_mx_elements_match_the_ocp_tables),
 		cmocka_unit_test(test_format_packed_size),
 		cmocka_unit_test(test_pack_roundtrips_every_width),
 		cmocka_unit_test(test_pack_layout_is_little_endian),

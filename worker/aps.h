@@ -34,7 +34,8 @@ struct aps_format_info {
 	uint32_t bits;       /* width of one packed code */
 	uint32_t exp_bits;   /* X */
 	uint32_t man_bits;   /* Y */
-	uint32_t fn;         /* 1 for the OCP "fn" layout (no inf), else 0 */
+	uint32_t fn;         /* layout: 0 IEEE-style (inf, NaN), 1 OCP "fn" (one NaN, no
+	                        inf), 2 OCP MX element format (no inf, no NaN) */
 	int32_t emax;        /* largest exponent of a finite value */
 	float max;           /* largest finite value */
 	float min_normal;    /* smallest normal value */
@@ -43,7 +44,8 @@ struct aps_format_info {
 
 /**
  * Describes the format named fmt ("fp32", "bf16", "fp16", "e5m2", "e4m3",
- * "e4m3fn", "e3m0", or "eXmY" with 2 <= X <= 8 and 1+X+Y <= 16).
+ * "e4m3fn", "e3m0", the OCP MX element formats "fp4", "fp6e2m3", "fp6e3m2",
+ * or "eXmY" with 2 <= X <= 8 and 1+X+Y <= 16, "eXmYfn", "eXmYmx").
  * Returns 0, APS_EINVAL (NULL argument) or APS_EFORMAT.
  */
 int aps_format_info(const char *fmt, struct aps_format_info *out);

@@ -28,7 +28,8 @@ static int parse_format(const char *fmt, struct aps_format *f)
 	if (aps_format_parse(fmt, f) < 0)
 		return aps_api_fail(APS_EFORMAT,
 		                    "'%.32s' is not a format (fp32, bf16, fp16, e5m2, e4m3, "
-		                    "e4m3fn, e3m0, or eXmY with 2<=X<=8 and 1+X+Y<=16)",
+		                    "e4m3fn, e3m0, fp4, fp6e2m3, fp6e3m2, or eXmY with 2<=X<=8 "
+		                    "and 1+X+Y<=16)",
 		                    fmt);
 	return 0;
 }
@@ -47,7 +48,7 @@ int aps_format_info(const char *fmt, struct aps_format_info *out)
 	out->bits = f.bits;
 	out->exp_bits = f.exp_bits;
 	out->man_bits = f.man_bits;
-	out->fn = f.fn;
+	out->fn = (uint32_t)f.layout;
 	out->emax = f.emax;
 	out->max = f.max_finite;
 	out->min_normal = f.min_normal;

@@ -104,6 +104,26 @@ def test_format_info_fields():
     assert aps.format_info("e2m5")["bits"] == 8
 
 
+@pytest.mark.parametrize("fmt,cases", [
+    # OCP MX v1.0 element formats: no inf and no NaN, saturating; ties to even
+    ("fp4", [(6.0, 6.0), (6.9, 6.0), (7.0, 6.0), (1e30, 6.0), (2.5, 2.0), (3.5, 4.0),
+             (0.25, 0.0), (0.26, 0.5), (0.75, 1.0), (-5.0, -4.0), (float("inf"), 6.0),
+             (float("-inf"), -6.0), (float("nan"), 6.0)]),
+    ("fp6e2m3", [(7.5, 7.5), (7.75, 7.5), (0.0625, 0.0), (0.07, 0.125), (1.0625, 1.0),
+                 (1.1875, 1.25), (float("nan"), 7.5)]),
+    ("fp6e3m2", [(28.0, 28.0), (30.0, 28.0), (0.03125, 0.0), (0.04, 0.0625), (4.5, 4.0),
+                 (5.5, 6.0), (-float("inf"), -28.0)]),
+])
+def test_mx_elements_saturate_and_have_no_nan(fmt, cases):
+    x = np.array([c[0] for c in cases], dtype=np.float32)
+    want = np.array([c[1] for c in cases], dtype=np.float32)
+    codes = aps.quantize(x, fmt)
+    got = aps.dequantize(codes, fmt, len(x))
+    assert np.array_equal(got, want), (fmt, x, got)
+    info = aps.format_info(fmt)
+    assert info["layout"] == "mx" and not info["fn"] and info["name"] == fmt
+
+
 def test_unknown_format_raises_with_library_message():
     with pytest.raises(aps.Error) as err:
         aps.quantize(np.zeros(3, np.float32), "e9m2")

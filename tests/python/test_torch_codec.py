@@ -13,7 +13,8 @@ import aps.torch
 from aps import _torch_codec
 
 FORMATS = ["fp32", "bf16", "fp16", "e5m2", "e4m3", "e4m3fn", "e3m0",
-           "e2m1", "e2m5", "e6m9", "e3m4", "e2m0", "e3m2fn", "e8m7", "e5m10fn"]
+           "e2m1", "e2m5", "e6m9", "e3m4", "e2m0", "e3m2fn", "e8m7", "e5m10fn",
+           "fp4", "fp6e2m3", "fp6e3m2", "e4m2mx"]
 SMALL = [f for f in FORMATS if aps.format_info(f)["bits"] <= 8]
 SCALES = [-320, -150, -9, 0, 5, 130, 320]
 N_RANDOM = 1 << 16  # random fp32 patterns per format and scale (plus N_RANDOM_K0 at k = 0)
@@ -90,7 +91,7 @@ def format_random(fmt, k, n, seed):
     finite (some of them subnormal or out of the fp32 range, clipped)."""
     info = aps.format_info(fmt)
     rng = np.random.default_rng(seed)
-    lo = 127 + (1 - info["emax"] if not info["fn"] else 2 - info["emax"]) - info["man_bits"] - 3
+    lo = 127 + (1 - info["emax"] if info["layout"] == "ieee" else 2 - info["emax"]) - info["man_bits"] - 3
     e = rng.integers(lo - k, 127 + info["emax"] + 3 - k, n).clip(0, 255).astype(np.uint64)
     sign = rng.integers(0, 2, n, dtype=np.uint64) << 31
     u = sign | (e << 23) | rng.integers(0, 1 << 23, n, dtype=np.uint64)
@@ -137,13 +138,16 @@ def test_quantize_matches_libaps(fmt):
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_documented_values(fmt):
     """APS.md 1: signed zeros, NaN to the positive canonical NaN (the inf code
-    for Y = 0), inf and overflow saturating to max finite."""
+    for Y = 0, +max for the MX formats, which have neither), inf and overflow
+    saturating to max finite."""
     info = aps.format_info(fmt)
     x = torch.tensor([0.0, -0.0, float("nan"), -float("nan"), float("inf"), -float("inf"),
                       info["max"] * 4, -info["max"] * 4])
     back = aps.torch.dequantize(aps.torch.quantize(x, fmt), fmt, x.numel()).tolist()
     assert back[0] == 0.0 and np.signbit(back[1]) and back[1] == 0.0
-    if info["man_bits"] == 0:
+    if info["layout"] == "mx":
+        assert back[2] == back[3] == info["max"]
+    elif info["man_bits"] == 0:
         assert back[2] == back[3] == float("inf")
     else:
         assert np.isnan(back[2]) and np.isnan(back[3])

@@ -44,7 +44,7 @@ DEVICE_CHUNK = 1 << 24
 _Target = collections.namedtuple("_Target", "man emin emax max_code")
 
 _Format = collections.namedtuple(
-    "_Format", "name bits man emin emax bias sign_bit max_code nan_code inf_code fn")
+    "_Format", "name bits man emin emax bias sign_bit max_code nan_code inf_code layout")
 
 # fp32 itself: what decoding rounds to.
 _FP32 = _Target(man=23, emin=-126, emax=127, max_code=F32_MAX)
@@ -58,12 +58,15 @@ def _i32(u):
 @functools.lru_cache(maxsize=None)
 def _format_of(name):
     info = codec.format_info(name)
-    man, exp_bits, fn = info["man_bits"], info["exp_bits"], info["fn"]
+    man, exp_bits, layout = info["man_bits"], info["exp_bits"], info["layout"]
     bias = (1 << (exp_bits - 1)) - 1
     exp_ones, man_ones = (1 << exp_bits) - 1, (1 << man) - 1
-    if fn:
+    if layout == "fn":
         inf_code, nan_code = 0, (exp_ones << man) | man_ones
         max_code = nan_code - 1
+    elif layout == "mx":  # no inf, no NaN: a NaN input becomes +max
+        inf_code, max_code = 0, (exp_ones << man) | man_ones
+        nan_code = max_code
     else:
         inf_code = exp_ones << man
         # Y = 0 has no NaN code: NaN is encoded as inf (APS.md 1).
@@ -71,7 +74,7 @@ def _format_of(name):
         max_code = inf_code - 1
     return _Format(name=info["name"], bits=info["bits"], man=man, emin=1 - bias,
                    emax=info["emax"], bias=bias, sign_bit=1 << (info["bits"] - 1),
-                   max_code=max_code, nan_code=nan_code, inf_code=inf_code, fn=fn)
+                   max_code=max_code, nan_code=nan_code, inf_code=inf_code, layout=layout)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -159,7 +162,9 @@ def _decode(code, f, k):
     E = exp_field.clamp(min=1).add_(-f.bias - f.man - k)
     out, over, _ = _round(m, E, _FP32)
     out.masked_fill_(over, F32_INF).masked_fill_(m == 0, 0)
-    if f.fn:
+    if f.layout == "mx":
+        nan = torch.zeros_like(mag, dtype=torch.bool)
+    elif f.layout == "fn":
         nan = mag == f.nan_code
     else:
         out.masked_fill_(mag == f.inf_code, F32_INF)

@@ -35,8 +35,10 @@ def _ptr(a):
 
 
 def format_info(fmt):
-    """Describes a format: bits, exp_bits, man_bits, fn, emax, max, min_normal,
-    min_subnormal."""
+    """Describes a format: bits, exp_bits, man_bits, layout ("ieee": inf and
+    NaN; "fn": one NaN, no inf, as e4m3fn; "mx": neither, as the OCP MX element
+    formats fp4, fp6e2m3, fp6e3m2), fn (layout == "fn"), emax, max,
+    min_normal, min_subnormal."""
     info = FormatInfo()
     check(lib.aps_format_info(_fmt(fmt), ctypes.byref(info)))
     return {
@@ -44,7 +46,8 @@ def format_info(fmt):
         "bits": info.bits,
         "exp_bits": info.exp_bits,
         "man_bits": info.man_bits,
-        "fn": bool(info.fn),
+        "layout": ("ieee", "fn", "mx")[info.fn],
+        "fn": info.fn == 1,
         "emax": info.emax,
         "max": float(info.max),
         "min_normal": float(info.min_normal),
