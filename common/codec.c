@@ -8,6 +8,7 @@
 #include "common/crc32c.h"
 #include "common/err.h"
 #include "common/pack.h"
+#include "common/scale.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +20,12 @@ struct kernels {
 	                 float *out, bool accumulate);
 	float (*maxabs)(const float *x, size_t n, bool *nonfinite);
 	size_t (*divide)(float *x, size_t n, float d);
+	size_t (*quantize_blocks)(const struct aps_format *f, const float *x, size_t n,
+	                          size_t block, uint8_t *out, int8_t *exps,
+	                          struct aps_codec_stats *st);
+	size_t (*decode_blocks)(const struct aps_format *f, const uint8_t *codes,
+	                        const int8_t *exps, size_t n, size_t block, float *out,
+	                        bool accumulate);
 };
 
 static enum aps_codec_isa current_isa = APS_ISA_AUTO;
@@ -97,10 +104,13 @@ const char *aps_codec_isa_name(enum aps_codec_isa isa)
 static const struct kernels *vector_kernels(void)
 {
 #if defined(APS_HAVE_X86_KERNELS)
-	static const struct kernels avx2 = { aps_avx2_quantize, aps_avx2_decode, aps_avx2_maxabs,
-		                             aps_avx2_divide };
-	static const struct kernels avx512 = { aps_avx512_quantize, aps_avx512_decode,
-		                               aps_avx512_maxabs, aps_avx512_divide };
+	static const struct kernels avx2 = { aps_avx2_quantize,        aps_avx2_decode,
+		                             aps_avx2_maxabs,          aps_avx2_divide,
+		                             aps_avx2_quantize_blocks, aps_avx2_decode_blocks };
+	static const struct kernels avx512 = {
+		aps_avx512_quantize, aps_avx512_decode,          aps_avx512_maxabs,
+		aps_avx512_divide,   aps_avx512_quantize_blocks, aps_avx512_decode_blocks
+	};
 
 	switch (aps_codec_get_isa()) {
 	case APS_ISA_AVX2:
@@ -174,6 +184,81 @@ int aps_codec_accumulate(const struct aps_format *f, const uint8_t *codes, size_
                          size_t n, int scale_exp, float *acc)
 {
 	return decode(f, codes, codes_len, n, scale_exp, acc, true);
+}
+
+bool aps_codec_block_ok(size_t block)
+{
+	return block == 16 || block == 32 || block == 64;
+}
+
+size_t aps_codec_block_count(size_t n, size_t block)
+{
+	return block == 0 ? 0 : (n + block - 1) / block;
+}
+
+int aps_codec_quantize_blocks(const struct aps_format *f, const float *x, size_t n, size_t block,
+                              const struct aps_quant_opts *opts, uint8_t *out, size_t out_len,
+                              int8_t *exps, size_t exps_len, struct aps_codec_stats *stats)
+{
+	const struct kernels *vk = vector_kernels();
+	struct aps_codec_stats st = { 0 };
+	struct aps_quant_opts o;
+	bool nonfinite = false;
+	size_t b = 0;
+
+	if (f == NULL || opts == NULL || !aps_codec_block_ok(block) ||
+	    (n > 0 && (x == NULL || out == NULL || exps == NULL)))
+		return APS_EINVAL;
+	if (out_len < aps_format_packed_size(f, n) || exps_len < aps_codec_block_count(n, block))
+		return APS_ESHORT;
+	if (vk != NULL && opts->rounding == APS_ROUND_NEAREST)
+		b = vk->quantize_blocks(f, x, n, block, out, exps, &st) / block;
+	/* The rest block by block, the last one maybe short: block * bits is whole bytes. */
+	for (o = *opts; b * block < n; b++) {
+		size_t at = b * block, len = n - at < block ? n - at : block;
+		o.scale_exp = aps_scale_block(f, aps_scalar_maxabs(x + at, len, &nonfinite));
+		o.index0 = opts->index0 + at;
+		exps[b] = (int8_t)o.scale_exp;
+		aps_scalar_quantize(f, x + at, len, &o, out + at * f->bits / 8, &st);
+	}
+	if (stats != NULL)
+		*stats = st;
+	return 0;
+}
+
+static int decode_blocks(const struct aps_format *f, const uint8_t *codes, size_t codes_len,
+                         const int8_t *exps, size_t exps_len, size_t n, size_t block, float *out,
+                         bool accumulate)
+{
+	const struct kernels *vk = vector_kernels();
+	size_t b = 0;
+
+	if (f == NULL || !aps_codec_block_ok(block) ||
+	    (n > 0 && (codes == NULL || exps == NULL || out == NULL)))
+		return APS_EINVAL;
+	if (codes_len < aps_format_packed_size(f, n) || exps_len < aps_codec_block_count(n, block))
+		return APS_ESHORT;
+	if (vk != NULL)
+		b = vk->decode_blocks(f, codes, exps, n, block, out, accumulate) / block;
+	for (; b * block < n; b++) {
+		size_t at = b * block, len = n - at < block ? n - at : block;
+		aps_scalar_decode(f, codes + at * f->bits / 8, len, exps[b], out + at, accumulate);
+	}
+	return 0;
+}
+
+int aps_codec_dequantize_blocks(const struct aps_format *f, const uint8_t *codes, size_t codes_len,
+                                const int8_t *exps, size_t exps_len, size_t n, size_t block,
+                                float *out)
+{
+	return decode_blocks(f, codes, codes_len, exps, exps_len, n, block, out, false);
+}
+
+int aps_codec_accumulate_blocks(const struct aps_format *f, const uint8_t *codes, size_t codes_len,
+                                const int8_t *exps, size_t exps_len, size_t n, size_t block,
+                                float *acc)
+{
+	return decode_blocks(f, codes, codes_len, exps, exps_len, n, block, acc, true);
 }
 
 float aps_codec_scan(const float *x, size_t n, bool *nonfinite)

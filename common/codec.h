@@ -65,6 +65,32 @@ int aps_codec_dequantize(const struct aps_format *f, const uint8_t *codes, size_
 int aps_codec_accumulate(const struct aps_format *f, const uint8_t *codes, size_t codes_len,
                          size_t n, int scale_exp, float *acc);
 
+/*
+ * Block scaling (DESIGN.md, scaling = block): x is cut into blocks of block
+ * elements (16, 32 or 64; the last may be short), block b is quantized with
+ * its own exponent exps[b] = aps_scale_block(f, max finite |x| of the block),
+ * giving the bits aps_codec_quantize gives for that block at that exponent.
+ * A block's codes start on a byte boundary, so blocks can be cut anywhere a
+ * block starts. exps holds aps_codec_block_count(n, block) entries. Returns
+ * 0, APS_EINVAL (also for a block size not allowed) or APS_ESHORT; only
+ * rounding, seed, stream and index0 of opts are used.
+ */
+bool aps_codec_block_ok(size_t block);
+size_t aps_codec_block_count(size_t n, size_t block);
+int aps_codec_quantize_blocks(const struct aps_format *f, const float *x, size_t n, size_t block,
+                              const struct aps_quant_opts *opts, uint8_t *out, size_t out_len,
+                              int8_t *exps, size_t exps_len, struct aps_codec_stats *stats);
+
+/* out[i] = decode(code i) * 2^-exps[i / block], rounded once to fp32. Same errors. */
+int aps_codec_dequantize_blocks(const struct aps_format *f, const uint8_t *codes, size_t codes_len,
+                                const int8_t *exps, size_t exps_len, size_t n, size_t block,
+                                float *out);
+
+/* acc[i] += decode(code i) * 2^-exps[i / block], each product rounded first. */
+int aps_codec_accumulate_blocks(const struct aps_format *f, const uint8_t *codes, size_t codes_len,
+                                const int8_t *exps, size_t exps_len, size_t n, size_t block,
+                                float *acc);
+
 /* Largest |x[i]| over finite values; 0 for n == 0. */
 float aps_codec_maxabs(const float *x, size_t n);
 

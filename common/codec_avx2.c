@@ -3,6 +3,7 @@
  * with -mavx2 and called only after a run-time CPU check.
  */
 #include "common/codec_kernels.h"
+#include "common/scale.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -79,6 +80,16 @@ static inline vint vi_sll(vint a, int n)
 static inline vint vi_max(vint a, vint b)
 {
 	return _mm256_max_epi32(a, b);
+}
+
+/* The largest lane (signed compare: callers hold non-negative values). */
+static inline uint32_t vi_hmax(vint a)
+{
+	__m128i m = _mm_max_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+
+	m = _mm_max_epi32(m, _mm_shuffle_epi32(m, _MM_SHUFFLE(1, 0, 3, 2)));
+	m = _mm_max_epi32(m, _mm_shuffle_epi32(m, _MM_SHUFFLE(2, 3, 0, 1)));
+	return (uint32_t)_mm_cvtsi128_si32(m);
 }
 
 static inline vflt vf_mul(vflt a, vflt b)

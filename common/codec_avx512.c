@@ -3,6 +3,7 @@
  * (16 lanes, masks in k registers). Called only after a run-time CPU check.
  */
 #include "common/codec_kernels.h"
+#include "common/scale.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -79,6 +80,12 @@ static inline vint vi_sll(vint a, int n)
 static inline vint vi_max(vint a, vint b)
 {
 	return _mm512_max_epi32(a, b);
+}
+
+/* The largest lane (signed compare: callers hold non-negative values). */
+static inline uint32_t vi_hmax(vint a)
+{
+	return (uint32_t)_mm512_reduce_max_epi32(a);
 }
 
 static inline vflt vf_mul(vflt a, vflt b)

@@ -32,7 +32,13 @@ uint32_t aps_scalar_encode(const struct aps_format *f, float x, int k, struct ap
 	size_t aps_##isa##_decode(const struct aps_format *f, const uint8_t *codes, size_t n,    \
 	                          int k, float *out, bool accumulate);                           \
 	float aps_##isa##_maxabs(const float *x, size_t n, bool *nonfinite);                     \
-	size_t aps_##isa##_divide(float *x, size_t n, float d);
+	size_t aps_##isa##_divide(float *x, size_t n, float d);                                  \
+	size_t aps_##isa##_quantize_blocks(const struct aps_format *f, const float *x, size_t n, \
+	                                   size_t block, uint8_t *out, int8_t *exps,             \
+	                                   struct aps_codec_stats *st);                          \
+	size_t aps_##isa##_decode_blocks(const struct aps_format *f, const uint8_t *codes,       \
+	                                 const int8_t *exps, size_t n, size_t block, float *out, \
+	                                 bool accumulate);
 
 APS_DECLARE_VECTOR_KERNELS(avx2)
 APS_DECLARE_VECTOR_KERNELS(avx512)

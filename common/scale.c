@@ -72,6 +72,17 @@ int aps_scale_local(const struct aps_format *f, float maxabs, int *k)
 	return 0;
 }
 
+int aps_scale_block(const struct aps_format *f, float maxabs)
+{
+	int k = 0;
+
+	if (aps_scale_local(f, maxabs, &k) < 0)
+		return 0;
+	return k > APS_SCALE_BLOCK_MAX    ? APS_SCALE_BLOCK_MAX
+	       : k < -APS_SCALE_BLOCK_MAX ? -APS_SCALE_BLOCK_MAX
+	                                  : k;
+}
+
 static const char *const scaling_names[] = {
 	[APS_SCALING_NONE] = "none",
 	[APS_SCALING_LOCAL] = "local",

@@ -36,6 +36,15 @@ int aps_scale_global(const struct aps_format *f, float maxabs, int nworkers, int
 /* Local mode: the largest k such that maxabs * 2^k quantizes without overflow. */
 int aps_scale_local(const struct aps_format *f, float maxabs, int *k);
 
+/* Block exponents are int8 on the wire: k is kept within [-127, 127]. */
+#define APS_SCALE_BLOCK_MAX 127
+
+/*
+ * Block scaling: the local rule for one block's largest finite |x| (0 for an
+ * all-zero block), clamped to +-APS_SCALE_BLOCK_MAX.
+ */
+int aps_scale_block(const struct aps_format *f, float maxabs);
+
 /* Parses "none", "local" or "global"; returns 0 or APS_EINVAL. */
 int aps_scaling_parse(const char *name, enum aps_scaling *out);
 const char *aps_scaling_name(enum aps_scaling mode);

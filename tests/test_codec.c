@@ -10,6 +10,7 @@
 #include "common/err.h"
 #include "common/format.h"
 #include "common/pack.h"
+#include "common/scale.h"
 
 #include <float.h>
 #include <math.h>
@@ -725,6 +726,157 @@ static void test_codec_crc_nonfinite_is_crc_and_count(void **state)
 	}
 }
 
+/* Blocks of very different magnitudes: zero, fp32-subnormal, tiny, huge, with inf and NaN. */
+static void fill_blocks(float *x, size_t n, size_t block)
+{
+	for (size_t i = 0; i < n; i++) {
+		size_t b = i / block;
+		int e = (int)(next_rand() % 60) - 30;
+		float v = (float)ldexp((double)(int32_t)(next_rand() % 2000001 - 1000000) / 1e6, e);
+		switch (b % 7) {
+		case 0:
+			x[i] = 0.0f;
+			break;
+		case 1:
+			x[i] = float_of((uint32_t)(next_rand() & 0x807fffffu)); /* subnormal */
+			break;
+		case 2:
+			x[i] = v * 1e-30f;
+			break;
+		case 3:
+			x[i] = v * 1e30f;
+			break;
+		default:
+			x[i] = (float)ldexp(v, (int)(b % 11) * 4 - 20);
+			break;
+		}
+	}
+	if (n > 3 * block + 5) {
+		x[3 * block + 1] = INFINITY;
+		x[3 * block + 5] = NAN;
+	}
+}
+
+/*
+ * Each block holds the bits aps_codec_quantize gives for it at its exponent,
+ * and its exponent is the local APS rule over that block alone, on every ISA,
+ * for whole and short last blocks; decoding is per block the plain decode.
+ */
+static void test_codec_blocks_are_per_block_aps(void **state)
+{
+	static const char *const fmts[] = { "fp4",  "fp6e2m3", "fp6e3m2", "e4m3", "e4m3fn",
+		                            "e5m2", "e3m0",    "fp16",    "bf16" };
+	static const size_t blocks[] = { 16, 32, 64 }, sizes[] = { 1, 15, 64, 1000, 4099 };
+	enum {
+		N = 4099
+	};
+	static float x[N], got[N], want[N];
+	static uint8_t codes[2 * N], ref[2 * N];
+	static int8_t exps[N];
+	struct aps_quant_opts o = { 0 };
+
+	(void)state;
+	for (size_t fi = 0; fi < sizeof(fmts) / sizeof(fmts[0]); fi++) {
+		struct aps_format f = fmt(fmts[fi]);
+		for (size_t bi = 0; bi < 3; bi++) {
+			size_t block = blocks[bi];
+			for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); si++) {
+				size_t n = sizes[si], nb = aps_codec_block_count(n, block);
+				fill_blocks(x, n, block);
+				for (int s = 0; s < n_isas; s++) {
+					struct aps_codec_stats st;
+					aps_codec_set_isa(isas[s]);
+					assert_int_equal(aps_codec_quantize_blocks(
+					                         &f, x, n, block, &o, codes,
+					                         sizeof(codes), exps, nb, &st),
+					                 0);
+					assert_int_equal(st.overflow,
+					                 0); /* the rule never saturates */
+					for (size_t b = 0; b < nb; b++) {
+						size_t at = b * block,
+						       len = n - at < block ? n - at : block;
+						int k = aps_scale_block(
+						        &f, aps_codec_maxabs(x + at, len));
+						struct aps_quant_opts ok = { .scale_exp = k };
+						size_t bytes = aps_format_packed_size(&f, len);
+						if (exps[b] != k)
+							fail_msg(
+							        "%s %s block %zu/%zu: exponent %d, want %d",
+							        aps_codec_isa_name(isas[s]), f.name,
+							        b, block, exps[b], k);
+						aps_codec_quantize(&f, x + at, len, &ok, ref,
+						                   sizeof(ref), NULL);
+						if (memcmp(codes + at * f.bits / 8, ref, bytes) !=
+						    0)
+							fail_msg(
+							        "%s %s block %zu of %zu: codes differ",
+							        aps_codec_isa_name(isas[s]), f.name,
+							        b, block);
+						aps_codec_dequantize(&f, ref, bytes, len, k,
+						                     want + at);
+					}
+					for (size_t i = 0; i < n; i++)
+						got[i] = 1.0f;
+					assert_int_equal(aps_codec_dequantize_blocks(
+					                         &f, codes, sizeof(codes), exps, nb,
+					                         n, block, got),
+					                 0);
+					for (size_t i = 0; i < n; i++) {
+						if (memcmp(&got[i], &want[i], sizeof(float)) != 0)
+							fail_msg(
+							        "%s %s: element %zu decodes to %g, want %g",
+							        aps_codec_isa_name(isas[s]), f.name,
+							        i, (double)got[i], (double)want[i]);
+					}
+					assert_int_equal(aps_codec_accumulate_blocks(
+					                         &f, codes, sizeof(codes), exps, nb,
+					                         n, block, got),
+					                 0);
+					for (size_t i = 0; i < n; i++) {
+						float twice = want[i] + want[i];
+						if (!isnan(twice) &&
+						    memcmp(&got[i], &twice, sizeof(float)) != 0)
+							fail_msg(
+							        "%s %s: element %zu accumulates to %g",
+							        f.name, aps_codec_isa_name(isas[s]),
+							        i, (double)got[i]);
+					}
+				}
+			}
+		}
+	}
+	aps_codec_set_isa(APS_ISA_AUTO);
+}
+
+static void test_codec_blocks_reject_bad_arguments(void **state)
+{
+	struct aps_format f = fmt("fp4");
+	struct aps_quant_opts o = { 0 };
+	float x[64] = { 1.0f };
+	uint8_t codes[32];
+	int8_t exps[4];
+
+	(void)state;
+	assert_int_equal(aps_codec_quantize_blocks(&f, x, 64, 8, &o, codes, 32, exps, 4, NULL),
+	                 APS_EINVAL);
+	assert_int_equal(aps_codec_quantize_blocks(&f, x, 64, 48, &o, codes, 32, exps, 4, NULL),
+	                 APS_EINVAL);
+	assert_int_equal(aps_codec_quantize_blocks(&f, x, 64, 16, &o, codes, 32, exps, 3, NULL),
+	                 APS_ESHORT);
+	assert_int_equal(aps_codec_quantize_blocks(&f, x, 64, 16, &o, codes, 31, exps, 4, NULL),
+	                 APS_ESHORT);
+	assert_int_equal(aps_codec_dequantize_blocks(&f, codes, 32, exps, 1, 64, 32, x),
+	                 APS_ESHORT);
+	assert_int_equal(aps_codec_dequantize_blocks(&f, codes, 32, NULL, 2, 64, 32, x),
+	                 APS_EINVAL);
+	/* An all-zero block has exponent 0; a block's exponent stays within int8. */
+	memset(x, 0, sizeof(x));
+	x[40] = 1e-44f;
+	assert_int_equal(aps_codec_quantize_blocks(&f, x, 64, 32, &o, codes, 32, exps, 2, NULL), 0);
+	assert_int_equal(exps[0], 0);
+	assert_int_equal(exps[1], APS_SCALE_BLOCK_MAX);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -744,6 +896,8 @@ int main(void)
 		cmocka_unit_test(test_codec_crc_nonfinite_is_crc_and_count),
 		cmocka_unit_test(test_codec_one_nonfinite_code_is_found_anywhere),
 		cmocka_unit_test(test_codec_count_nonfinite_codes),
+		cmocka_unit_test(test_codec_blocks_are_per_block_aps),
+		cmocka_unit_test(test_codec_blocks_reject_bad_arguments),
 	};
 	return cmocka_run_group_tests_name("codec", tests, setup_isas, NULL);
 }

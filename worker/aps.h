@@ -95,6 +95,37 @@ int aps_dequantize(const char *fmt, const uint8_t *codes, uint64_t codes_len, ui
 int aps_accumulate(const char *fmt, const uint8_t *codes, uint64_t codes_len, uint64_t n,
                    int32_t scale_exp, float *acc);
 
+/** Block sizes of block scaling: 16, 32 (the default) or 64 elements. */
+#define APS_BLOCK_DEFAULT 32
+
+/** Exponents block scaling gives n elements: ceil(n / block). */
+uint64_t aps_block_count(uint64_t n, uint32_t block);
+
+/**
+ * Block scaling: x[0..n) in blocks of block elements (16, 32 or 64; the last
+ * may be short), block b quantized with its own exponent exps[b], the largest
+ * k at which the block's largest finite |x| does not saturate (0 for an
+ * all-zero block, within [-127, 127]). Block b's codes are the bits
+ * aps_quantize gives for it with scale_exp = exps[b]; they start on a byte
+ * boundary (MX layout: the codes, and one int8 exponent per block beside
+ * them). exps holds exps_len >= aps_block_count(n, block) entries. Of opts
+ * only rounding, seed, stream and index0 are used (NULL: all zero). Returns
+ * 0, APS_EINVAL, APS_EFORMAT, APS_ESHORT or APS_ERANGE.
+ */
+int aps_quantize_blocks(const char *fmt, const float *x, uint64_t n, uint32_t block,
+                        const struct aps_quantize_opts *opts, uint8_t *out, uint64_t out_len,
+                        int8_t *exps, uint64_t exps_len, struct aps_quantize_stats *stats);
+
+/** Decodes block-scaled codes: out[i] = value of code i times 2^-exps[i / block]. */
+int aps_dequantize_blocks(const char *fmt, const uint8_t *codes, uint64_t codes_len,
+                          const int8_t *exps, uint64_t exps_len, uint64_t n, uint32_t block,
+                          float *out);
+
+/** As aps_dequantize_blocks, but adds into acc[0..n). */
+int aps_accumulate_blocks(const char *fmt, const uint8_t *codes, uint64_t codes_len,
+                          const int8_t *exps, uint64_t exps_len, uint64_t n, uint32_t block,
+                          float *acc);
+
 /** Largest |x[i]| over the finite values of x[0..n); 0 when there are none. */
 float aps_maxabs(const float *x, uint64_t n);
 

@@ -149,6 +149,92 @@ int aps_accumulate(const char *fmt, const uint8_t *codes, uint64_t codes_len, ui
 	return decode(fmt, codes, codes_len, n, scale_exp, acc, true);
 }
 
+uint64_t aps_block_count(uint64_t n, uint32_t block)
+{
+	return aps_codec_block_count(n, block);
+}
+
+/* The block size and the exponents' buffer, after check_codec_args. */
+static int check_blocks(uint64_t n, uint32_t block, const int8_t *exps, uint64_t exps_len)
+{
+	if (!aps_codec_block_ok(block))
+		return aps_api_fail(APS_EINVAL, "block size %u: block scaling takes 16, 32 or 64",
+		                    block);
+	if (n > 0 && exps == NULL)
+		return aps_api_fail(APS_EINVAL, "exponents buffer is NULL");
+	if (exps_len < aps_codec_block_count(n, block))
+		return aps_api_fail(APS_ESHORT,
+		                    "%llu elements in blocks of %u need %llu exponents, "
+		                    "the buffer has %llu",
+		                    (unsigned long long)n, block,
+		                    (unsigned long long)aps_codec_block_count(n, block),
+		                    (unsigned long long)exps_len);
+	return 0;
+}
+
+int aps_quantize_blocks(const char *fmt, const float *x, uint64_t n, uint32_t block,
+                        const struct aps_quantize_opts *opts, uint8_t *out, uint64_t out_len,
+                        int8_t *exps, uint64_t exps_len, struct aps_quantize_stats *stats)
+{
+	struct aps_quant_opts o = { 0 };
+	struct aps_codec_stats st;
+	struct aps_format f;
+	int ret;
+
+	if (opts != NULL) {
+		if (opts->rounding != APS_ROUNDING_NEAREST &&
+		    opts->rounding != APS_ROUNDING_STOCHASTIC)
+			return aps_api_fail(APS_EINVAL, "rounding mode %d is unknown",
+			                    opts->rounding);
+		o = (struct aps_quant_opts){ 0, (enum aps_rounding)opts->rounding, opts->seed,
+			                     opts->stream, opts->index0 };
+	}
+	ret = check_codec_args(fmt, &f, x, out, n, out_len, 0);
+	if (ret == 0)
+		ret = check_blocks(n, block, exps, exps_len);
+	if (ret < 0)
+		return ret;
+	ret = aps_codec_quantize_blocks(&f, x, n, block, &o, out, out_len, exps, exps_len, &st);
+	if (ret < 0)
+		return aps_api_fail(ret, "quantize failed");
+	if (stats != NULL)
+		*stats = (struct aps_quantize_stats){ st.overflow, st.nonfinite, st.flushed,
+			                              st.maxabs };
+	return aps_api_ok();
+}
+
+static int decode_blocks(const char *fmt, const uint8_t *codes, uint64_t codes_len,
+                         const int8_t *exps, uint64_t exps_len, uint64_t n, uint32_t block,
+                         float *out, bool accumulate)
+{
+	struct aps_format f;
+	int ret = check_codec_args(fmt, &f, codes, out, n, codes_len, 0);
+
+	if (ret == 0)
+		ret = check_blocks(n, block, exps, exps_len);
+	if (ret < 0)
+		return ret;
+	if (accumulate)
+		aps_codec_accumulate_blocks(&f, codes, codes_len, exps, exps_len, n, block, out);
+	else
+		aps_codec_dequantize_blocks(&f, codes, codes_len, exps, exps_len, n, block, out);
+	return aps_api_ok();
+}
+
+int aps_dequantize_blocks(const char *fmt, const uint8_t *codes, uint64_t codes_len,
+                          const int8_t *exps, uint64_t exps_len, uint64_t n, uint32_t block,
+                          float *out)
+{
+	return decode_blocks(fmt, codes, codes_len, exps, exps_len, n, block, out, false);
+}
+
+int aps_accumulate_blocks(const char *fmt, const uint8_t *codes, uint64_t codes_len,
+                          const int8_t *exps, uint64_t exps_len, uint64_t n, uint32_t block,
+                          float *acc)
+{
+	return decode_blocks(fmt, codes, codes_len, exps, exps_len, n, block, acc, true);
+}
+
 float aps_maxabs(const float *x, uint64_t n)
 {
 	return aps_codec_maxabs(x, n);

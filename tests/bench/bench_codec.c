@@ -162,6 +162,27 @@ static void op_accum(struct job *j)
 	note(j, aps_codec_accumulate(j->f, j->b->codes, 4 * j->b->n, j->b->n, j->k, j->b->out));
 }
 
+/* Block scaling (32-element blocks): the exponents after the codes, as on the wire. */
+static void op_quant_blocks(struct job *j)
+{
+	struct aps_quant_opts qo = { .rounding = APS_ROUND_NEAREST };
+	struct bufs *b = j->b;
+	size_t len = aps_format_packed_size(j->f, b->n);
+
+	note(j, aps_codec_quantize_blocks(j->f, b->x, b->n, 32, &qo, b->codes, len,
+	                                  (int8_t *)(b->codes + len),
+	                                  aps_codec_block_count(b->n, 32), NULL));
+}
+
+static void op_dequant_blocks(struct job *j)
+{
+	struct bufs *b = j->b;
+	size_t len = aps_format_packed_size(j->f, b->n);
+
+	note(j, aps_codec_dequantize_blocks(j->f, b->codes, len, (const int8_t *)(b->codes + len),
+	                                    aps_codec_block_count(b->n, 32), b->n, 32, b->out));
+}
+
 static void (*const ops[OP_COUNT])(struct job *) = {
 	[OP_QUANT_SCAN] = op_quant_scan,
 	[OP_QUANT] = op_quant,
@@ -272,6 +293,38 @@ static void print_check(struct job *j)
 	j->f = NULL;
 }
 
+/*
+ * Block scaling against one exponent per tensor, auto ISA: quantize (with the
+ * scan and k for per-tensor) plus dequantize, as a ratio to the memcpy.
+ */
+static void print_blocks(const struct options *o, struct bufs *b, double t_copy)
+{
+	static const char *const names[] = { "fp4", "fp6e2m3", "e4m3", "e3m0" };
+	struct aps_format f;
+	struct job j = { .f = &f, .b = b };
+
+	aps_codec_set_isa(APS_ISA_AUTO);
+	printf("\nblock scaling (blocks of 32, auto ISA %s) against one exponent per tensor:\n\n"
+	       "| format | per tensor: quant+scan + dequant us | x copy | blocks: quant us | "
+	       "dequant us | sum x copy | Ge/s each way |\n|---|--:|--:|--:|--:|--:|--:|\n",
+	       aps_codec_isa_name(aps_codec_get_isa()));
+	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+		if (o->format != NULL && strcmp(o->format, names[i]) != 0)
+			continue;
+		if (aps_format_parse(names[i], &f) < 0 ||
+		    aps_scale_local(&f, aps_codec_maxabs(b->x, b->n), &j.k) < 0)
+			fail(names[i], APS_EFORMAT);
+		op_quant(&j);
+		double t_tensor = measure(op_quant_scan, &j) + measure(op_dequant, &j);
+		op_quant_blocks(&j);
+		double t_q = measure(op_quant_blocks, &j), t_d = measure(op_dequant_blocks, &j);
+		printf("| %s | %.1f | %.2f | %.1f | %.1f | %.2f | %.2f / %.2f |\n", f.name,
+		       t_tensor * 1e6, t_tensor / t_copy, t_q * 1e6, t_d * 1e6,
+		       (t_q + t_d) / t_copy, (double)b->n / t_q * 1e-9, (double)b->n / t_d * 1e-9);
+	}
+	printf("\n");
+}
+
 static void bench_size(const struct options *o, struct bufs *b)
 {
 	struct job j = { .b = b };
@@ -287,6 +340,7 @@ static void bench_size(const struct options *o, struct bufs *b)
 	       "pass %.2f us (%.1fx faster, %.2fx the memcpy)\n\n",
 	       t_two * 1e6, t_one * 1e6, t_two / t_one, t_one / t_copy);
 	print_check(&j);
+	print_blocks(o, b, t_copy);
 	print_table_head();
 	if (o->format != NULL) {
 		bench_format(o, b, o->format, t_copy);

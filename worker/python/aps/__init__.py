@@ -19,13 +19,14 @@ import importlib
 from aps._io import Handle
 from aps._lib import ArgumentError, Error, lib
 from aps.client import Client
-from aps.codec import (accumulate, aps_exponent, dequantize, format_info, maxabs, packed_size,
-                       quantize)
+from aps.codec import (accumulate, aps_exponent, dequantize, dequantize_blocks, format_info,
+                       maxabs, packed_size, quantize, quantize_blocks)
 
 __version__ = lib.aps_version().decode()
 
 __all__ = ["ArgumentError", "Client", "Error", "Handle", "accumulate", "aps_exponent",
-           "dequantize", "format_info", "maxabs", "packed_size", "quantize", "__version__"]
+           "dequantize", "dequantize_blocks", "format_info", "maxabs", "packed_size", "quantize",
+           "quantize_blocks", "__version__"]
 
 
 def __getattr__(name):

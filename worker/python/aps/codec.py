@@ -124,6 +124,70 @@ def accumulate(codes, fmt, acc, scale_exp=0):
     return acc
 
 
+def _block(block):
+    if isinstance(block, bool) or not isinstance(block, (int, np.integer)):
+        raise TypeError(f"block must be an int, not {type(block).__name__}")
+    if int(block) not in (16, 32, 64):
+        raise ValueError(f"block must be 16, 32 or 64, not {block}")
+    return int(block)
+
+
+def _exps(exps, count, block):
+    if not isinstance(exps, np.ndarray) or exps.dtype != np.int8:
+        raise TypeError("exps must be a numpy int8 array")
+    if not exps.flags.c_contiguous:
+        raise ValueError("exps must be C-contiguous")
+    need = -(-count // block)
+    if exps.size < need:
+        raise ValueError(f"exps holds {exps.size} exponents, {count} elements in blocks of "
+                         f"{block} need {need}")
+    return exps
+
+
+def quantize_blocks(x, fmt, block=32, rounding="nearest", seed=0, stream=0, stats=None):
+    """Block scaling: x (float32, read flat) in blocks of block elements (16,
+    32 or 64; the last may be short), each quantized with its own APS exponent
+    (the largest k at which the block does not saturate). Returns (codes,
+    exps): packed codes as aps.quantize gives each block with its exponent, and
+    one int8 exponent per block. stats as for quantize."""
+    x = _as_float32(x)
+    block = _block(block)
+    if rounding not in _ROUNDING:
+        raise ValueError(f"rounding must be one of {sorted(_ROUNDING)}, not {rounding!r}")
+    if stats is not None and not isinstance(stats, dict):
+        raise TypeError("stats must be a dict or None")
+    codes = np.empty(packed_size(fmt, x.size), dtype=np.uint8)
+    exps = np.empty(-(-x.size // block), dtype=np.int8)
+    opts = QuantizeOpts(0, _ROUNDING[rounding], int(seed), int(stream), 0)
+    st = QuantizeStats()
+    check(lib.aps_quantize_blocks(_fmt(fmt), _ptr(x), x.size, block, ctypes.byref(opts),
+                                  _ptr(codes), codes.nbytes, _ptr(exps), exps.size,
+                                  ctypes.byref(st)))
+    if stats is not None:
+        stats.update(overflow=st.overflow, nonfinite=st.nonfinite, flushed=st.flushed,
+                     maxabs=float(st.maxabs))
+    return codes, exps
+
+
+def dequantize_blocks(codes, exps, fmt, count, block=32, out=None):
+    """Decodes count block-scaled codes of fmt: element i is code i times
+    2**-exps[i // block]; returns a float32 array (out, read flat, if given)."""
+    codes = _codes(codes)
+    count, block = int(count), _block(block)
+    if count < 0:
+        raise ValueError("count must not be negative")
+    exps = _exps(exps, count, block)
+    if out is None:
+        out = np.empty(count, dtype=np.float32)
+    else:
+        _as_float32(out, "out")
+        if out.size < count:
+            raise ValueError(f"out holds {out.size} elements, count is {count}")
+    check(lib.aps_dequantize_blocks(_fmt(fmt), _ptr(codes), codes.nbytes, _ptr(exps),
+                                    exps.size, count, block, _ptr(out)))
+    return out
+
+
 def maxabs(x):
     """Largest |x| over the finite elements of a float32 array."""
     x = _as_float32(x)
