@@ -261,6 +261,49 @@ int aps_codec_accumulate_blocks(const struct aps_format *f, const uint8_t *codes
 	return decode_blocks(f, codes, codes_len, exps, exps_len, n, block, acc, true);
 }
 
+size_t aps_codec_payload_block(const struct aps_format *f, size_t job_block)
+{
+	return aps_format_is_fp32(f) ? 0 : job_block;
+}
+
+size_t aps_codec_payload_size(const struct aps_format *f, size_t n, size_t block)
+{
+	return aps_format_packed_size(f, n) + aps_codec_block_count(n, block);
+}
+
+int aps_codec_encode_payload(const struct aps_format *f, const float *x, size_t n, size_t block,
+                             const struct aps_quant_opts *opts, uint8_t *out, size_t out_len,
+                             struct aps_codec_stats *stats)
+{
+	size_t codes;
+
+	if (f == NULL)
+		return APS_EINVAL;
+	codes = aps_format_packed_size(f, n);
+	if (block == 0)
+		return aps_codec_quantize(f, x, n, opts, out, out_len, stats);
+	if (out_len < codes)
+		return APS_ESHORT;
+	return aps_codec_quantize_blocks(f, x, n, block, opts, out, codes,
+	                                 (int8_t *)(void *)(out + codes), out_len - codes, stats);
+}
+
+int aps_codec_decode_payload(const struct aps_format *f, const uint8_t *p, size_t len, size_t n,
+                             int scale_exp, size_t block, float *out, bool accumulate)
+{
+	size_t codes;
+
+	if (f == NULL || p == NULL)
+		return APS_EINVAL;
+	if (block == 0)
+		return decode(f, p, len, n, scale_exp, out, accumulate);
+	codes = aps_format_packed_size(f, n);
+	if (len < codes)
+		return APS_ESHORT;
+	return decode_blocks(f, p, codes, (const int8_t *)(const void *)(p + codes), len - codes, n,
+	                     block, out, accumulate);
+}
+
 float aps_codec_scan(const float *x, size_t n, bool *nonfinite)
 {
 	const struct kernels *vk = vector_kernels();

@@ -75,6 +75,7 @@ int aps_codec_accumulate(const struct aps_format *f, const uint8_t *codes, size_
  * 0, APS_EINVAL (also for a block size not allowed) or APS_ESHORT; only
  * rounding, seed, stream and index0 of opts are used.
  */
+#define APS_CODEC_BLOCK_DEFAULT 32
 bool aps_codec_block_ok(size_t block);
 size_t aps_codec_block_count(size_t n, size_t block);
 int aps_codec_quantize_blocks(const struct aps_format *f, const float *x, size_t n, size_t block,
@@ -90,6 +91,24 @@ int aps_codec_dequantize_blocks(const struct aps_format *f, const uint8_t *codes
 int aps_codec_accumulate_blocks(const struct aps_format *f, const uint8_t *codes, size_t codes_len,
                                 const int8_t *exps, size_t exps_len, size_t n, size_t block,
                                 float *acc);
+
+/*
+ * A payload: n elements of f as they travel, either scaled by 2^scale_exp as
+ * a whole (block == 0) or block-scaled (block > 0): the packed codes, then
+ * one int8 exponent per block. A job that scales by blocks sends fp32 as it
+ * is: aps_codec_payload_block says which block a payload in f uses.
+ */
+size_t aps_codec_payload_block(const struct aps_format *f, size_t job_block);
+size_t aps_codec_payload_size(const struct aps_format *f, size_t n, size_t block);
+
+/* Encodes x[0..n) with opts->scale_exp (block == 0) or by blocks; as aps_codec_quantize. */
+int aps_codec_encode_payload(const struct aps_format *f, const float *x, size_t n, size_t block,
+                             const struct aps_quant_opts *opts, uint8_t *out, size_t out_len,
+                             struct aps_codec_stats *stats);
+
+/* Decodes a payload into out (accumulate: adds to it). Returns 0, APS_EINVAL, APS_ESHORT. */
+int aps_codec_decode_payload(const struct aps_format *f, const uint8_t *p, size_t len, size_t n,
+                             int scale_exp, size_t block, float *out, bool accumulate);
 
 /* Largest |x[i]| over finite values; 0 for n == 0. */
 float aps_codec_maxabs(const float *x, size_t n);

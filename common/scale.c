@@ -87,11 +87,12 @@ static const char *const scaling_names[] = {
 	[APS_SCALING_NONE] = "none",
 	[APS_SCALING_LOCAL] = "local",
 	[APS_SCALING_GLOBAL] = "global",
+	[APS_SCALING_BLOCK] = "block",
 };
 
 int aps_scaling_parse(const char *name, enum aps_scaling *out)
 {
-	for (int i = 0; name != NULL && i <= APS_SCALING_GLOBAL; i++) {
+	for (int i = 0; name != NULL && i <= APS_SCALING_BLOCK; i++) {
 		if (strcmp(name, scaling_names[i]) == 0) {
 			*out = (enum aps_scaling)i;
 			return 0;
@@ -102,7 +103,7 @@ int aps_scaling_parse(const char *name, enum aps_scaling *out)
 
 const char *aps_scaling_name(enum aps_scaling mode)
 {
-	if (mode < APS_SCALING_NONE || mode > APS_SCALING_GLOBAL)
+	if (mode < APS_SCALING_NONE || mode > APS_SCALING_BLOCK)
 		return "unknown";
 	return scaling_names[mode];
 }

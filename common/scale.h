@@ -14,6 +14,7 @@ enum aps_scaling {
 	APS_SCALING_NONE = 0,   /* k = 0: plain quantization (the baseline) */
 	APS_SCALING_LOCAL = 1,  /* each worker's own largest k without overflow */
 	APS_SCALING_GLOBAL = 2, /* the paper: one k for all workers */
+	APS_SCALING_BLOCK = 3,  /* a local k per block of 16-64 elements (codec.h) */
 };
 
 /* Returned by aps_scale_global_exponent for an all-zero tensor. */
@@ -45,7 +46,7 @@ int aps_scale_local(const struct aps_format *f, float maxabs, int *k);
  */
 int aps_scale_block(const struct aps_format *f, float maxabs);
 
-/* Parses "none", "local" or "global"; returns 0 or APS_EINVAL. */
+/* Parses "none", "local", "global" or "block"; returns 0 or APS_EINVAL. */
 int aps_scaling_parse(const char *name, enum aps_scaling *out);
 const char *aps_scaling_name(enum aps_scaling mode);
 

@@ -56,6 +56,7 @@ void aps_envelope_from_msg(const struct aps_msg *m, uint32_t payload_crc, Aps__E
 	env->job_token = (char *)m->job_token;
 	env->max_message_bytes = m->max_message_bytes;
 	env->keepalive_ms = m->keepalive_ms;
+	env->block_size = m->block_size;
 }
 
 static void copy_string(char *dst, size_t cap, const char *src)
@@ -111,4 +112,5 @@ void aps_envelope_to_msg(const Aps__Envelope *env, struct aps_msg *m)
 	copy_string(m->job_token, sizeof(m->job_token), env->job_token);
 	m->max_message_bytes = env->max_message_bytes;
 	m->keepalive_ms = env->keepalive_ms;
+	m->block_size = env->block_size;
 }

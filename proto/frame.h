@@ -15,7 +15,9 @@
 #include <stdint.h>
 
 #define APS_PROTO_VERSION_MAJOR 1
-#define APS_PROTO_VERSION_MINOR 6
+#define APS_PROTO_VERSION_MINOR 7
+/* The oldest minor apsd lets join: 1.6 brought keepalives and session tokens. */
+#define APS_PROTO_VERSION_MINOR_JOIN 6
 
 #define APS_MSG_JOB_MAX     64  /* bytes of a job name, NUL excluded */
 #define APS_MSG_NAME_MAX    255 /* bytes of a tensor name, NUL excluded */
@@ -113,6 +115,9 @@ struct aps_msg {
 	char job_token[APS_MSG_TOKEN_MAX + 1]; /* HELLO: "" none */
 	uint64_t max_message_bytes;            /* WELCOME */
 	uint32_t keepalive_ms;                 /* WELCOME */
+	/* 1.7: HELLO/WELCOME the job's block size; PUSH/RESULT non-zero when the
+	 * payload is block-scaled (codes, then one int8 exponent per block) */
+	uint32_t block_size;
 	/*
 	 * Frame 1, borrowed: NULL when the message has no payload frame. Packing
 	 * writes payload_len and the CRC32C of these bytes into the header.

@@ -10,6 +10,7 @@
 #include "common/codec.h"
 #include "common/crc32c.h"
 #include "common/err.h"
+#include "common/scale.h"
 #include "proto/envelope.h"
 
 #include <inttypes.h>
@@ -239,7 +240,7 @@ static int check_envelope(struct check *c, const Aps__Envelope *env)
 		            "%zu awaited ranks, %zu exponents and %zu tensor ids, limit %d",
 		            env->n_waiting_for, env->n_exponents, env->n_tensor_ids,
 		            APS_MSG_LIST_MAX);
-	if ((unsigned)env->scaling > (unsigned)APS__SCALING_MODE__SCALING_GLOBAL)
+	if ((unsigned)env->scaling > (unsigned)APS__SCALING_MODE__SCALING_BLOCK)
 		return fail(c, APS_MSG_FAULT_BAD_SCALE, "scaling mode %d is unknown",
 		            (int)env->scaling);
 	ret = check_tokens(c, env);
@@ -352,6 +353,27 @@ static int check_chunk(struct check *c)
 	return 0;
 }
 
+/* block_size: a size the codec knows, only where it means something (aps.proto). */
+static int check_block(struct check *c)
+{
+	const struct aps_msg *m = &c->msg;
+	bool data = c->rule->payload == PAYLOAD_CODES;
+
+	if (m->block_size == 0)
+		return 0;
+	if (!aps_codec_block_ok(m->block_size))
+		return fail(c, APS_MSG_FAULT_BAD_SCALE,
+		            "block size %" PRIu32 " is not 16, 32 or 64", m->block_size);
+	if (!data && m->type != APS_MSG_HELLO && m->type != APS_MSG_WELCOME)
+		return fail(c, APS_MSG_FAULT_BAD_SCALE, "block size on a %s", c->what);
+	if (data && (m->scale_exp != 0 || m->chunk_offset % m->block_size != 0))
+		return fail(c, APS_MSG_FAULT_BAD_SCALE,
+		            "block-scaled chunk at %" PRIu64 " with scale exponent %" PRId32
+		            " (needs a multiple of %" PRIu32 " and 0)",
+		            m->chunk_offset, m->scale_exp, m->block_size);
+	return 0;
+}
+
 static bool scale_in_range(int32_t k)
 {
 	return k >= -APS_CODEC_SCALE_MAX && k <= APS_CODEC_SCALE_MAX;
@@ -405,6 +427,22 @@ static bool expects_payload(const struct check *c)
 	}
 }
 
+/* A block exponent is int8 within +-APS_SCALE_BLOCK_MAX: -128 would overflow 2^-k. */
+static int check_block_exponents(struct check *c)
+{
+	const struct aps_msg *m = &c->msg;
+	size_t at = aps_format_packed_size(&c->fmt, (size_t)m->chunk_count);
+	const int8_t *exps = (const int8_t *)(const void *)(c->payload + at);
+	size_t n = aps_codec_block_count((size_t)m->chunk_count, m->block_size);
+
+	for (size_t b = 0; b < n; b++) {
+		if (exps[b] < -APS_SCALE_BLOCK_MAX)
+			return fail(c, APS_MSG_FAULT_BAD_SCALE, "block %zu has exponent %d", b,
+			            exps[b]);
+	}
+	return 0;
+}
+
 /* Length against the header and the count, then CRC, then the codes (CRC and codes
  * in one pass over the bytes). */
 static int check_payload_bytes(struct check *c)
@@ -417,15 +455,17 @@ static int check_payload_bytes(struct check *c)
 	if (m->chunk_count > (SIZE_MAX - 7) / c->fmt.bits)
 		return fail(c, APS_MSG_FAULT_TOO_LARGE, "chunk of %" PRIu64 " elements",
 		            m->chunk_count);
-	need = aps_format_packed_size(&c->fmt, (size_t)m->chunk_count);
+	need = aps_format_packed_size(&c->fmt, (size_t)m->chunk_count) +
+	       aps_codec_block_count((size_t)m->chunk_count, m->block_size);
 	if (c->wire_len != c->payload_len)
 		return fail(c, APS_MSG_FAULT_BAD_LENGTH,
 		            "payload is %zu bytes, header says %" PRIu64, c->payload_len,
 		            c->wire_len);
 	if (c->payload_len != need)
 		return fail(c, APS_MSG_FAULT_BAD_LENGTH,
-		            "payload is %zu bytes, %" PRIu64 " %s codes need %zu", c->payload_len,
-		            m->chunk_count, c->fmt.name, need);
+		            "payload is %zu bytes, %" PRIu64 " %s codes%s need %zu", c->payload_len,
+		            m->chunk_count, c->fmt.name, m->block_size ? " and exponents" : "",
+		            need);
 	bad = aps_codec_crc_nonfinite(&c->fmt, c->payload, c->payload_len, (size_t)m->chunk_count,
 	                              &crc);
 	if (crc != c->wire_crc)
@@ -435,7 +475,7 @@ static int check_payload_bytes(struct check *c)
 	if (bad > 0)
 		return fail(c, APS_MSG_FAULT_NONFINITE, "payload holds %zu inf or NaN %s codes",
 		            bad, c->fmt.name);
-	return 0;
+	return check_block_exponents(c);
 }
 
 static int check_payload(struct check *c)
@@ -468,6 +508,8 @@ static int check_fields(struct check *c)
 		ret = check_chunk(c);
 	if (ret == 0)
 		ret = check_scale_flags_error(c);
+	if (ret == 0)
+		ret = check_block(c);
 	if (ret == 0)
 		ret = check_payload(c);
 	return ret;

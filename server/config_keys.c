@@ -23,7 +23,7 @@
 static const char *const log_levels[] = { "error", "warn", "info", "debug", NULL };
 const char *const aps_config_downlinks[] = { "auto", "fp32", "fp16", "bf16", NULL };
 /* The order of enum aps_scaling and of enum aps_sum. */
-const char *const aps_config_scalings[] = { "none", "local", "global", NULL };
+const char *const aps_config_scalings[] = { "none", "local", "global", "block", NULL };
 static const char *const sums[] = { "fp32", "lowp", NULL };
 static const char *const policies[] = { "off", "auto", NULL };
 static const char *const yes_no[] = { "no", "yes", NULL };
@@ -70,7 +70,8 @@ const struct key aps_config_keys[] = {
 	{ KEY(drain_batch), .type = KEY_INT, .min = 1, .max = 65536, .def = "256",
 	  .help = "messages read per socket wake-up" },
 	{ KEY(scaling), .type = KEY_CHOICE, .choices = aps_config_scalings, .def = "local",
-	  .help = "APS scaling of jobs whose workers do not choose (global: the paper)" },
+	  .help = "APS scaling of jobs whose workers do not choose (global: the paper; block: an "
+	          "exponent per block of 32 elements)" },
 	{ KEY(sum), .type = KEY_CHOICE, .choices = sums, .def = "fp32",
 	  .help = "fp32: exact sum; lowp: rounded to the format after each addition (needs "
 	          "scaling = global)" },

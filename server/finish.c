@@ -33,6 +33,7 @@ static void fan_out(struct aps_server *srv, struct aps_job *job, struct aps_tens
 	r.total_count = t->count;
 	snprintf(r.format, sizeof(r.format), "%s", res->fmt.name);
 	r.scale_exp = res->scale_exp;
+	r.block_size = res->block;
 	r.scaling = (int)job->scaling;
 	r.flushed = res->stats.flushed;
 	r.flags = res->lowp_sum ? APS_MSG_FLAG_LOWP_SUM : 0;

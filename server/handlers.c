@@ -195,6 +195,7 @@ static int contribution_of(struct aps_inmsg *in, const struct aps_msg *m,
 		return 0;
 	c->fmt = m->fmt;
 	c->scale_exp = m->scale_exp;
+	c->block = m->block_size;
 	c->flushed = m->flushed;
 	return aps_zbridge_take_payload(in, &c->payload);
 }

@@ -87,6 +87,7 @@ struct aps_job {
 	bool elastic;       /* a lost rank shrinks the job instead of failing it */
 	struct aps_policy_config policy;
 	size_t chunk_elems; /* elements per chunk of its tensors */
+	uint32_t block;     /* scaling block: elements per block (16, 32, 64), else 0 */
 	struct aps_format downlink;
 	struct aps_session **ranks; /* world_size; NULL: not connected */
 	/*

@@ -34,6 +34,15 @@ static bool lowp_needs_global(bool lowp, const struct aps_msg *m)
 	return lowp && m->scaling != APS_MSG_SCALING_UNSET && m->scaling != (int)APS_SCALING_GLOBAL;
 }
 
+/* Chunks of a block-scaled job are a multiple of every block size (validate.c). */
+#define BLOCK_ALIGN ((size_t)64)
+
+/* The block size a HELLO asks for: APS_CODEC_BLOCK_DEFAULT when it names none. */
+static uint32_t job_block(const struct aps_msg *m)
+{
+	return m->block_size != 0 ? m->block_size : APS_CODEC_BLOCK_DEFAULT;
+}
+
 /* The job's options as a HELLO states them; "" when they agree with the job. */
 static bool options_differ(const struct aps_job *job, bool job_policy_auto, const struct aps_msg *m,
                            const char *spec, char *why, size_t len)
@@ -52,6 +61,10 @@ static bool options_differ(const struct aps_job *job, bool job_policy_auto, cons
 		snprintf(why, len, "job '%s' uses scaling '%s', rank %u asks for '%s'", job->name,
 		         aps_scaling_name(job->scaling), m->rank,
 		         aps_scaling_name((enum aps_scaling)m->scaling));
+	else if (job->scaling == APS_SCALING_BLOCK && m->scaling == (int)APS_SCALING_BLOCK &&
+	         job->block != job_block(m))
+		snprintf(why, len, "job '%s' scales blocks of %u elements, rank %u asks for %u",
+		         job->name, job->block, m->rank, job_block(m));
 	else if (job->policy.automatic !=
 	         (job_policy_auto || (m->flags & APS_MSG_FLAG_POLICY_AUTO)))
 		snprintf(why, len, "job '%s' has policy '%s', rank %u asks for the other",
@@ -88,6 +101,13 @@ static int create_job(struct aps_server *srv, const struct aps_msg *m,
 	job->chunk_elems = srv->opts.chunk_elems;
 	job->scaling = m->scaling != APS_MSG_SCALING_UNSET ? (enum aps_scaling)m->scaling
 	                                                   : srv->opts.scaling;
+	if (job->scaling == APS_SCALING_BLOCK) {
+		job->block = job_block(m);
+		/* Chunks start on a block: a multiple of the largest block size. */
+		job->chunk_elems = job->chunk_elems > BLOCK_ALIGN
+		                           ? job->chunk_elems & ~(BLOCK_ALIGN - 1)
+		                           : BLOCK_ALIGN;
+	}
 	job->downlink_auto = srv->default_downlink_auto;
 	job->downlink = srv->default_downlink;
 	if (m->format[0] != '\0') {
@@ -375,12 +395,12 @@ void aps_handle_hello(struct aps_server *srv, struct aps_session *s, const struc
 
 	if (s->job != NULL)
 		return hello_again(srv, s, m);
-	if (m->version_minor < APS_PROTO_VERSION_MINOR) {
+	if (m->version_minor < APS_PROTO_VERSION_MINOR_JOIN) {
 		snprintf(why, sizeof(why),
 		         "this client speaks protocol %u.%u; apsd needs %d.%d (keepalives, session "
 		         "tokens): use the libaps of apsd's release",
 		         m->version_major, m->version_minor, APS_PROTO_VERSION_MAJOR,
-		         APS_PROTO_VERSION_MINOR);
+		         APS_PROTO_VERSION_MINOR_JOIN);
 		return refuse_hello(srv, s, m, APS_EPROTO, why);
 	}
 	if (!let_in(srv, s, m))
@@ -428,6 +448,7 @@ void aps_join_welcome(struct aps_server *srv, struct aps_session *s, uint32_t fl
 	aps_outbox_init(&w, APS_MSG_WELCOME, job, s->rank);
 	w.step = job->barrier_step; /* the job's next barrier: a rank that is back joins it */
 	w.scaling = (int)job->scaling;
+	w.block_size = job->block;
 	w.flags = flags;
 	if (!job->downlink_auto)
 		snprintf(w.format, sizeof(w.format), "%s", job->downlink.name);

@@ -169,8 +169,9 @@ void aps_optimize_chunk_done(struct aps_server *srv, struct aps_job *job, struct
 	if (job->optim.kind == APS_OPTIM_NONE)
 		return;
 	if (!broadcast)
-		aps_codec_accumulate(&res->fmt, res->payload->data, res->payload->len, res->count,
-		                     res->scale_exp, o->view + res->offset);
+		aps_codec_decode_payload(&res->fmt, res->payload->data, res->payload->len,
+		                         res->count, res->scale_exp, res->block,
+		                         o->view + res->offset, true);
 	if (!res->step_done)
 		return;
 	if (broadcast) {

@@ -152,11 +152,11 @@ static void sum_one(struct aps_round *r, uint32_t chunk, const struct aps_contri
 	uint64_t t0 = r->trace != NULL ? aps_trace_now() : 0;
 
 	if (first) {
-		aps_codec_dequantize(&c->fmt, p->data, p->len, n, k, acc);
+		aps_codec_decode_payload(&c->fmt, p->data, p->len, n, k, c->block, acc, false);
 		aps_trace_stage(r->trace, "dequantize", t0, &AT(r, chunk));
 		return;
 	}
-	aps_codec_accumulate(&c->fmt, p->data, p->len, n, k, acc);
+	aps_codec_decode_payload(&c->fmt, p->data, p->len, n, k, c->block, acc, true);
 	if (r->lowp)
 		round_to_format(r, &c->fmt, acc, n);
 	aps_trace_stage(r->trace, "sum", t0, &AT(r, chunk));
@@ -241,6 +241,9 @@ static int check_add(const struct aps_round *r, uint32_t rank, uint64_t step, ui
 		return refuse(why, why_len, "rank %u pushed no data", rank);
 	if (kind == APS_ROUND_BROADCAST && data && rank != 0)
 		return refuse(why, why_len, "rank %u sent broadcast data: only rank 0 does", rank);
+	if (kind == APS_ROUND_ALLREDUCE && c->block != aps_codec_payload_block(&c->fmt, r->block))
+		return refuse(why, why_len, "rank %u sent %s in blocks of %u, the job's are %u",
+		              rank, c->fmt.name, c->block, r->block);
 	return check_lowp(r, c, why, why_len);
 }
 
@@ -306,20 +309,23 @@ bool aps_round_recheck(struct aps_round *r, uint32_t chunk)
 	return aps_round_chunk_complete(r, chunk);
 }
 
-static int encode(const float *acc, size_t n, enum aps_scaling scaling,
+static int encode(const float *acc, size_t n, enum aps_scaling scaling, uint32_t block,
                   struct aps_round_result *res)
 {
 	struct aps_quant_opts o = { 0 };
-	size_t len = aps_format_packed_size(&res->fmt, n);
+	size_t len;
 
+	res->block = scaling == APS_SCALING_BLOCK ? aps_codec_payload_block(&res->fmt, block) : 0;
+	len = aps_codec_payload_size(&res->fmt, n, res->block);
 	res->maxabs = aps_codec_maxabs(acc, n);
-	if (scaling != APS_SCALING_NONE && !aps_format_is_fp32(&res->fmt))
+	if (scaling != APS_SCALING_NONE && res->block == 0 && !aps_format_is_fp32(&res->fmt))
 		aps_scale_local(&res->fmt, res->maxabs, &o.scale_exp);
 	res->scale_exp = o.scale_exp;
 	res->payload = aps_sbuf_new(len);
 	if (res->payload == NULL)
 		return APS_ENOMEM;
-	return aps_codec_quantize(&res->fmt, acc, n, &o, res->payload->data, len, &res->stats);
+	return aps_codec_encode_payload(&res->fmt, acc, n, res->block, &o, res->payload->data, len,
+	                                &res->stats);
 }
 
 /* Adds the chunk's squared error (result against the fp32 mean) to the step's. */
@@ -329,8 +335,8 @@ static int measure_error(struct aps_round *r, const float *mean, size_t n,
 	if (r->err_scratch == NULL &&
 	    (r->err_scratch = malloc(r->chunk_elems * sizeof(float))) == NULL)
 		return APS_ENOMEM;
-	aps_codec_dequantize(&res->fmt, res->payload->data, res->payload->len, n, res->scale_exp,
-	                     r->err_scratch);
+	aps_codec_decode_payload(&res->fmt, res->payload->data, res->payload->len, n,
+	                         res->scale_exp, res->block, r->err_scratch, false);
 	for (size_t i = 0; i < n; i++) {
 		double d = (double)r->err_scratch[i] - mean[i];
 		r->err_num += d * d;
@@ -387,7 +393,7 @@ int aps_round_finish_chunk(struct aps_round *r, uint32_t chunk, const struct aps
 		aps_codec_divide(acc, n, (float)r->chunks[chunk].summed);
 	if (r->transform != NULL)
 		r->transform(r->transform_ctx, r->kind, res->offset, acc, n);
-	ret = encode(acc, n, scaling, res);
+	ret = encode(acc, n, scaling, r->block, res);
 	aps_trace_stage(r->trace, "quantize", t0, &AT(r, chunk));
 	if (ret == 0 && r->measure_error && r->kind == APS_ROUND_ALLREDUCE)
 		ret = measure_error(r, acc, n, res);

@@ -31,6 +31,7 @@ struct aps_payload {
 struct aps_contribution {
 	struct aps_format fmt;
 	int scale_exp;
+	uint32_t block;             /* block-scaled payload (codec.h): elements per block, else 0 */
 	uint64_t flushed;           /* the rank's own count, for the precision policy */
 	struct aps_payload payload; /* data == NULL: no data (a broadcast's non-root) */
 };
@@ -56,8 +57,9 @@ struct aps_round {
 	size_t count;       /* elements of the tensor */
 	size_t chunk_elems; /* elements per chunk, a multiple of 8; the last may be shorter */
 	uint32_t n_chunks;
-	bool lowp;     /* sum rounded to the format after every addition */
-	uint64_t step; /* the step being collected */
+	bool lowp;      /* sum rounded to the format after every addition */
+	uint32_t block; /* scaling block: elements per block of every payload but fp32 */
+	uint64_t step;  /* the step being collected */
 	enum aps_round_kind kind;
 	uint32_t chunks_finished;
 	struct aps_round_chunk *chunks;
@@ -84,6 +86,7 @@ struct aps_round {
 struct aps_round_result {
 	struct aps_format fmt; /* downlink format */
 	int scale_exp;
+	uint32_t block;           /* block-scaled payload: elements per block, else 0 */
 	bool lowp_sum;            /* codes hold the sum (times 2^k), not the mean */
 	size_t offset, count;     /* the chunk, in elements */
 	struct aps_sbuf *payload; /* one reference for the caller */
@@ -109,7 +112,8 @@ int64_t aps_round_chunk_of(const struct aps_round *r, uint64_t offset, uint64_t 
  * Adds rank's contribution to chunk of the round of step. Takes ownership of
  * c->payload on success only. Returns 0, or APS_EPROTO with a reason in why:
  * another step, a second contribution of the rank, a broadcast mixed with a
- * push, a lowp push in another format or with another exponent.
+ * push, a lowp push in another format or with another exponent, a payload
+ * scaled by other blocks than the round's.
  */
 int aps_round_add(struct aps_round *r, uint32_t rank, uint64_t step, uint32_t chunk,
                   enum aps_round_kind kind, struct aps_contribution *c, char *why, size_t why_len);
@@ -122,8 +126,9 @@ bool aps_round_has(const struct aps_round *r, uint32_t rank, uint64_t step, uint
 /*
  * Finishes a complete chunk: the mean (all-reduce; the sum for lowp) or the
  * root's values (broadcast), encoded in down (NULL: the step's uplink format)
- * with the local APS exponent of the chunk's result, or k = 0 when scaling is
- * APS_SCALING_NONE. After the last chunk the round moves to the next step.
+ * with the local APS exponent of the chunk's result, k = 0 when scaling is
+ * APS_SCALING_NONE, or an exponent per block of r->block when it is
+ * APS_SCALING_BLOCK. After the last chunk the round moves to the next step.
  * Returns 0 or APS_ENOMEM.
  */
 int aps_round_finish_chunk(struct aps_round *r, uint32_t chunk, const struct aps_format *down,

@@ -133,6 +133,8 @@ enum aps_scaling_mode {
 	APS_SCALING_MODE_NONE = 0,   /* k = 0 */
 	APS_SCALING_MODE_LOCAL = 1,  /* largest k with no overflow for this data */
 	APS_SCALING_MODE_GLOBAL = 2, /* the paper: emax - ceil(log2(nworkers * max)) */
+	APS_SCALING_MODE_BLOCK = 3,  /* a local k per block of block_size elements (client
+	                                only: aps_exponent takes NONE, LOCAL or GLOBAL) */
 };
 
 /**
@@ -212,6 +214,10 @@ struct aps_client_opts {
 	                               answered; a daemon that took the connection is waited
 	                               for up to timeout_ms. Default 10000; 0: no limit but
 	                               timeout_ms */
+	uint32_t block_size; /* scaling APS_SCALING_MODE_BLOCK: elements per block, 16, 32 or 64;
+	                        0: APS_BLOCK_DEFAULT. Every rank of the job gives the same.
+	                        Payloads carry one int8 exponent per block after the codes
+	                        (fp32 travels as it is) */
 };
 
 /**

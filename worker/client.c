@@ -6,6 +6,7 @@
  */
 #include "worker/client_impl.h"
 
+#include "common/codec.h"
 #include "common/err.h"
 #include "common/rules.h"
 #include "worker/api_error.h"
@@ -70,10 +71,15 @@ static int check_opts(const struct aps_client_opts *o, struct aps_format *fmt,
 	if (o->downlink != NULL && o->downlink[0] != '\0' && strcmp(o->downlink, "auto") != 0 &&
 	    aps_format_parse(o->downlink, down) < 0)
 		return aps_api_fail(APS_EFORMAT, "downlink '%.32s' is not a format", o->downlink);
-	if (o->scaling < APS_SCALING_MODE_NONE || o->scaling > APS_SCALING_MODE_GLOBAL)
-		return aps_api_fail(APS_EINVAL,
-		                    "scaling %d is not none (0), local (1) or global (2)",
-		                    o->scaling);
+	if (o->scaling < APS_SCALING_MODE_NONE || o->scaling > APS_SCALING_MODE_BLOCK)
+		return aps_api_fail(
+		        APS_EINVAL,
+		        "scaling %d is not none (0), local (1), global (2) or block (3)",
+		        o->scaling);
+	if (o->block_size != 0 &&
+	    (o->scaling != APS_SCALING_MODE_BLOCK || !aps_codec_block_ok(o->block_size)))
+		return aps_api_fail(APS_EINVAL, "block_size %u: 16, 32 or 64, with scaling block",
+		                    o->block_size);
 	if (o->timeout_ms <= 0 || o->heartbeat_ms <= 0)
 		return aps_api_fail(APS_EINVAL, "timeout_ms and heartbeat_ms must be positive");
 	if (o->connect_timeout_ms < 0)
@@ -105,6 +111,8 @@ static void copy_opts(struct aps_client *c, const struct aps_client_opts *o,
 	c->world_size = o->world_size;
 	c->format = *fmt;
 	c->scaling = (enum aps_scaling)o->scaling;
+	if (c->scaling == APS_SCALING_BLOCK)
+		c->block = o->block_size ? o->block_size : APS_CODEC_BLOCK_DEFAULT;
 	c->timeout_ms = o->timeout_ms;
 	c->heartbeat_ms = o->heartbeat_ms;
 	c->connect_timeout_ms = o->connect_timeout_ms;

@@ -77,6 +77,7 @@ struct aps_request {
 	struct aps_sbuf *codes; /* what this rank sends */
 	struct aps_format fmt;
 	int scale_exp;
+	uint32_t block;   /* block-scaled codes: each chunk's codes, then its exponents */
 	int32_t exponent; /* global mode: this rank's ceil(log2(N max)) */
 	uint64_t flushed;
 	uint32_t chunks, chunks_done;
@@ -103,6 +104,7 @@ struct aps_client {
 	uint32_t rank, world_size;
 	struct aps_format format;
 	enum aps_scaling scaling;
+	uint32_t block; /* scaling block: elements per block, else 0 */
 	int timeout_ms, heartbeat_ms;
 	int connect_timeout_ms; /* joining: how long no connection may be made (0: no limit) */
 	aps_log_fn log;
@@ -247,6 +249,13 @@ void aps_resume_calls(struct aps_client *c);
 bool aps_resume_refused(struct aps_client *c, const struct aps_msg *m);
 /* resume.c: what a WELCOME says of the session: its token and apsd's limits. */
 void aps_resume_welcomed(struct aps_client *c, const struct aps_msg *welcome);
+
+/*
+ * Chunk i of r: its elements [*off, *off + *n), and where its payload starts
+ * in r->codes (returned) and how long it is (*len).
+ */
+size_t aps_request_chunk(const struct aps_request *r, uint32_t i, size_t *off, size_t *n,
+                         size_t *len);
 
 /* Encodes r's data for the wire once its scale exponent is known. */
 int aps_request_encode(struct aps_client *c, struct aps_request *r);

@@ -14,6 +14,8 @@
 
 _Static_assert(APS_SCALING_MODE_LOCAL == (int)APS_SCALING_LOCAL, "scaling modes");
 _Static_assert(APS_SCALING_MODE_GLOBAL == (int)APS_SCALING_GLOBAL, "scaling modes");
+_Static_assert(APS_SCALING_MODE_BLOCK == (int)APS_SCALING_BLOCK, "scaling modes");
+_Static_assert(APS_BLOCK_DEFAULT == APS_CODEC_BLOCK_DEFAULT, "block size");
 _Static_assert(APS_ROUNDING_STOCHASTIC == (int)APS_ROUND_STOCHASTIC, "rounding modes");
 
 const char *aps_version(void)

@@ -242,11 +242,13 @@ static void on_result(struct aps_client *c, const struct aps_msg *m)
 	uint64_t t0 = c->trace != NULL ? aps_trace_now() : 0;
 	/* Optimize mode: the update is added, exactly as the daemon adds it to its view. */
 	if (r->update)
-		ret = aps_codec_accumulate(f, m->payload, m->payload_len, m->chunk_count,
-		                           m->scale_exp, r->weights + m->chunk_offset);
+		ret = aps_codec_decode_payload(f, m->payload, m->payload_len, m->chunk_count,
+		                               m->scale_exp, m->block_size,
+		                               r->weights + m->chunk_offset, true);
 	else
-		ret = aps_codec_dequantize(f, m->payload, m->payload_len, m->chunk_count,
-		                           m->scale_exp, r->buf + m->chunk_offset);
+		ret = aps_codec_decode_payload(f, m->payload, m->payload_len, m->chunk_count,
+		                               m->scale_exp, m->block_size,
+		                               r->buf + m->chunk_offset, false);
 	if (ret < 0)
 		return finish(c, r, APS_EPROTO, "a result chunk is too short");
 	out = r->buf + m->chunk_offset;

@@ -173,6 +173,12 @@ static int join_message(struct aps_client *c, const struct aps_rxmsg *rx)
 		                    "apsd at %s does not serve optimize mode (protocol %u.%u, "
 		                    "optimize mode needs 1.4)",
 		                    c->endpoint, m.version_major, m.version_minor);
+	if (m.block_size != c->block)
+		return aps_api_fail(APS_EPROTO,
+		                    "apsd at %s scales blocks of %u elements, the client %u "
+		                    "(protocol %u.%u; block scaling needs 1.7)",
+		                    c->endpoint, m.block_size, c->block, m.version_major,
+		                    m.version_minor);
 	snprintf(c->optimizer, sizeof(c->optimizer), "%s", m.optimizer);
 	c->barrier_step = m.step; /* a rank back in an elastic job joins the next one */
 	aps_resume_welcomed(c, &m);
@@ -224,6 +230,7 @@ int aps_join(struct aps_client *c, const char *downlink)
 	memcpy(m.session, c->session, sizeof(m.session));
 	m.has_session = true;
 	m.scaling = (int)c->scaling;
+	m.block_size = c->block;
 	m.flags = c->policy_auto ? APS_MSG_FLAG_POLICY_AUTO : 0;
 	snprintf(m.optimizer, sizeof(m.optimizer), "%s", c->optimizer);
 	snprintf(m.job_token, sizeof(m.job_token), "%s", c->job_token);

@@ -23,7 +23,7 @@ int aps_outbox_chunks(struct aps_client *c, struct aps_request *r)
 	if (r->got == NULL && (r->got = calloc(r->chunks, 1)) == NULL)
 		return APS_ENOMEM;
 	for (uint32_t i = 0; i < r->chunks; i++) {
-		size_t off = (size_t)i * per, n = r->count - off < per ? r->count - off : per;
+		size_t off, n, len, at = aps_request_chunk(r, i, &off, &n, &len);
 		struct aps_msg m;
 		if (r->got[i])
 			continue;
@@ -45,9 +45,8 @@ int aps_outbox_chunks(struct aps_client *c, struct aps_request *r)
 			continue;
 		}
 		snprintf(m.format, sizeof(m.format), "%s", r->fmt.name);
-		if (aps_client_send(c, &m, r->codes,
-		                    r->codes->data + aps_format_packed_size(&r->fmt, off),
-		                    aps_format_packed_size(&r->fmt, n)) < 0)
+		m.block_size = r->block;
+		if (aps_client_send(c, &m, r->codes, r->codes->data + at, len) < 0)
 			return APS_ECONN;
 	}
 	aps_trace_stage(c->trace, "push", t0,

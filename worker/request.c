@@ -61,13 +61,37 @@ static int submit(struct aps_client *c, struct aps_request *r, aps_request **out
 	return aps_api_ok();
 }
 
+size_t aps_request_chunk(const struct aps_request *r, uint32_t i, size_t *off, size_t *n,
+                         size_t *len)
+{
+	size_t per = r->chunk_elems ? r->chunk_elems : r->count;
+
+	*off = (size_t)i * per;
+	*n = r->count - *off < per ? r->count - *off : per;
+	*len = aps_codec_payload_size(&r->fmt, *n, r->block);
+	/* Every chunk before this one has per elements (a multiple of 8: whole bytes). */
+	return (size_t)i * aps_codec_payload_size(&r->fmt, per, r->block);
+}
+
+/* Chunks of r: at least one, even for an empty tensor. */
+static uint32_t chunks_of(const struct aps_request *r)
+{
+	size_t per = r->chunk_elems ? r->chunk_elems : r->count;
+
+	return per == 0 ? 1 : (uint32_t)((r->count + per - 1) / per);
+}
+
 /* Error feedback: the residual is what this quantization lost, for the next step. */
 static void keep_residual(struct aps_request *r)
 {
 	float *residual = r->residual;
+	size_t off, n, len;
 
-	aps_codec_dequantize(&r->fmt, r->codes->data, r->codes->len, r->count, r->scale_exp,
-	                     residual);
+	for (uint32_t i = 0; i < chunks_of(r); i++) {
+		size_t at = aps_request_chunk(r, i, &off, &n, &len);
+		aps_codec_decode_payload(&r->fmt, r->codes->data + at, len, n, r->scale_exp,
+		                         r->block, residual + off, false);
+	}
 	for (uint64_t i = 0; i < r->count; i++)
 		residual[i] = r->corrected[i] - residual[i];
 }
@@ -96,14 +120,24 @@ int aps_request_encode(struct aps_client *c, struct aps_request *r)
 {
 	struct aps_quant_opts o = { .scale_exp = r->scale_exp };
 	struct aps_codec_stats st;
-	size_t len = aps_format_packed_size(&r->fmt, r->count);
+	uint32_t chunks = chunks_of(r);
+	size_t off, n, len, at;
 	uint64_t t0 = c->trace != NULL ? aps_trace_now() : 0;
 
-	r->codes = aps_sbuf_new(len);
+	/* Chunk by chunk: block-scaled codes travel with each chunk's exponents. */
+	r->block = (uint32_t)aps_codec_payload_block(&r->fmt, c->block);
+	at = aps_request_chunk(r, chunks - 1, &off, &n, &len);
+	r->codes = aps_sbuf_new(at + len);
 	if (r->codes == NULL)
 		return APS_ENOMEM;
-	aps_codec_quantize(&r->fmt, r->src, r->count, &o, r->codes->data, len, &st);
-	r->flushed = st.flushed;
+	r->flushed = 0;
+	for (uint32_t i = 0; i < chunks; i++) {
+		at = aps_request_chunk(r, i, &off, &n, &len);
+		o.index0 = off;
+		aps_codec_encode_payload(&r->fmt, r->src + off, n, r->block, &o,
+		                         r->codes->data + at, len, &st);
+		r->flushed += st.flushed;
+	}
 	if (r->corrected != NULL)
 		keep_residual(r);
 	aps_trace_stage(c->trace, "quantize", t0,
@@ -118,7 +152,8 @@ int aps_request_encode(struct aps_client *c, struct aps_request *r)
 static int scale(struct aps_client *c, struct aps_request *r, float maxabs)
 {
 	r->scale_exp = 0;
-	if (c->scaling == APS_SCALING_NONE || aps_format_is_fp32(&r->fmt))
+	if (c->scaling == APS_SCALING_NONE || c->scaling == APS_SCALING_BLOCK ||
+	    aps_format_is_fp32(&r->fmt))
 		return 0;
 	if (c->scaling == APS_SCALING_LOCAL)
 		return aps_scale_local(&r->fmt, maxabs, &r->scale_exp);

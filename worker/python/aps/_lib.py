@@ -84,6 +84,7 @@ class ClientOpts(ctypes.Structure):
         ("optimizer", ctypes.c_char_p),
         ("job_token", ctypes.c_char_p),
         ("connect_timeout_ms", ctypes.c_int32),
+        ("block_size", ctypes.c_uint32),
     ]
 
 

@@ -29,7 +29,7 @@ from aps._buffers import float32_buffer
 from aps._io import Deferred, IOThread
 from aps._lib import ClientOpts, LogFn, check, error_for, last_error, lib
 
-_SCALING = {"none": 0, "local": 1, "global": 2}
+_SCALING = {"none": 0, "local": 1, "global": 2, "block": 3}
 _LOG_LEVELS = {0: logging.ERROR, 1: logging.WARNING, 2: logging.INFO, 3: logging.DEBUG}
 _NAME_MAX = 255  # bytes of a tensor name (APS_MSG_NAME_MAX)
 _APS_ECLOSED = -11
@@ -63,8 +63,10 @@ class Client:
     """A connection to apsd as rank `rank` of `world_size` in job `job`.
 
     format is the uplink format of every tensor ("fp32", "e4m3", "e3m0", ...),
-    scaling "local" (APS, the default), "global" (the paper) or "none",
-    downlink the format of results (None: the uplink format). timeout_ms
+    scaling "local" (APS, the default), "global" (the paper), "none", or
+    "block" (an APS exponent per block of block_size elements, 16, 32 by
+    default or 64: one int8 more per block on the wire, for formats of 4-6
+    bits; fp32 travels as it is), downlink the format of results (None: the uplink format). timeout_ms
     bounds each call without progress. connect_timeout_ms bounds how long
     joining tries to connect (again every second at most while nothing
     listens, so that a daemon started a little later is joined; default 10000,
@@ -114,7 +116,7 @@ class Client:
                  error_feedback=False, trace=None, curve_server_key=None,
                  curve_public_key=None, curve_secret_key=None, rejoin=False,
                  partition_bytes=None, optimizer=None, job_token=None,
-                 connect_timeout_ms=10000):
+                 connect_timeout_ms=10000, block_size=None):
         if scaling not in _SCALING:
             raise ValueError(f"scaling must be one of {sorted(_SCALING)}, not {scaling!r}")
         if policy not in (None, "auto"):
@@ -143,6 +145,11 @@ class Client:
         if opts.rank != rank or opts.world_size != world_size:
             raise ValueError(f"rank {rank} is not in a world of {world_size}")
         opts.scaling = _SCALING[scaling]
+        if block_size is not None:
+            if scaling != "block" or _check_int(block_size, "block_size") not in (16, 32, 64):
+                raise ValueError(f"block_size {block_size}: 16, 32 or 64, with scaling='block'")
+            opts.block_size = block_size
+        self.block_size = (block_size or 32) if scaling == "block" else 0
         opts.timeout_ms = _check_int(timeout_ms, "timeout_ms")
         opts.connect_timeout_ms = _check_int(connect_timeout_ms, "connect_timeout_ms")
         if opts.connect_timeout_ms != connect_timeout_ms:
@@ -370,7 +377,8 @@ class Client:
         if entry is None:
             tid = ctypes.c_uint32()
             check(lib.aps_client_register(self._c, name.encode(), n, ctypes.byref(tid)))
-            entry = self._ids[name] = (tid.value, _packed_bytes(self.format, n))
+            entry = self._ids[name] = (tid.value, _packed_bytes(self.format, n,
+                                                                self.block_size))
         return entry[0]
 
     def _reduce_batch(self, calls, zero_nonfinite, timeout):
@@ -447,8 +455,12 @@ def _endpoint_list(endpoint):
     return endpoint
 
 
-def _packed_bytes(fmt, n):
-    return check(lib.aps_packed_size(fmt.encode(), n))
+def _packed_bytes(fmt, n, block=0):
+    """Uplink bytes of n elements in fmt: the codes, and the block exponents."""
+    codes = check(lib.aps_packed_size(fmt.encode(), n))
+    if block and fmt != "fp32":
+        codes += -(-n // block)
+    return codes
 
 
 def _zero_if_nonfinite(addr, n):
