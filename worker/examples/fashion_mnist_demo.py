@@ -57,6 +57,11 @@ PRESETS = {
 # The classifier's gradients on the wire (DistributedOptimizer names a
 # parameter P "grad.P"): the MLP's last Linear is module 4, the CNN's module 10.
 CLASSIFIER = {"default": "grad.4.*", "long": "grad.10.*"}
+# --blocks: block scaling against per-tensor APS at 4 bits (issue 18), seed by seed.
+# (label, format, scaling, train_fashion_mnist.py options)
+BLOCK_RUNS = [("fp32", "fp32", "none", []), ("e4m3 APS", "e4m3", "local", []),
+              ("fp4 APS", "fp4", "local", []), ("fp4 block", "fp4", "block", []),
+              ("fp4 block auto", "fp4", "block", ["--policy", "auto"])]
 # --hybrid: (label, job suffix, format, scaling, train_fashion_mnist.py options, tuned daemon)
 HYBRID_RUNS = [
     ("fp32", "fp32", "fp32", "none", [], False),
@@ -83,6 +88,10 @@ def parse_args(argv=None):
     ap.add_argument("--out-dir", default="build/demo", help="where results and the plot go")
     ap.add_argument("--plot", help="path of the PNG (default OUT_DIR/fashion_mnist[_long].png, "
                     "with --hybrid OUT_DIR/hybrid[_long].png)")
+    ap.add_argument("--blocks", action="store_true",
+                    help="block scaling: fp32, e4m3 APS, fp4 APS, fp4 block, fp4 block with "
+                    "the automatic policy, each over --seeds seeds")
+    ap.add_argument("--seeds", type=int, default=3, help="--blocks: seeds per run")
     ap.add_argument("--hybrid", action="store_true",
                     help="the hybrid-precision runs (automatic policy, rules, error feedback)")
     ap.add_argument("--apsd-arg", action="append", default=[], metavar="FLAG",
@@ -307,6 +316,46 @@ def main_hybrid(args, preset_name, out_dir):
     print(f"\nplot: {plot_path}  results: {results_path}")
 
 
+def blocks_table(results, seeds):
+    """--blocks: accuracy mean and spread over the seeds, bytes against fp32."""
+    fp32 = [r for r in results if r["format"] == "fp32"]
+    base = sum(r["bytes_per_step"] for r in fp32) / len(fp32) if fp32 else None
+    lines = [f"| run ({seeds} seeds) | test accuracy % (mean) | min - max | bytes per step "
+             "| % of fp32 |", "|---|---:|---:|---:|---:|"]
+    for label in dict.fromkeys(r["label"] for r in results):
+        rs = [r for r in results if r["label"] == label]
+        acc = [r["accuracy"] for r in rs]
+        nbytes = sum(r["bytes_per_step"] for r in rs) / len(rs)
+        share = f"{100 * nbytes / base:.1f}" if base else "-"
+        lines.append(f"| {label} | {sum(acc) / len(acc):.2f} | {min(acc):.1f} - {max(acc):.1f} "
+                     f"| {nbytes:,.0f} | {share} |")
+    return lines
+
+
+def main_blocks(args, preset_name, out_dir):
+    """Each run of BLOCK_RUNS for every seed, against one daemon with a stats socket
+    (the bytes are what it received, exponents included)."""
+    sockets = pathlib.Path(tempfile.mkdtemp(prefix="apsd-blocks-"))
+    stats = sockets / "stats.sock"
+    apsd = daemon.LocalDaemon(extra_args=[*args.apsd_arg, "--stats", str(stats)]).start()
+    results = []
+    try:
+        for seed in range(args.seeds):
+            for label, fmt, scaling, extra in BLOCK_RUNS:
+                print(f"\n== {label}, seed {seed}", flush=True)
+                name = f"blocks-{label.replace(' ', '-')}-{seed}"
+                results.append(run_one(label, fmt, scaling, args, apsd.endpoint, out_dir,
+                                       PRESETS[preset_name], name,
+                                       [*extra, "--seed", str(seed), "--stats", str(stats)]))
+    finally:
+        apsd.stop()
+        shutil.rmtree(sockets, ignore_errors=True)
+    path = out_dir / f"blocks_{preset_name}.json"
+    path.write_text(json.dumps(results, indent=1))
+    print("\n" + "\n".join(blocks_table(results, args.seeds)))
+    print(f"\nresults: {path}")
+
+
 def main(argv=None):
     args = parse_args(argv)
     preset_name = "long" if args.long else "default"
@@ -314,6 +363,8 @@ def main(argv=None):
     out_dir.mkdir(parents=True, exist_ok=True)
     if args.hybrid:
         return main_hybrid(args, preset_name, out_dir)
+    if args.blocks:
+        return main_blocks(args, preset_name, out_dir)
     plot_path = pathlib.Path(args.plot or out_dir / f"fashion_mnist{'_long' if args.long else ''}.png")
     apsd = None if args.endpoint else daemon.LocalDaemon(extra_args=args.apsd_arg).start()
     endpoint = args.endpoint or apsd.endpoint

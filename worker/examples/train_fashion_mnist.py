@@ -50,8 +50,8 @@ import fashion_mnist  # noqa: E402
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--format", default="e4m3", help="gradient format (fp32, e4m3, e3m0, ...)")
-    ap.add_argument("--scaling", default="local", choices=["local", "none"],
-                    help="local: APS; none: plain quantization")
+    ap.add_argument("--scaling", default="local", choices=["local", "none", "block"],
+                    help="local: APS; none: plain quantization; block: APS per block of 32")
     ap.add_argument("--model", default="mlp", choices=["mlp", "cnn"])
     ap.add_argument("--hidden", type=int, default=256, help="width of the MLP's hidden layers")
     ap.add_argument("--steps", type=int, default=600)
@@ -107,9 +107,11 @@ def flushed_fraction(model, fmt, scaling):
     flushed = nonzero = 0
     for p in model.parameters():
         g = p.grad.detach().numpy().ravel()
-        k = aps.aps_exponent(g, fmt, mode=scaling)
         stats = {}
-        aps.quantize(g, fmt, scale_exp=k, stats=stats)
+        if scaling == "block":
+            aps.quantize_blocks(g, fmt, stats=stats)
+        else:
+            aps.quantize(g, fmt, scale_exp=aps.aps_exponent(g, fmt, mode=scaling), stats=stats)
         flushed += stats["flushed"]
         nonzero += int(np.count_nonzero(g))
     return flushed / max(nonzero, 1)
