@@ -82,6 +82,21 @@ static struct aps_format rung(int pos)
 	return f;
 }
 
+static unsigned rung_bits(int pos)
+{
+	return 1u + (unsigned)ladder[pos].exp_bits + (unsigned)ladder[pos].man_bits;
+}
+
+/* The narrowest rung wider than a format of bits bits (fp32 at most). */
+static int rung_wider_than(unsigned bits)
+{
+	int pos = 0;
+
+	while (pos + 1 < (int)LADDER_LEN && rung_bits(pos) <= bits)
+		pos++;
+	return pos;
+}
+
 static bool step_up(struct aps_tensor_policy *p, const char *reason)
 {
 	int pos = ladder_pos(&p->current);
@@ -89,10 +104,9 @@ static bool step_up(struct aps_tensor_policy *p, const char *reason)
 
 	if (aps_format_is_fp32(&p->current))
 		return false;
-	/* A format off the ladder (e5m2, bf16, ...) goes to the next wider rung. */
-	if (pos < 0)
-		pos = p->current.bits <= 8 ? 1 : 2;
-	f = rung(pos + 1);
+	/* A format off the ladder goes to the narrowest wider rung: fp4 and the fp6
+	 * formats to e4m3, e5m2 to fp16, bf16 to fp32. */
+	f = rung(pos >= 0 ? pos + 1 : rung_wider_than(p->current.bits));
 	set(p, &f, reason);
 	return true;
 }
@@ -106,7 +120,7 @@ static bool step_down(struct aps_tensor_policy *p)
 		return false;
 	if (base >= 0 && pos - 1 < base)
 		return false;
-	if (base < 0 && pos - 1 <= 1) {
+	if (base < 0 && rung_bits(pos - 1) <= p->base.bits) {
 		set(p, &p->base, "calm"); /* back to the requested off-ladder format */
 		return true;
 	}

@@ -185,6 +185,37 @@ static void test_policy_tops_out_at_fp32(void **state)
 	assert_false(aps_policy_observe(&cfg, &p, s++, 1, 1));
 }
 
+/* fp4 (and the fp6 formats) step up to e4m3 first, and come back down the same way. */
+static void test_policy_takes_narrow_formats_up_to_8_bits_first(void **state)
+{
+	static const char *const narrow[] = { "fp4", "fp6e2m3", "fp6e3m2", "e2m1" };
+	struct aps_policy_config cfg;
+	struct aps_tensor_policy p;
+
+	(void)state;
+	aps_policy_defaults(&cfg);
+	cfg.automatic = true;
+	cfg.window_up = 1;
+	cfg.window_down = 1;
+	for (size_t i = 0; i < sizeof(narrow) / sizeof(narrow[0]); i++) {
+		struct aps_format base = fmt(narrow[i]);
+		uint64_t s = 0;
+		aps_policy_init(&cfg, "w", 1 << 20, &base, &p);
+		assert_true(aps_policy_observe(&cfg, &p, s++, 1, 1));
+		assert_string_equal(p.current.name, "e4m3");
+		assert_true(aps_policy_observe(&cfg, &p, s++, 1, 1));
+		assert_string_equal(p.current.name, "fp16");
+		s += 100; /* past the back-off after a move */
+		assert_true(aps_policy_observe(&cfg, &p, s++, 0, 0));
+		assert_string_equal(p.current.name, "e4m3");
+		s += 100;
+		while (!aps_policy_observe(&cfg, &p, s++, 0, 0))
+			assert_true(s < 10000);
+		assert_string_equal(p.current.name, narrow[i]);
+		assert_false(aps_policy_observe(&cfg, &p, s + 100, 0, 0)); /* the floor */
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -194,6 +225,7 @@ int main(void)
 		cmocka_unit_test(test_policy_ladder_has_hysteresis),
 		cmocka_unit_test(test_policy_flapping_backs_off),
 		cmocka_unit_test(test_policy_tops_out_at_fp32),
+		cmocka_unit_test(test_policy_takes_narrow_formats_up_to_8_bits_first),
 	};
 	return cmocka_run_group_tests_name("policy", tests, NULL, NULL);
 }
