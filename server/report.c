@@ -146,11 +146,14 @@ static json_t *tensor(const struct aps_job *j, const struct aps_tensor *t)
 {
 	const struct aps_tensor_stats *st = &t->stats;
 	double ratio = st->bytes_in ? (double)st->elements_in * 4.0 / (double)st->bytes_in : 0.0;
+	/* What an element took on the uplink, block exponents included. */
+	double bits = st->elements_in ? (double)st->bytes_in * 8.0 / (double)st->elements_in : 0.0;
 
-	json_t *o =
-	        json_pack("{s:s, s:s, s:f, s:I, s:I}", "policy_format", t->policy.current.name,
-	                  "reason", t->policy.reason, "rel_error", st->rel_error, "format_switches",
-	                  (json_int_t)t->policy.switches, "updates", (json_int_t)t->opt.updates);
+	json_t *o = json_pack("{s:s, s:s, s:f, s:I, s:I, s:f, s:i}", "policy_format",
+	                      t->policy.current.name, "reason", t->policy.reason, "rel_error",
+	                      st->rel_error, "format_switches", (json_int_t)t->policy.switches,
+	                      "updates", (json_int_t)t->opt.updates, "bits_per_element", bits,
+	                      "block_size", (int)j->block);
 
 	json_object_update_new(
 	        o, json_pack("{s:s, s:s, s:i, s:I, s:s, s:s, s:i, s:i, s:f, s:I, s:I, "

@@ -174,14 +174,16 @@ static void print_tensors(json_t *doc)
 	json_t *t;
 	size_t i;
 
-	printf("%-12s %-28s %10s %-7s %5s %8s %8s %12s %12s %6s\n", "JOB", "TENSOR", "COUNT",
-	       "FORMAT", "K", "FLUSHED", "OVERFLOW", "BYTES IN", "BYTES OUT", "RATIO");
+	printf("%-12s %-28s %10s %-7s %5s %8s %8s %12s %12s %6s %5s\n", "JOB", "TENSOR", "COUNT",
+	       "FORMAT", "K", "FLUSHED", "OVERFLOW", "BYTES IN", "BYTES OUT", "RATIO", "BITS");
 	json_array_foreach(json_object_get(doc, "tensors"), i, t)
 	{
-		printf("%-12.12s %-28.28s %10lld %-7s %5lld %7.3f%% %8lld %12lld %12lld %5.1fx\n",
+		printf("%-12.12s %-28.28s %10lld %-7s %5lld %7.3f%% %8lld %12lld %12lld %5.1fx "
+		       "%5.2f\n",
 		       str(t, "job"), str(t, "name"), num(t, "count"), str(t, "format"),
 		       num(t, "scale_exp"), 100 * real(t, "flushed_fraction"), num(t, "overflow"),
-		       num(t, "bytes_in"), num(t, "bytes_out"), real(t, "compression"));
+		       num(t, "bytes_in"), num(t, "bytes_out"), real(t, "compression"),
+		       real(t, "bits_per_element"));
 	}
 }
 

@@ -56,6 +56,9 @@ def test_a_block_scaled_push_is_summed_exactly(daemon):
         got = aps.dequantize_blocks(raw[:N // 2], raw[N // 2:].view(np.int8), "fp4", N)
         assert np.array_equal(got, want)
         assert np.count_nonzero(got[64:96]) > 24  # the quiet block kept its values
+    t, = [t for t in daemon.ask("tensors")["tensors"] if t["job"] == "exact"]
+    assert t["block_size"] == 32
+    assert t["bits_per_element"] == (N // 2 + 7) * 8 / N  # 4 bits and the exponents
 
 
 def test_wrong_blocks_are_refused_and_the_job_goes_on(daemon):
