@@ -10,7 +10,7 @@ libuv1-dev libzmq3-dev libprotobuf-c-dev protobuf-c-compiler libopenblas-dev
 libcmocka-dev libjansson-dev debhelper dh-python
 python3 python3-numpy python3-torch python3-pytest python3-matplotlib python3-zmq
 python3-venv python3-mesonpy
-dataset-fashion-mnist
+dataset-fashion-mnist fortunes
 valgrind hyperfine clang-format iproute2 tmux prometheus curl systemd strace
 slurm-wlm slurmctld slurmd slurm-client munge python3-yaml
 "

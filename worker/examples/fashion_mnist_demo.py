@@ -107,13 +107,14 @@ def parse_args(argv=None):
     return ap.parse_args(argv)
 
 
-def run_one(label, fmt, scaling, args, endpoint, out_dir, preset, name=None, extra=()):
-    """One training run through aps.launch; returns rank 0's results."""
+def run_one(label, fmt, scaling, args, endpoint, out_dir, preset, name=None, extra=(),
+            script=HERE / "train_fashion_mnist.py"):
+    """One training run of script through aps.launch; returns rank 0's results."""
     name = name or f"{fmt}-{scaling}"
     out = out_dir / f"{name}.json"
     out.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "aps.launch", "-n", str(args.workers), "--endpoint", endpoint,
-           "--no-daemon", "--job", f"demo-{name}", str(HERE / "train_fashion_mnist.py"),
+           "--no-daemon", "--job", f"demo-{name}", str(script),
            "--format", fmt, "--scaling", scaling, "--label", label, "--out", str(out),
            *preset, *extra, *args.train_args]
     env = dict(os.environ, PYTHONPATH=str(HERE.parent / "python"))

@@ -1,0 +1,185 @@
+#!/usr/bin/python3
+"""One worker of data-parallel training of a small byte-level language model
+(a decoder-only transformer) with AdamW, its gradients all-reduced through
+apsd. Run N of them with the launcher:
+
+    PYTHONPATH=worker/python python3 -m aps.launch -n 4 \\
+        worker/examples/train_lm.py --format fp4 --scaling block
+
+The corpus is Debian's `fortunes` (fortunes_corpus.py): every tenth fortune is
+held out. Each step draws one global batch of windows from a seeded stream
+shared by all ranks and each rank trains on its share, so N workers follow
+the path of one process on the whole batch (exactly so in fp32). Rank 0
+measures the held-out loss (nats per byte, over fixed windows of the test
+split) every --eval-every steps, prints progress and, with --out, writes the
+run's history as JSON. --policy auto, --error-feedback and --stats as in
+train_fashion_mnist.py.
+"""
+
+import argparse
+import json
+import math
+import pathlib
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "python"))
+import aps  # noqa: E402
+import aps.torch  # noqa: E402
+import fortunes_corpus  # noqa: E402
+from train_fashion_mnist import daemon_tensors  # noqa: E402
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--format", default="e4m3", help="gradient format (fp32, e4m3, fp4, ...)")
+    ap.add_argument("--scaling", default="local", choices=["local", "none", "block"],
+                    help="local: APS per tensor; block: APS per block of 32; none")
+    ap.add_argument("--steps", type=int, default=600)
+    ap.add_argument("--batch", type=int, default=16, help="windows per worker and step")
+    ap.add_argument("--context", type=int, default=64, help="bytes per window")
+    ap.add_argument("--width", type=int, default=128, help="model width")
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--warmup", type=int, default=50, help="steps of linear warm-up")
+    ap.add_argument("--weight-decay", type=float, default=0.01)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--eval-every", type=int, default=50)
+    ap.add_argument("--eval-windows", type=int, default=256)
+    ap.add_argument("--policy", default="off", choices=["off", "auto"])
+    ap.add_argument("--error-feedback", action="store_true")
+    ap.add_argument("--stats", help="the daemon's stats socket: report the bytes it received")
+    ap.add_argument("--label", help="name of the run in the output")
+    ap.add_argument("--out", help="write the run's history here (JSON, rank 0)")
+    return ap.parse_args(argv)
+
+
+class Block(torch.nn.Module):
+    """Pre-norm transformer block: causal self-attention, then an MLP."""
+
+    def __init__(self, width, heads):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = torch.nn.LayerNorm(width), torch.nn.LayerNorm(width)
+        self.qkv = torch.nn.Linear(width, 3 * width)
+        self.proj = torch.nn.Linear(width, width)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(width, 4 * width), torch.nn.GELU(),
+                                       torch.nn.Linear(4 * width, width))
+
+    def forward(self, x, mask):
+        b, t, c = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(c // self.heads)
+        att = att.masked_fill(mask[:t, :t], float("-inf")).softmax(-1)
+        x = x + self.proj((att @ v).transpose(1, 2).reshape(b, t, c))
+        return x + self.mlp(self.ln2(x))
+
+
+class ByteLM(torch.nn.Module):
+    """Bytes in, the next byte's logits out."""
+
+    def __init__(self, width, layers, heads, context):
+        super().__init__()
+        self.tok = torch.nn.Embedding(256, width)
+        self.pos = torch.nn.Parameter(torch.zeros(context, width))
+        self.blocks = torch.nn.ModuleList(Block(width, heads) for _ in range(layers))
+        self.ln = torch.nn.LayerNorm(width)
+        self.head = torch.nn.Linear(width, 256)
+        self.register_buffer("mask", torch.ones(context, context).triu(1).bool())
+        torch.nn.init.normal_(self.pos, std=0.02)
+
+    def forward(self, idx):
+        x = self.tok(idx) + self.pos[:idx.shape[1]]
+        for b in self.blocks:
+            x = b(x, self.mask)
+        return self.head(self.ln(x))
+
+
+def windows(data, starts, context):
+    """Inputs and next-byte targets of the windows starting at starts."""
+    idx = starts[:, None] + np.arange(context + 1)[None, :]
+    w = torch.from_numpy(data[idx].astype(np.int64))
+    return w[:, :-1], w[:, 1:]
+
+
+def held_out_loss(model, test, context, n):
+    """Mean next-byte loss (nats) over n windows spread evenly over the test split."""
+    starts = np.linspace(0, test.size - context - 2, n).astype(np.int64)
+    with torch.no_grad():
+        total = 0.0
+        for part in np.array_split(starts, max(1, n // 64)):
+            x, y = windows(test, part, context)
+            total += F.cross_entropy(model(x).reshape(-1, 256), y.reshape(-1),
+                                     reduction="sum").item()
+    return total / (n * context)
+
+
+def train(args, client):
+    torch.manual_seed(args.seed)
+    model = ByteLM(args.width, args.layers, args.heads, args.context)
+    adamw = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95),
+                              weight_decay=args.weight_decay)
+    opt = aps.torch.DistributedOptimizer(adamw, client,
+                                         named_parameters=model.named_parameters())
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / args.warmup)
+                                             * 0.5 * (1 + math.cos(math.pi * s / args.steps)))
+    train_bytes, test_bytes = fortunes_corpus.load("train"), fortunes_corpus.load("test")
+    rng = np.random.default_rng(args.seed)  # the same stream on every rank
+    label = args.label or f"{args.format} {args.scaling}"
+    history = []
+    client.barrier()
+    start = time.monotonic()
+    for step in range(args.steps + 1):
+        if client.rank == 0 and (step % args.eval_every == 0 or step == args.steps):
+            history.append((step, held_out_loss(model, test_bytes, args.context,
+                                                args.eval_windows)))
+            print(f"{label}: step {step:5d}/{args.steps}  held-out loss {history[-1][1]:.4f} "
+                  f"nats/byte", flush=True)
+        if step == args.steps:
+            break
+        starts = rng.integers(0, train_bytes.size - args.context - 1,
+                              args.batch * client.world_size)
+        x, y = windows(train_bytes, starts[client.rank * args.batch:][:args.batch],
+                       args.context)
+        opt.zero_grad()
+        F.cross_entropy(model(x).reshape(-1, 256), y.reshape(-1)).backward()
+        opt.step()
+        sched.step()
+    wall = time.monotonic() - start
+    result = {"label": label, "format": args.format, "scaling": args.scaling,
+              "policy": args.policy, "error_feedback": args.error_feedback, "seed": args.seed,
+              "world_size": client.world_size, "steps": args.steps, "wall_s": wall,
+              "parameters": sum(p.numel() for p in model.parameters()),
+              "history": history, "test_loss": history[-1][1] if history else None,
+              "bytes_per_step": client.bytes_pushed / max(args.steps, 1)}
+    if args.stats and client.rank == 0:
+        tensors = daemon_tensors(args.stats, client.job)
+        result["tensors"] = tensors
+        result["client_bytes_per_step"] = result["bytes_per_step"]
+        result["bytes_per_step"] = sum(t["bytes_in"] for t in tensors) / (
+            client.world_size * max(args.steps, 1))
+    return result
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    torch.set_num_threads(1)
+    with aps.Client.from_env(format=args.format, scaling=args.scaling,
+                             policy="auto" if args.policy == "auto" else None,
+                             error_feedback=args.error_feedback) as client:
+        result = train(args, client)
+    if client.rank == 0:
+        print(f"{result['label']}: held-out loss {result['test_loss']:.4f} nats/byte after "
+              f"{args.steps} steps in {result['wall_s']:.1f} s", flush=True)
+        if args.out:
+            pathlib.Path(args.out).write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
