@@ -189,6 +189,8 @@ struct aps_client_opts {
 	                             the order of registration (every rank must register in the
 	                             same order). Keep it a multiple of the daemons'
 	                             chunk_bytes for results bit-identical to one daemon.
+	                             With block scaling it is rounded down to a multiple
+	                             of 256 (partitions start on a block).
 	                             0: 4 MiB (apsd's default chunk_bytes) */
 	const char *optimizer;    /* NULL or "": all-reduce mode. Else optimize mode: the
 	                             daemon holds the weights and steps this optimizer,

@@ -107,13 +107,18 @@ static int setup(struct aps_client *c, const struct aps_client_opts *o,
                  char (*eps)[APS_SHARDS_ENDPOINT_MAX], uint32_t n)
 {
 	struct aps_sharded *sh = c->sharded;
+	uint64_t part_bytes = o->partition_bytes;
 	int ret;
 
+	/* Block scaling: partitions start on a block of every size (64 elements), so
+	 * that their blocks are one daemon's. */
+	if (o->scaling == APS_SCALING_MODE_BLOCK && part_bytes != 0)
+		part_bytes = part_bytes < 256 ? 256 : part_bytes & ~(uint64_t)255;
 	c->pid = getpid();
 	c->rank = o->rank;
 	c->world_size = o->world_size;
 	snprintf(c->endpoint, sizeof(c->endpoint), "%.255s", o->endpoint);
-	if (aps_shards_init(&sh->map, n, o->partition_bytes) < 0)
+	if (aps_shards_init(&sh->map, n, part_bytes) < 0)
 		return aps_api_fail(APS_EINVAL, "%u shards: at most %d", n, APS_SHARDS_MAX);
 	sh->whole_max = o->error_feedback == 0;
 	snprintf(sh->rules, sizeof(sh->rules), "%s", o->rules != NULL ? o->rules : "");

@@ -194,3 +194,31 @@ def test_optimize_mode_sends_block_scaled_updates(apsd):
     finally:
         for c in cs:
             c.close()
+
+
+@pytest.fixture
+def two_shards():
+    ds = [aps.daemon.LocalDaemon(binary=str(APSD), extra_args=["--chunk_bytes", "4096"]).start()
+          for _ in range(2)]
+    try:
+        yield [d.endpoint for d in ds]
+    finally:
+        for d in ds:
+            assert d.stop() == 0, "apsd did not exit cleanly"
+
+
+def rank_sharded(rank, world, endpoints, n):
+    # 1000 bytes: rounded down to 768 (192 elements), so partitions start on blocks
+    with aps.Client(endpoints, rank, world, format="fp4", scaling="block", job="sharded",
+                    partition_bytes=1000) as c:
+        x = block_data(rank, 0, n, 32)
+        c.allreduce("g", x)
+        return x
+
+
+def test_shards_give_the_blocks_of_one_daemon(two_shards):
+    n, world = 5000, 2
+    results = run_ranks(rank_sharded, world, two_shards, n)
+    want = expected_mean(world, 0, n, "fp4", 32)
+    for got in results:
+        assert np.array_equal(got, want)

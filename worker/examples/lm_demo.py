@@ -34,6 +34,7 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("-n", "--workers", type=int, default=4)
     ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--first-seed", type=int, default=0)
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--out-dir", default="build/demo")
     ap.add_argument("--only", action="append", default=[], metavar="LABEL",
@@ -91,20 +92,20 @@ def main(argv=None):
     stats = sockets / "stats.sock"
     apsd = daemon.LocalDaemon(extra_args=["--stats", str(stats)]).start()
     results = []
+    path = out_dir / "lm.json"
     args.train_args = ["--steps", str(args.steps), *args.train_args]
     try:
-        for seed in range(args.seeds):
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
             for label, fmt, scaling, extra in runs:
                 print(f"\n== {label}, seed {seed}", flush=True)
                 results.append(run_one(label, fmt, scaling, args, apsd.endpoint, out_dir, [],
                                        f"lm-{label.replace(' ', '-')}-{seed}",
                                        [*extra, "--seed", str(seed), "--stats", str(stats)],
                                        script=HERE / "train_lm.py"))
+                path.write_text(json.dumps(results, indent=1))  # what is done so far
     finally:
         apsd.stop()
         shutil.rmtree(sockets, ignore_errors=True)
-    path = out_dir / "lm.json"
-    path.write_text(json.dumps(results, indent=1))
     plot_path = out_dir / "lm.png"
     plot(results, plot_path, f"byte-level transformer on fortunes, {args.workers} workers "
          f"through apsd, AdamW, {args.steps} steps")
