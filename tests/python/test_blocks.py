@@ -222,3 +222,34 @@ def test_shards_give_the_blocks_of_one_daemon(two_shards):
     want = expected_mean(world, 0, n, "fp4", 32)
     for got in results:
         assert np.array_equal(got, want)
+
+
+def rank_feedback(rank, world, endpoint, n, steps):
+    with aps.Client(endpoint, rank, world, format="fp4", scaling="block", job="feedback",
+                    error_feedback=True) as c:
+        out = []
+        for step in range(steps):
+            x = block_data(rank, step, n, 32)
+            c.allreduce("g", x)
+            out.append(x)
+        return out
+
+
+def test_error_feedback_carries_what_blocks_lost(apsd):
+    """Each rank sends its gradient plus what the last step's block quantization
+    lost; the daemon's mean of what was sent comes back by blocks."""
+    n, world, steps = 3000, 2, 3
+    results = run_ranks(rank_feedback, world, apsd, n, steps)
+    residual = [np.zeros(n, np.float32) for _ in range(world)]
+    for step in range(steps):
+        acc = np.zeros(n, np.float32)
+        for r in range(world):
+            corrected = block_data(r, step, n, 32) + residual[r]
+            sent = aps.dequantize_blocks(*aps.quantize_blocks(corrected, "fp4"), "fp4", n)
+            residual[r] = corrected - sent
+            acc += sent
+        want = aps.dequantize_blocks(*aps.quantize_blocks(acc / np.float32(world), "fp4"),
+                                     "fp4", n)
+        for r in range(world):
+            assert np.array_equal(results[r][step], want), (r, step)
+    assert any(np.any(res) for res in residual)  # there was something to carry
