@@ -95,32 +95,43 @@ static int check_codec_args(const char *fmt, struct aps_format *f, const void *a
 	return 0;
 }
 
-int aps_quantize(const char *fmt, const float *x, uint64_t n, const struct aps_quantize_opts *opts,
-                 uint8_t *out, uint64_t out_len, struct aps_quantize_stats *stats)
+/* The codec's options from the caller's (NULL: all zero). */
+static int quant_opts(const struct aps_quantize_opts *opts, struct aps_quant_opts *o)
 {
-	struct aps_quant_opts o = { 0 };
-	struct aps_codec_stats st;
-	struct aps_format f;
-	int ret;
+	*o = (struct aps_quant_opts){ 0 };
+	if (opts == NULL)
+		return 0;
+	if (opts->rounding != APS_ROUNDING_NEAREST && opts->rounding != APS_ROUNDING_STOCHASTIC)
+		return aps_api_fail(APS_EINVAL, "rounding mode %d is unknown", opts->rounding);
+	*o = (struct aps_quant_opts){ opts->scale_exp, (enum aps_rounding)opts->rounding,
+		                      opts->seed, opts->stream, opts->index0 };
+	return 0;
+}
 
-	if (opts != NULL) {
-		if (opts->rounding != APS_ROUNDING_NEAREST &&
-		    opts->rounding != APS_ROUNDING_STOCHASTIC)
-			return aps_api_fail(APS_EINVAL, "rounding mode %d is unknown",
-			                    opts->rounding);
-		o = (struct aps_quant_opts){ opts->scale_exp, (enum aps_rounding)opts->rounding,
-			                     opts->seed, opts->stream, opts->index0 };
-	}
-	ret = check_codec_args(fmt, &f, x, out, n, out_len, o.scale_exp);
-	if (ret < 0)
-		return ret;
-	ret = aps_codec_quantize(&f, x, n, &o, out, out_len, &st);
+/* What a quantize call says: its stats, or the codec's error. */
+static int quantized(int ret, const struct aps_codec_stats *st, struct aps_quantize_stats *stats)
+{
 	if (ret < 0)
 		return aps_api_fail(ret, "quantize failed");
 	if (stats != NULL)
-		*stats = (struct aps_quantize_stats){ st.overflow, st.nonfinite, st.flushed,
-			                              st.maxabs };
+		*stats = (struct aps_quantize_stats){ st->overflow, st->nonfinite, st->flushed,
+			                              st->maxabs };
 	return aps_api_ok();
+}
+
+int aps_quantize(const char *fmt, const float *x, uint64_t n, const struct aps_quantize_opts *opts,
+                 uint8_t *out, uint64_t out_len, struct aps_quantize_stats *stats)
+{
+	struct aps_quant_opts o;
+	struct aps_codec_stats st;
+	struct aps_format f;
+	int ret = quant_opts(opts, &o);
+
+	if (ret == 0)
+		ret = check_codec_args(fmt, &f, x, out, n, out_len, o.scale_exp);
+	if (ret < 0)
+		return ret;
+	return quantized(aps_codec_quantize(&f, x, n, &o, out, out_len, &st), &st, stats);
 }
 
 /* Dequantize into out, or add into it: the checks are the same. */
@@ -178,31 +189,21 @@ int aps_quantize_blocks(const char *fmt, const float *x, uint64_t n, uint32_t bl
                         const struct aps_quantize_opts *opts, uint8_t *out, uint64_t out_len,
                         int8_t *exps, uint64_t exps_len, struct aps_quantize_stats *stats)
 {
-	struct aps_quant_opts o = { 0 };
+	struct aps_quant_opts o;
 	struct aps_codec_stats st;
 	struct aps_format f;
-	int ret;
+	int ret = quant_opts(opts, &o);
 
-	if (opts != NULL) {
-		if (opts->rounding != APS_ROUNDING_NEAREST &&
-		    opts->rounding != APS_ROUNDING_STOCHASTIC)
-			return aps_api_fail(APS_EINVAL, "rounding mode %d is unknown",
-			                    opts->rounding);
-		o = (struct aps_quant_opts){ 0, (enum aps_rounding)opts->rounding, opts->seed,
-			                     opts->stream, opts->index0 };
-	}
-	ret = check_codec_args(fmt, &f, x, out, n, out_len, 0);
+	o.scale_exp = 0; /* each block has its own */
+	if (ret == 0)
+		ret = check_codec_args(fmt, &f, x, out, n, out_len, 0);
 	if (ret == 0)
 		ret = check_blocks(n, block, exps, exps_len);
 	if (ret < 0)
 		return ret;
-	ret = aps_codec_quantize_blocks(&f, x, n, block, &o, out, out_len, exps, exps_len, &st);
-	if (ret < 0)
-		return aps_api_fail(ret, "quantize failed");
-	if (stats != NULL)
-		*stats = (struct aps_quantize_stats){ st.overflow, st.nonfinite, st.flushed,
-			                              st.maxabs };
-	return aps_api_ok();
+	return quantized(
+	        aps_codec_quantize_blocks(&f, x, n, block, &o, out, out_len, exps, exps_len, &st),
+	        &st, stats);
 }
 
 static int decode_blocks(const char *fmt, const uint8_t *codes, uint64_t codes_len,

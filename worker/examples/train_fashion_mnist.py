@@ -201,14 +201,20 @@ def train(args, client):
               "skipped_steps": getattr(opt, "skipped_steps", 0),
               "server_optimizer": args.server_optimizer}
     if args.stats and client.rank == 0:
-        # every rank has pushed every step once rank 0 holds the last results
-        tensors = daemon_tensors(args.stats, client.job)
-        result["tensors"] = tensors
-        result["client_bytes_per_step"] = result["bytes_per_step"]
-        # what the daemon received, in each tensor's actual formats, per worker and step
-        result["bytes_per_step"] = sum(t["bytes_in"] for t in tensors) / (
-            client.world_size * max(args.steps, 1))
+        add_daemon_bytes(result, args.stats, client, args.steps)
     return result
+
+
+def add_daemon_bytes(result, stats, client, steps):
+    """Rank 0 at the end of a run: the daemon's tensors into result, and as its
+    bytes_per_step what the daemon received, in each tensor's actual formats
+    (block exponents included), per worker and step; every rank has pushed
+    every step once rank 0 holds the last results."""
+    tensors = daemon_tensors(stats, client.job)
+    result["tensors"] = tensors
+    result["client_bytes_per_step"] = result["bytes_per_step"]
+    result["bytes_per_step"] = sum(t["bytes_in"] for t in tensors) / (
+        client.world_size * max(steps, 1))
 
 
 def main(argv=None):

@@ -31,7 +31,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "python"))
 import aps  # noqa: E402
 import aps.torch  # noqa: E402
 import fortunes_corpus  # noqa: E402
-from train_fashion_mnist import daemon_tensors  # noqa: E402
+from train_fashion_mnist import add_daemon_bytes  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -159,11 +159,7 @@ def train(args, client):
               "history": history, "test_loss": history[-1][1] if history else None,
               "bytes_per_step": client.bytes_pushed / max(args.steps, 1)}
     if args.stats and client.rank == 0:
-        tensors = daemon_tensors(args.stats, client.job)
-        result["tensors"] = tensors
-        result["client_bytes_per_step"] = result["bytes_per_step"]
-        result["bytes_per_step"] = sum(t["bytes_in"] for t in tensors) / (
-            client.world_size * max(args.steps, 1))
+        add_daemon_bytes(result, args.stats, client, args.steps)
     return result
 
 

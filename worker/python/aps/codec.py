@@ -97,19 +97,24 @@ def _codes(codes):
     return codes
 
 
+def _decoded(out, count):
+    """Where count decoded values go: out (float32, read flat), or a new array."""
+    if count < 0:
+        raise ValueError("count must not be negative")
+    if out is None:
+        return np.empty(count, dtype=np.float32)
+    _as_float32(out, "out")
+    if out.size < count:
+        raise ValueError(f"out holds {out.size} elements, count is {count}")
+    return out
+
+
 def dequantize(codes, fmt, count, scale_exp=0, out=None):
     """Decodes count packed codes of fmt times 2**-scale_exp; returns a float32
     array of count elements (out, read flat, if given)."""
     codes = _codes(codes)
     count = int(count)
-    if count < 0:
-        raise ValueError("count must not be negative")
-    if out is None:
-        out = np.empty(count, dtype=np.float32)
-    else:
-        _as_float32(out, "out")
-        if out.size < count:
-            raise ValueError(f"out holds {out.size} elements, count is {count}")
+    out = _decoded(out, count)
     check(lib.aps_dequantize(_fmt(fmt), _ptr(codes), codes.nbytes, count, int(scale_exp),
                              _ptr(out)))
     return out
@@ -174,15 +179,8 @@ def dequantize_blocks(codes, exps, fmt, count, block=32, out=None):
     2**-exps[i // block]; returns a float32 array (out, read flat, if given)."""
     codes = _codes(codes)
     count, block = int(count), _block(block)
-    if count < 0:
-        raise ValueError("count must not be negative")
+    out = _decoded(out, count)
     exps = _exps(exps, count, block)
-    if out is None:
-        out = np.empty(count, dtype=np.float32)
-    else:
-        _as_float32(out, "out")
-        if out.size < count:
-            raise ValueError(f"out holds {out.size} elements, count is {count}")
     check(lib.aps_dequantize_blocks(_fmt(fmt), _ptr(codes), codes.nbytes, _ptr(exps),
                                     exps.size, count, block, _ptr(out)))
     return out
