@@ -104,6 +104,31 @@ static void chunk(struct seed *s, const char *format)
 	s->has_payload = true;
 }
 
+/* Protocol 1.7: a block-scaled chunk, the codes then one exponent per block of 32. */
+static void block_seed(enum aps_msg_type type, const char *prefix, const char *format)
+{
+	struct aps_quant_opts opts = { 0 };
+	struct aps_format f;
+	float x[CHUNK];
+	char name[64];
+	struct seed s;
+
+	for (int i = 0; i < CHUNK; i++)
+		x[i] = (float)(i - CHUNK / 2) * (i < 32 ? 1e-6f : 3.0f);
+	identity(&s, type);
+	chunk(&s, format);
+	aps_format_parse(format, &f);
+	s.m.chunk_offset = 64;
+	s.m.scale_exp = 0;
+	s.m.block_size = 32;
+	s.m.payload_len = aps_codec_payload_size(&f, CHUNK, 32);
+	if (aps_codec_encode_payload(&f, x, CHUNK, 32, &opts, s.payload, sizeof(s.payload), NULL) <
+	    0)
+		exit(1);
+	snprintf(name, sizeof(name), "%s-block-%s", prefix, format);
+	write_seed(name, &s);
+}
+
 static void data_seeds(enum aps_msg_type type, const char *prefix)
 {
 	static const char *const formats[] = { "e4m3", "e5m2", "e4m3fn", "e3m0", "fp16",
@@ -125,6 +150,8 @@ static void data_seeds(enum aps_msg_type type, const char *prefix)
 	s.has_payload = false;
 	snprintf(name, sizeof(name), "%s-skip", prefix);
 	write_seed(name, &s);
+	block_seed(type, prefix, "fp4");
+	block_seed(type, prefix, "e4m3");
 }
 
 static void list_seed(const char *name, enum aps_msg_type type, uint32_t n)
