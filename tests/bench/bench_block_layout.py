@@ -6,8 +6,9 @@ features of one output unit; blocks of the transposed tensor span `block`
 output units of one input feature. Block scaling pays where the values inside
 a block are alike in size, so the better direction is the one whose blocks mix
 fewer loud and quiet values. This trains the Fashion-MNIST models of `make
-demo` (MLP) and `make demo-long` (CNN) in one process with SGD, and at several
-steps quantizes each 2-D weight gradient (conv weights as [out, in*k*k]) with
+demo` (MLP) and `make demo-long` (CNN) in one process with SGD, and the
+byte-level transformer of `make demo-lm` with AdamW, and at several steps
+quantizes each 2-D weight gradient (conv weights as [out, in*k*k]) with
 per-tensor APS, with blocks in memory order and with blocks of the transposed
 tensor, and prints the relative error ||q(g) - g|| / ||g|| of each, and the
 share of non-zero values flushed to zero.
@@ -27,7 +28,12 @@ sys.path.insert(0, str(HERE.parents[1] / "worker" / "examples"))
 sys.path.insert(0, str(HERE.parents[1] / "worker" / "python"))
 import aps  # noqa: E402
 import fashion_mnist  # noqa: E402
+import fortunes_corpus  # noqa: E402
 from train_fashion_mnist import make_model  # noqa: E402
+from train_lm import ByteLM, windows  # noqa: E402
+
+
+KINDS = ("mlp", "cnn", "lm")
 
 
 def blocks(x, fmt, block):
@@ -61,20 +67,30 @@ def main():
     torch.manual_seed(0)
     torch.set_num_threads(1)
     x_all, y_all = (torch.from_numpy(a) for a in fashion_mnist.load("train"))
+    text = fortunes_corpus.load("train")
     print(f"{args.format}, blocks of {args.block}: relative error (flushed share) of each "
-          "2-D weight gradient, batch 128, SGD lr 0.05 momentum 0.9\n")
+          "2-D weight gradient; MLP and CNN: batch 128, SGD lr 0.05 momentum 0.9; "
+          "LM: 64 windows of 64 bytes, AdamW lr 3e-3\n")
     print("| model | step | tensor [out, in] | per-tensor APS | blocks along in (memory "
           "order) | blocks along out (transposed) |")
     print("|---|---:|---|---:|---:|---:|")
     totals = {}
-    for kind in ("mlp", "cnn"):
-        model = make_model(kind, 256)
-        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    for kind in KINDS:
         rng = np.random.default_rng(0)
+        if kind == "lm":
+            model = ByteLM(128, 2, 4, 64)
+            opt = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95))
+        else:
+            model = make_model(kind, 256)
+            opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
         for step in range(args.steps + 1):
-            idx = torch.from_numpy(rng.integers(0, len(y_all), 128))
             opt.zero_grad()
-            F.cross_entropy(model(x_all[idx]), y_all[idx]).backward()
+            if kind == "lm":
+                x, y = windows(text, rng.integers(0, text.size - 65, 64), 64)
+                F.cross_entropy(model(x).reshape(-1, 256), y.reshape(-1)).backward()
+            else:
+                idx = torch.from_numpy(rng.integers(0, len(y_all), 128))
+                F.cross_entropy(model(x_all[idx]), y_all[idx]).backward()
             if step % args.every == 0:
                 for name, p in model.named_parameters():
                     if p.dim() < 2:
@@ -87,7 +103,7 @@ def main():
                     print(f"| {kind} | {step} | {name} {list(g.shape)} | {cells} |")
             opt.step()
     print("\nmean relative error over every tensor and step:")
-    for kind in ("mlp", "cnn"):
+    for kind in KINDS:
         means = [np.mean(totals[(kind, i)]) for i in range(3)]
         print(f"  {kind}: per-tensor {means[0]:.4f}, along in {means[1]:.4f}, "
               f"along out {means[2]:.4f}")
