@@ -27,7 +27,7 @@ import torch  # noqa: E402
 import aps  # noqa: E402
 import aps.torch  # noqa: E402
 
-FORMATS = ["e4m3", "e4m3fn", "e5m2", "fp16", "bf16", "e2m1", "e3m4", "fp32"]
+FORMATS = ["e4m3", "e4m3fn", "e5m2", "fp16", "bf16", "e2m1", "e3m4", "fp32", "fp4", "fp6e2m3"]
 REPEATS = 5
 BUDGET_S = 2.0  # stop repeating a measurement after this long
 
@@ -87,6 +87,24 @@ def main():
         assert np.array_equal(codes.cpu().numpy(), host_codes), f"{fmt}: codes differ"
         assert np.array_equal(dst.cpu().numpy().view(np.uint32), host_out.view(np.uint32))
         print(f"| {fmt} | {k} | {gb / tq:.2f} | {gb / td:.2f} | {gb / cq:.2f} | {gb / cd:.2f} "
+              f"| {cq / tq:.2f} |", flush=True)
+    print("\nblock scaling, blocks of 32 (the same columns; k: one exponent per block)\n")
+    print("| format | torch quantize_blocks | torch dequantize_blocks | libaps quantize_blocks "
+          "(host) | libaps dequantize_blocks (host) | torch / libaps |")
+    print("|---|--:|--:|--:|--:|--:|")
+    for fmt in args.format or ["fp4", "fp6e2m3", "e4m3", "e3m0"]:
+        got = {}
+        tq = measure(lambda: got.update(r=aps.torch.quantize_blocks(x, fmt)), sync)
+        codes, exps = got["r"]
+        td = measure(lambda: aps.torch.dequantize_blocks(codes, exps, fmt, n, out=dst), sync)
+        cq = measure(lambda: got.update(h=aps.quantize_blocks(host, fmt)), sync)
+        host_codes, host_exps = got["h"]
+        cd = measure(lambda: aps.dequantize_blocks(host_codes, host_exps, fmt, n, out=host_out),
+                     sync)
+        assert np.array_equal(codes.cpu().numpy(), host_codes), f"{fmt}: block codes differ"
+        assert np.array_equal(exps.cpu().numpy(), host_exps), f"{fmt}: exponents differ"
+        assert np.array_equal(dst.cpu().numpy().view(np.uint32), host_out.view(np.uint32))
+        print(f"| {fmt} | {gb / tq:.2f} | {gb / td:.2f} | {gb / cq:.2f} | {gb / cd:.2f} "
               f"| {cq / tq:.2f} |", flush=True)
 
 

@@ -325,3 +325,52 @@ def test_errors():
         aps.torch.aps_exponent(t, "e4m3", nworkers=0)
     with pytest.raises(aps.ArgumentError):
         aps.torch.aps_exponent(t, "x")
+
+
+# -- block scaling ----------------------------------------------------------------
+
+def block_inputs(block, seed):
+    """Blocks whose sizes differ by up to 2^±120, an all-zero block, a block of
+    subnormals, blocks with inf and NaN among finite values, every fp32 class
+    (the classes run across blocks), random patterns, and a short last block."""
+    rng = np.random.default_rng(seed)
+    n = 400 * block
+    x = rng.standard_normal(n).astype(F32)
+    x *= np.repeat(2.0 ** rng.integers(-120, 120, 400), block).astype(F32)
+    x[block:2 * block] = 0
+    x[2 * block:3 * block] = floats(rng.integers(1, 0x800000, block, dtype=np.uint64))
+    x[3 * block + 5] = np.inf
+    x[4 * block + 7] = np.nan
+    return np.concatenate([x, fp32_classes(), random_bits(20 * block, seed),
+                           rng.standard_normal(block // 2 + 3).astype(F32)])
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("block", [16, 32, 64])
+def test_blocks_match_libaps(fmt, block):
+    x = block_inputs(block, seed=block)
+    want_stats, got_stats = {}, {}
+    want_codes, want_exps = aps.quantize_blocks(x, fmt, block=block, stats=want_stats)
+    codes, exps = aps.torch.quantize_blocks(torch.from_numpy(x), fmt, block=block,
+                                            stats=got_stats)
+    assert exps.dtype == torch.int8 and np.array_equal(exps.numpy(), want_exps), fmt
+    bad = np.flatnonzero(codes.numpy() != want_codes)
+    assert bad.size == 0, f"{fmt} blocks of {block}: bytes {bad[:5]} differ"
+    assert got_stats == want_stats
+    want = aps.dequantize_blocks(want_codes, want_exps, fmt, x.size, block=block)
+    got = aps.torch.dequantize_blocks(codes, exps, fmt, x.size, block=block)
+    assert same_bits(got.numpy(), want), fmt
+
+
+def test_block_errors():
+    x = torch.ones(100)
+    with pytest.raises(ValueError, match="16, 32 or 64"):
+        aps.torch.quantize_blocks(x, "fp4", block=24)
+    codes, exps = aps.torch.quantize_blocks(x, "fp4")
+    with pytest.raises(ValueError, match="need 50 bytes and 4 exponents"):
+        aps.torch.dequantize_blocks(codes, exps[:3], "fp4", 100)
+    with pytest.raises(TypeError, match="int8"):
+        aps.torch.dequantize_blocks(codes, exps.to(torch.int32), "fp4", 100)
+    out = torch.empty(100)
+    assert aps.torch.dequantize_blocks(codes, exps, "fp4", 100, out=out) is out
+    assert torch.equal(out, x)

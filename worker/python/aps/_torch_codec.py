@@ -27,7 +27,7 @@ import torch
 
 from aps import codec
 
-__all__ = ["aps_exponent", "dequantize", "quantize"]
+__all__ = ["aps_exponent", "dequantize", "dequantize_blocks", "quantize", "quantize_blocks"]
 
 F32_ABS = 0x7FFFFFFF
 F32_INF = 0x7F800000
@@ -346,6 +346,104 @@ def dequantize(codes, fmt, count, scale_exp=0, out=None):
     if not out.is_contiguous():
         out.copy_(dest.view(out.shape))
     return out
+
+
+# -- block scaling ----------------------------------------------------------------
+
+BLOCK_MAX_EXPONENT = 127  # APS_SCALE_BLOCK_MAX: exponents travel as int8
+
+
+def _block_exponents(f, xb):
+    """aps_scale_block of every row of xb (float32 [blocks, block]): the local
+    rule on the row's largest finite |x|, 0 for a row without one, within
+    +-127. An int32 tensor on xb's device."""
+    maxabs = torch.nan_to_num(xb, nan=0.0, posinf=0.0, neginf=0.0).abs_().amax(dim=1)
+    # ilogb of maxabs from its bits, subnormals included: frexp's exponent minus one
+    _, e = torch.frexp(maxabs)
+    k = (f.emax - (e.to(torch.int32) - 1)).to(torch.int32)
+    _, _, over, _ = _encode(maxabs.view(torch.int32), f, k)
+    k = (k - over.to(torch.int32)).clamp_(-BLOCK_MAX_EXPONENT, BLOCK_MAX_EXPONENT)
+    return k.masked_fill_(maxabs == 0, 0)
+
+
+def _blocks_of(fmt, block):
+    if block not in (16, 32, 64):
+        raise ValueError(f"block must be 16, 32 or 64, not {block}")
+    return _spec(fmt, 0)
+
+
+def quantize_blocks(t, fmt, block=32, stats=None):
+    """Block scaling on t's device: t (read flat) in blocks of block elements
+    (16, 32 or 64; the last may be short), each quantized with its own APS
+    exponent. Returns (codes, exps): a uint8 tensor of the packed codes and an
+    int8 tensor of one exponent per block, the bits aps.quantize_blocks gives.
+    stats as for quantize. Round to nearest even."""
+    f = _blocks_of(fmt, block)
+    x = _flat_float32(t)
+    if stats is not None and not isinstance(stats, dict):
+        raise TypeError("stats must be a dict or None")
+    n = x.numel()
+    nb = -(-n // block)
+    if nb * block > n:  # zeros fill the last block: they change neither max nor codes
+        x = torch.cat([x, x.new_zeros(nb * block - n)])
+    need = (n * f.bits + 7) // 8
+    codes = torch.empty(need, dtype=torch.uint8, device=x.device)
+    exps = torch.empty(nb, dtype=torch.int8, device=x.device)
+    counts = torch.zeros(3, dtype=torch.int64, device=x.device)
+    step = _chunk(x.device) // block  # blocks per pass
+    for b0 in range(0, nb, step):
+        xb = x[b0 * block:(b0 + step) * block].view(-1, block)
+        k = _block_exponents(f, xb)
+        code, xa, over, q = _encode(xb.view(torch.int32), f, k[:, None])
+        if stats is not None:
+            finite = (xa < F32_INF) & (xa != 0)
+            counts += torch.stack([(over & finite).sum(), (xa >= F32_INF).sum(),
+                                   ((q == 0) & finite & ~over).sum()])
+        packed = _pack(code.reshape(-1), f.bits)  # a whole block is whole bytes
+        lo = b0 * block * f.bits // 8
+        hi = min(lo + packed.numel(), need)
+        codes[lo:hi].copy_(packed[:hi - lo])
+        exps[b0:b0 + k.numel()].copy_(k)
+    if stats is not None:
+        overflow, nonfinite, flushed = counts.tolist()
+        stats.update(overflow=overflow, nonfinite=nonfinite, flushed=flushed,
+                     maxabs=float(_maxabs(x)))
+    return codes, exps
+
+
+def dequantize_blocks(codes, exps, fmt, count, block=32, out=None):
+    """Decodes count block-scaled codes of fmt on codes' device: element i is
+    code i times 2**-exps[i // block], rounded once to fp32; returns a float32
+    tensor of count elements, or out (contiguous float32, written in place)."""
+    f = _blocks_of(fmt, block)
+    if not isinstance(codes, torch.Tensor) or codes.dtype != torch.uint8:
+        raise TypeError("codes must be a torch uint8 tensor")
+    if not isinstance(exps, torch.Tensor) or exps.dtype != torch.int8:
+        raise TypeError("exps must be a torch int8 tensor")
+    count = int(count)
+    if count < 0:
+        raise ValueError("count must not be negative")
+    need, nb = (count * f.bits + 7) // 8, -(-count // block)
+    data, exps = codes.reshape(-1), exps.reshape(-1)
+    if data.numel() < need or exps.numel() < nb:
+        raise ValueError(f"{count} {fmt} codes in blocks of {block} need {need} bytes and "
+                         f"{nb} exponents, not {data.numel()} and {exps.numel()}")
+    if out is not None and (not isinstance(out, torch.Tensor) or out.dtype != torch.float32
+                            or not out.is_contiguous() or out.numel() < count
+                            or out.device != codes.device):
+        raise ValueError(f"out must be a contiguous float32 tensor of at least {count} "
+                         f"elements on {codes.device}")
+    dest = out.view(-1)[:count] if out is not None else \
+        torch.empty(count, dtype=torch.float32, device=codes.device)
+    step = _chunk(codes.device)  # a multiple of every block
+    for start in range(0, count, step):
+        n = min(step, count - start)
+        lo = start * f.bits // 8
+        code = _unpack(data[lo:lo + (n * f.bits + 7) // 8], n, f.bits)
+        k = exps[start // block:][:-(-n // block)].to(torch.int32)
+        k = k.repeat_interleave(block)[:n]
+        dest[start:start + n].copy_(_decode(code, f, k).view(torch.float32))
+    return out if out is not None else dest
 
 
 _SCALING = ("none", "local", "global")

@@ -24,8 +24,9 @@ and load_state_dict(), zero_grad() and add_param_group() work on them.
 Tensors that are not contiguous CPU float32 (CUDA, fp16, bf16) are staged
 through host buffers (aps._staging).
 
-quantize, dequantize and aps_exponent are the codec on tensors, on the
-tensor's device, bit for bit as aps.quantize and friends (aps._torch_codec).
+quantize, dequantize, aps_exponent, quantize_blocks and dequantize_blocks
+are the codec on tensors, on the tensor's device, bit for bit as
+aps.quantize and friends (aps._torch_codec).
 """
 
 import torch
@@ -34,11 +35,12 @@ from aps._flags import AnyRankFlag
 from aps._optimizer import DEFAULT_BUCKET_BYTES, DistributedOptimizer
 from aps._server_optimizer import ServerOptimizer, optimizer_spec
 from aps._staging import HostStage
-from aps._torch_codec import aps_exponent, dequantize, quantize
+from aps._torch_codec import (aps_exponent, dequantize, dequantize_blocks, quantize,
+                               quantize_blocks)
 
 __all__ = ["DEFAULT_BUCKET_BYTES", "DistributedOptimizer", "HostStage", "ServerOptimizer",
            "allreduce_hook", "aps_exponent", "broadcast_parameters", "dequantize",
-           "optimizer_spec", "quantize"]
+           "dequantize_blocks", "optimizer_spec", "quantize", "quantize_blocks"]
 
 
 def _named_tensors(source):
