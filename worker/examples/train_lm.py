@@ -51,6 +51,10 @@ def parse_args(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--eval-every", type=int, default=50)
     ap.add_argument("--eval-windows", type=int, default=256)
+    ap.add_argument("--diloco", type=int, default=0, metavar="H",
+                    help="DiLoCo: AdamW on each worker alone, every H steps the outer "
+                    "Nesterov step on apsd (0: all-reduce every step)")
+    ap.add_argument("--outer-lr", type=float, default=0.7)
     ap.add_argument("--policy", default="off", choices=["off", "auto"])
     ap.add_argument("--error-feedback", action="store_true")
     ap.add_argument("--stats", help="the daemon's stats socket: report the bytes it received")
@@ -125,8 +129,12 @@ def train(args, client):
     model = ByteLM(args.width, args.layers, args.heads, args.context)
     adamw = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95),
                               weight_decay=args.weight_decay)
-    opt = aps.torch.DistributedOptimizer(adamw, client,
-                                         named_parameters=model.named_parameters())
+    if args.diloco:  # the inner optimizer alone; the outer step every H steps
+        opt, outer = adamw, aps.torch.DiLoCo(model, adamw, client, sync_every=args.diloco,
+                                             outer_lr=args.outer_lr)
+    else:
+        opt, outer = aps.torch.DistributedOptimizer(
+            adamw, client, named_parameters=model.named_parameters()), None
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / args.warmup)
                                              * 0.5 * (1 + math.cos(math.pi * s / args.steps)))
     train_bytes, test_bytes = fortunes_corpus.load("train"), fortunes_corpus.load("test")
@@ -150,9 +158,12 @@ def train(args, client):
         opt.zero_grad()
         F.cross_entropy(model(x).reshape(-1, 256), y.reshape(-1)).backward()
         opt.step()
+        if outer is not None:
+            outer.step()
         sched.step()
     wall = time.monotonic() - start
     result = {"label": label, "format": args.format, "scaling": args.scaling,
+              "diloco": args.diloco, "bytes_total": client.bytes_pushed,
               "policy": args.policy, "error_feedback": args.error_feedback, "seed": args.seed,
               "world_size": client.world_size, "steps": args.steps, "wall_s": wall,
               "parameters": sum(p.numel() for p in model.parameters()),
@@ -166,9 +177,10 @@ def train(args, client):
 def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(1)
+    spec = aps.torch.optimizer_spec("sgd", momentum=0.9, nesterov=True) if args.diloco else None
     with aps.Client.from_env(format=args.format, scaling=args.scaling,
                              policy="auto" if args.policy == "auto" else None,
-                             error_feedback=args.error_feedback) as client:
+                             error_feedback=args.error_feedback, optimizer=spec) as client:
         result = train(args, client)
     if client.rank == 0:
         print(f"{result['label']}: held-out loss {result['test_loss']:.4f} nats/byte after "

@@ -31,6 +31,7 @@ aps.quantize and friends (aps._torch_codec).
 
 import torch
 
+from aps._diloco import DiLoCo
 from aps._flags import AnyRankFlag
 from aps._optimizer import DEFAULT_BUCKET_BYTES, DistributedOptimizer
 from aps._server_optimizer import ServerOptimizer, optimizer_spec
@@ -38,7 +39,7 @@ from aps._staging import HostStage
 from aps._torch_codec import (aps_exponent, dequantize, dequantize_blocks, quantize,
                                quantize_blocks)
 
-__all__ = ["DEFAULT_BUCKET_BYTES", "DistributedOptimizer", "HostStage", "ServerOptimizer",
+__all__ = ["DEFAULT_BUCKET_BYTES", "DiLoCo", "DistributedOptimizer", "HostStage", "ServerOptimizer",
            "allreduce_hook", "aps_exponent", "broadcast_parameters", "dequantize",
            "dequantize_blocks", "optimizer_spec", "quantize", "quantize_blocks"]
 

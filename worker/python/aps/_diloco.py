@@ -1,0 +1,103 @@
+"""DiLoCo (Douillard et al., arXiv 2311.08105) on apsd: each worker takes
+sync_every inner steps with its own optimizer, then the workers average their
+pseudo-gradients (the weights at the last sync minus the weights now) and the
+daemon applies the outer step, SGD with Nesterov momentum, to its fp32 master
+weights; every worker then starts from the new master weights.
+
+    spec = aps.torch.optimizer_spec("sgd", momentum=0.9, nesterov=True)
+    client = aps.Client.from_env(format="fp4", scaling="block", optimizer=spec)
+    inner = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    diloco = aps.torch.DiLoCo(model, inner, client, sync_every=50, outer_lr=0.7)
+    for x, y in batches:
+        inner.zero_grad()
+        loss_fn(model(x), y).backward()
+        inner.step()
+        diloco.step()                  # every sync_every calls: the outer step
+
+It is optimize mode (docs/PROTOCOL.md) with the pseudo-gradient as the
+gradient: the pseudo-gradients go up in the client's format with APS (block
+scaling where chosen) and the daemon's error feedback keeps what the workers
+hold within half a quantization step of the master weights (the updates come
+down in the same format); the protocol gains nothing. The inner optimizer's
+state stays each worker's own, as in the paper.
+"""
+
+import torch
+
+from aps._server_optimizer import _parse_spec, _same, _settings, optimizer_spec
+
+
+class DiLoCo:
+    """The outer loop of DiLoCo for model's trainable parameters over client
+    (opened in optimize mode with SGD: optimizer_spec("sgd", momentum=
+    outer_momentum, nesterov=nesterov)). At construction rank 0's parameters
+    become the master weights on every rank. step() counts inner steps and
+    every sync_every-th one synchronises; it returns True then."""
+
+    def __init__(self, model, inner_optimizer, client, sync_every, outer_lr=0.7,
+                 outer_momentum=0.9, nesterov=True, prefix="outer."):
+        if int(sync_every) < 1:
+            raise ValueError(f"sync_every must be at least 1, not {sync_every}")
+        want = {"momentum": outer_momentum, "nesterov": int(bool(nesterov))}
+        if not client.optimizer:
+            raise ValueError("DiLoCo's outer step runs on apsd: open the client with "
+                             f"optimizer={optimizer_spec('sgd', **want)!r}")
+        name, settings = _parse_spec(client.optimizer)
+        if name != "sgd" or not _same(_settings("sgd", want), settings):
+            raise ValueError(f"DiLoCo needs the job to run {optimizer_spec('sgd', **want)!r}, "
+                             f"the client's runs {client.optimizer!r}")
+        self.inner = inner_optimizer
+        self.client = client
+        self.sync_every = int(sync_every)
+        self.outer_lr = float(outer_lr)
+        self.steps = 0
+        self.syncs = 0
+        self._params = [(prefix + n, p) for n, p in model.named_parameters() if p.requires_grad]
+        # What every worker holds since the last sync (the daemon keeps the same view).
+        self._anchor = {n: p.detach().to(device="cpu", dtype=torch.float32).contiguous().clone()
+                        for n, p in self._params}
+        self._delta = {n: torch.empty_like(a) for n, a in self._anchor.items()}
+        with torch.no_grad():
+            for h in [client.broadcast_async(n, self._anchor[n]) for n, _ in self._params]:
+                h.wait()
+            self._restart()
+
+    def step(self):
+        """One inner step done; every sync_every-th: the outer step. Returns
+        whether it synchronised."""
+        self.steps += 1
+        if self.steps % self.sync_every:
+            return False
+        self.sync()
+        return True
+
+    def sync(self):
+        """The outer step now: every rank's pseudo-gradient averaged by apsd,
+        Nesterov SGD on the master weights, every rank restarts from them."""
+        with torch.no_grad():
+            items = []
+            for n, p in self._params:
+                d = self._delta[n]
+                torch.sub(self._anchor[n], p.detach().to(device="cpu", dtype=torch.float32)
+                          .view_as(d), out=d)
+                items.append((n, d, self._anchor[n]))
+            self.client.step_many_async(items, self.outer_lr).wait()
+            self._restart()
+        self.syncs += 1
+
+    def pull(self):
+        """{name: float32 CPU tensor} of the daemon's master weights."""
+        out = {}
+        for n, p in self._params:
+            buf = torch.empty(p.shape, dtype=torch.float32)
+            self.client.pull(n, buf)
+            out[n] = buf
+        return out
+
+    def _restart(self):
+        for n, p in self._params:
+            p.data.copy_(self._anchor[n].view_as(p))
+
+    def __repr__(self):
+        return (f"DiLoCo(sync_every={self.sync_every}, outer_lr={self.outer_lr}, "
+                f"{len(self._params)} tensors, {self.syncs} syncs, {self.client})")
