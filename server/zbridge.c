@@ -35,6 +35,9 @@
 #include <zmq.h>
 
 #define TICK_MS 250
+/* libzmq's reaper frees a closed socket's pipes later, on its own thread: after a
+ * reset the heap is trimmed at every tick for this long, not only once. */
+#define RESET_TRIM_MS 3000
 /* A flood on a parked connection costs one listener reset, at most this often. */
 #define RESET_INTERVAL_MS 10000
 #define STUCK_URGENT      64                          /* descriptors: reset now */
@@ -297,6 +300,7 @@ static void on_reset_timer(uv_timer_t *t)
 	uv_timer_stop(t);
 	b->reset_logged = false;
 	malloc_trim(0); /* what the old socket held goes back to the system */
+	b->trim_until_ms = now + RESET_TRIM_MS;
 	aps_log_info("zbridge", "listening again endpoint=%s after_ms=%llu", b->endpoint,
 	             (unsigned long long)(now - b->last_reset_ms));
 }
@@ -333,6 +337,11 @@ static void on_tick(uv_timer_t *t)
 
 	if (b->router == NULL)
 		return;
+	if (b->trim_until_ms != 0) { /* what the reaper freed since the reset goes back too */
+		malloc_trim(0);
+		if (now >= b->trim_until_ms)
+			b->trim_until_ms = 0;
+	}
 	aps__zbridge_read_monitor(b);
 	stuck = aps_conns_tick(&b->conns, now);
 	parked = aps_conns_parked(&b->conns);

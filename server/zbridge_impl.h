@@ -40,6 +40,7 @@ struct aps_zbridge {
 	int listen_fd;            /* a duplicate of the listening socket, for the next socket
 	                             (ZMQ_USE_FD): the port is never free across a reset; -1 */
 	uint64_t last_reset_ms;   /* 0: never */
+	uint64_t trim_until_ms;   /* after a reset: trim at every tick until then (0: no) */
 	uint64_t parked_since_ms; /* when a parked connection was first counted; 0: none */
 	uint64_t refused_logged_ms, refused_unlogged;
 };
