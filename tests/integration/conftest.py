@@ -73,6 +73,23 @@ class Daemon:
             time.sleep(0.02)
         raise TimeoutError(f"apsd never logged {text!r}: " + self.log_path.read_text())
 
+    def wait_for_stall(self, missing, job="default", timeout=20):
+        """Waits until a round of job waits for exactly the ranks missing (the
+        others have pushed and wait); returns that stall."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for j in self.ask("jobs")["jobs"]:
+                for stall in j["stalls"] if j["name"] == job else ():
+                    if stall["missing"] == list(missing):
+                        return stall
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no round of job {job} ever waited for ranks {missing}: "
+                                   + json.dumps(self.ask("jobs")))
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"apsd exited {self.proc.returncode}: "
+                                   + self.log_path.read_text())
+            time.sleep(0.02)
+
     def stats_path(self):
         for line in self.log_path.read_text().splitlines():
             if "listening" in line:
@@ -153,7 +170,7 @@ def kill_rank_2_while_the_others_wait(daemon):
                           sleep_ms=(30000 if r == 2 else 0), timeout_ms=20000)
              for r in range(3)]
     daemon.wait_for_log("hello job=default rank=2")
-    time.sleep(0.5)  # ranks 0 and 1 have pushed and wait for rank 2
+    daemon.wait_for_stall([2])  # ranks 0 and 1 have pushed and wait for rank 2
     start = time.monotonic()
     procs[2].send_signal(signal.SIGKILL)
     outs = []

@@ -237,7 +237,11 @@ def test_idle_hellos_give_their_job_slots_back(daemon_factory):
     late = Peer(d.endpoint)
     reply = late.hello("late", 0, 1)
     assert reply["type"] == ERROR and "16 jobs is the limit" in reply["error_text"], reply
-    time.sleep(2.0)  # heartbeat_timeout_ms (1000) of silence, then the grace
+    # heartbeat_timeout_ms (1000) of silence, then the grace (300), and the idle jobs
+    # have ended (a fixed 2 s was not always enough on a loaded machine)
+    deadline = time.monotonic() + 15
+    while d.ask("stats")["jobs"] > 0 and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert d.counter("silent_dropped") >= 16
     reply = late.hello("late2", 0, 1)
     assert reply["type"] == WELCOME, reply
@@ -264,7 +268,10 @@ def test_a_connection_that_never_joins_is_dropped(daemon_factory):
     quiet = [Peer(d.endpoint) for _ in range(5)]
     for q in quiet:
         q.sock.poll(50)  # connected, never a word
-    time.sleep(0.3)
+    # until apsd took them (a fixed 0.3 s could end before it did on a loaded machine)
+    deadline = time.monotonic() + 10
+    while open_fds(d.proc.pid) <= base and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert open_fds(d.proc.pid) > base
     assert settle(lambda: open_fds(d.proc.pid), base, timeout=5, slack=1) <= base + 1
     assert d.counter("unjoined_dropped") >= 5
@@ -274,8 +281,12 @@ def test_max_connections_is_a_limit_and_a_counter(daemon_factory):
     d = daemon_factory(extra=["--max_connections", "8"])
     base = open_fds(d.proc.pid)
     crowd = [Peer(d.endpoint) for _ in range(40)]
-    time.sleep(1.0)
-    assert open_fds(d.proc.pid) <= base + 2 * 8 + 4
+    # until apsd has seen them all and closed those it refused (a fixed 1 s was not
+    # always enough on a loaded machine; it counts a refusal before the close)
+    deadline = time.monotonic() + 15
+    while d.counter("refused_connections") < 32 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert settle(lambda: open_fds(d.proc.pid), base + 2 * 8 + 4) <= base + 2 * 8 + 4
     assert d.counter("refused_connections") >= 32
     for c in crowd:
         c.close()

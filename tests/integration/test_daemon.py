@@ -97,7 +97,10 @@ def test_rank_killed_between_rounds_fails_the_next_round_at_once(daemon):
                           sleep_ms=(3000 if r < 2 else 30000), timeout_ms=20000)
              for r in range(world)]
     daemon.wait_for_log("hello job=default rank=2")
-    time.sleep(0.7)  # step 0 is done everywhere; ranks 0 and 1 are in their sleep
+    # step 0 is done everywhere (a fixed 0.7 s after the HELLO was not always enough on
+    # a loaded machine); then ranks 0 and 1 are in their sleep
+    daemon.wait_for_log("round job=default tensor=layer0.weight step=0 ")
+    time.sleep(0.5)
     procs[2].send_signal(signal.SIGKILL)
     start = time.monotonic()
     for p in procs[:2]:

@@ -100,7 +100,9 @@ def test_a_daemon_that_took_the_connection_but_is_slow_is_waited_for(daemon):
 def test_a_world_size_mismatch_fails_the_waiting_rank_at_once(daemon):
     good = start_worker(daemon.endpoint, 0, 2, [7], steps=1, timeout_ms=20000)
     daemon.wait_for_log("hello job=default rank=0")
-    time.sleep(0.5)  # rank 0 registered and pushed: it waits for rank 1
+    # rank 0 registered and pushed: it waits for rank 1 (a fixed 0.5 s after its HELLO
+    # was not always that on a loaded machine)
+    daemon.wait_for_stall([1])
     bad = start_worker(daemon.endpoint, 1, 3, [7], steps=1, timeout_ms=20000)
     code, out, _ = finish(bad)
     assert code == 3 and "APS_EMISMATCH" in out, out

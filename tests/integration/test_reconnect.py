@@ -33,18 +33,41 @@ def cut_while(proxy, procs, every_s, limit, server_sees_it=True):
     return cuts
 
 
-def ranks_while_cutting(proxy, rank, world, every_s, limit=None):
+class CutRequest:
+    """A cut that a rank asks for and waits for (see ranks_while_cutting)."""
+
+    def __init__(self):
+        self.asked, self.done = threading.Event(), threading.Event()
+
+    def __call__(self, timeout=20):
+        self.done.clear()
+        self.asked.set()
+        assert self.done.wait(timeout), "the cut asked for never came"
+
+
+def ranks_while_cutting(proxy, rank, world, every_s, limit=None, asked=None):
     """Runs rank(r) for every rank in threads, cutting the proxy's connections
     every every_s while they run (at most limit times); closes the proxy.
-    Returns the number of cuts."""
+    With asked (a CutRequest), a rank may also ask for a cut at a point of its
+    own: that one is made at once, beyond limit too. Returns the number of cuts."""
     threads = [threading.Thread(target=rank, args=(r,)) for r in range(world)]
     cuts = 0
     try:
         for t in threads:
             t.start()
-        while any(t.is_alive() for t in threads) and (limit is None or cuts < limit):
-            time.sleep(every_s)
-            cuts += proxy.cut() > 0
+        next_cut = time.monotonic() + every_s
+        while any(t.is_alive() for t in threads):
+            if asked is not None and asked.asked.is_set():
+                asked.asked.clear()
+                cuts += proxy.cut() > 0
+                asked.done.set()
+            if limit is not None and cuts >= limit:
+                if asked is None:
+                    break
+            elif time.monotonic() >= next_cut:
+                cuts += proxy.cut() > 0
+                next_cut = time.monotonic() + every_s
+            time.sleep(0.005)
         for t in threads:
             t.join(timeout=60)
     finally:
@@ -117,11 +140,17 @@ def test_python_calls_survive_a_reset_mid_call(daemon_factory):
     daemon = daemon_factory()
     proxy = BlipProxy(port_of(daemon.endpoint))
     n, rounds, failures = 50000, 40, []
+    # The cuts every 0.15 s may all come after the last round (two idle cores run
+    # the 40 rounds in less): rank 0 also asks for a cut before its allreduce of
+    # rounds 10 and 25, while rank 1's of that round waits in flight for it
+    cut_now = CutRequest()
 
     def rank(r):
         try:
             with aps.Client(proxy.endpoint, r, 2, format="fp32", timeout_ms=20000) as c:
                 for i in range(rounds):
+                    if r == 0 and i in (10, 25):
+                        cut_now()
                     x = np.full(n, float(r + i), dtype=np.float32)
                     c.allreduce("g", x)
                     assert np.all(x == i + 0.5), (i, x[:3])
@@ -132,7 +161,7 @@ def test_python_calls_survive_a_reset_mid_call(daemon_factory):
         except Exception as e:  # noqa: BLE001 - reported below
             failures.append(f"rank {r}: {e!r}")
 
-    cuts = ranks_while_cutting(proxy, rank, 2, every_s=0.15, limit=8)
+    cuts = ranks_while_cutting(proxy, rank, 2, every_s=0.15, limit=8, asked=cut_now)
     assert not failures, failures
     c = counters(daemon)
     assert cuts >= 2 and c["reconnects"] >= 2 and c["peers_lost"] == 0, (cuts, c)
@@ -185,7 +214,10 @@ def test_without_a_grace_a_blip_fails_the_calls_at_once(daemon_factory, server_s
         procs = [start_worker(proxy.endpoint, r, 2, [4097], steps=400, jitter_ms=2,
                               timeout_ms=20000) for r in range(2)]
         daemon.wait_for_log("hello job=default rank=1")
-        time.sleep(0.3)
+        # well into the run, and far from its end (the 400 steps take about 0.6 s on
+        # two idle cores: a fixed 0.3 s after the HELLO, stretched on a loaded machine,
+        # could cut after the last step)
+        daemon.wait_for_log("round job=default tensor=layer0.weight step=10 ")
         start = time.monotonic()
         proxy.cut(server_sees_it)
         results = collect(procs, 30)

@@ -27,8 +27,15 @@ def run_with_restarts(tmp_path, sig, restarts=2):
     daemon = start_apsd(endpoint, log)
     procs = [start_worker(endpoint, r, 2, [4097, 7], steps=150, jitter_ms=20, rejoin=1,
                           timeout_ms=15000) for r in range(2)]
-    for _ in range(restarts):
-        time.sleep(0.8)
+    for i in range(restarts):
+        # 0.8 s after this daemon started, and the workers have joined it (a fixed 0.8 s
+        # was not always that on a loaded machine: a daemon the job never reached)
+        due = time.monotonic() + 0.8
+        deadline = due + 20
+        while open(log.name).read().count("job started job=default") < i + 1:
+            assert time.monotonic() < deadline, open(log.name).read()
+            time.sleep(0.02)
+        time.sleep(max(0.0, due - time.monotonic()))
         daemon.send_signal(sig)
         daemon.wait(timeout=10)
         time.sleep(0.3)  # the workers notice while no daemon listens

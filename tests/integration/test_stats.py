@@ -23,8 +23,16 @@ def test_reports_jobs_workers_tensors_and_stalls(daemon):
     # rank 1 stalls before its last step: the job shows who is missing
     procs = [start_worker(daemon.endpoint, r, 2, [7, 4097], steps=3, timeout_ms=20000,
                           sleep_ms=(2500 if r == 1 else 0)) for r in range(2)]
-    time.sleep(1.2)
-    jobs = ask(path, "jobs")["jobs"]
+    # two steps done, rank 0 waiting in the third for more than 0.5 s (a fixed 1.2 s
+    # after the start was not always that on a loaded machine)
+    deadline = time.monotonic() + 20
+    while True:
+        jobs = ask(path, "jobs")["jobs"]
+        stalls = jobs[0]["stalls"] if jobs else []
+        if time.monotonic() > deadline or (stalls and stalls[0]["step"] == 2 and
+                                           stalls[0]["waiting_s"] > 0.5):
+            break
+        time.sleep(0.05)
     assert len(jobs) == 1 and jobs[0]["world_size"] == 2 and jobs[0]["connected"] == 2
     stall = jobs[0]["stalls"][0]
     assert stall["missing"] == [1] and stall["waiting_s"] > 0.5, jobs
@@ -94,7 +102,9 @@ def test_apsctl_prints_tables_and_json(daemon):
     path = stats_path(daemon)
     procs = [start_worker(daemon.endpoint, r, 2, [4097], steps=3, sleep_ms=1500)
              for r in range(2)]
-    time.sleep(0.8)  # two steps done, both ranks sleep before the third
+    # two steps done, both ranks sleep before the third (a fixed 0.8 s after the start
+    # was not always that on a loaded machine)
+    daemon.wait_for_log("round job=default tensor=layer0.weight step=1 ")
     out = subprocess.run([str(APSCTL), "--stats", path, "tensors"], capture_output=True,
                          text=True, timeout=10)
     assert out.returncode == 0 and "layer0.weight" in out.stdout and "e4m3" in out.stdout
@@ -149,7 +159,10 @@ def test_prometheus_metrics_pass_promtool(daemon_factory):
     d = daemon_factory(extra=["--metrics_listen", f"127.0.0.1:{port}"])
     procs = [start_worker(d.endpoint, r, 2, [7, 4097], steps=3, sleep_ms=1500)
              for r in range(2)]
-    time.sleep(0.8)
+    # two steps done, both ranks sleep before the third (a fixed 0.8 s after the start
+    # was not always that on a loaded machine)
+    for t in range(2):
+        d.wait_for_log(f"round job=default tensor=layer{t}.weight step=1 ")
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
         assert r.status == 200 and r.headers["Content-Type"].startswith("text/plain")
         text = r.read().decode()
@@ -210,7 +223,17 @@ def test_trace_is_json_while_apsd_runs_and_names_the_job(daemon_factory, tmp_pat
         time.sleep(0.05)
     for p in procs:
         assert p.wait(timeout=30) == 0, p.stdout.read()
-    time.sleep(1.5)  # the last events reach the file at a tick, within a second
+    # the last events reach the file at a tick, within a second (a fixed 1.5 s was
+    # not always that on a loaded machine): until the last step's send is there
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        try:
+            if any(e["ph"] == "X" and e["name"] == "send" and e["args"]["step"] == 39
+                   for e in json.loads(trace.read_text())):
+                break
+        except ValueError:  # a read that raced a write: again
+            pass
+        time.sleep(0.1)
     apsd_events = [e for e in json.loads(trace.read_text()) if e["ph"] == "X"]
     # the file filled while the job ran, not only at apsd's exit
     assert seen > 1 and len(apsd_events) > 100, (seen, len(apsd_events))
