@@ -35,7 +35,7 @@ def rank_diloco(rank, world, endpoint, fmt, scaling, steps, every):
             torch.nn.functional.mse_loss(model(x), x.sum(1, keepdim=True).sin()).backward()
             inner.step()
             local = [p.detach().clone() for p in model.parameters()]
-            if diloco.step():
+            if diloco.step():  # [0] at a sync, [] else
                 master = diloco.pull()
                 snaps.append({"before": [b.numpy() for b in before],
                               "local": [v.numpy() for v in local],
@@ -95,3 +95,45 @@ def test_diloco_needs_the_outer_optimizer_on_the_client(apsd):
     with aps.Client(apsd, 0, 1, format="fp32", job="adam", optimizer="adam") as c:
         with pytest.raises(ValueError, match="needs the job to run 'sgd"):
             aps.torch.DiLoCo(model, inner, c, sync_every=4)
+
+
+def rank_fragments(rank, world, endpoint, steps, every):
+    torch.set_num_threads(1)
+    model = model_of(rank)
+    inner = torch.optim.SGD(model.parameters(), lr=0.05)
+    with aps.Client(endpoint, rank, world, format="fp32", optimizer=SPEC,
+                    job="fragments") as client:
+        diloco = aps.torch.DiLoCo(model, inner, client, sync_every=every, fragments=2)
+        rng = np.random.default_rng(rank)
+        events = []
+        for step in range(steps):
+            x = torch.from_numpy(rng.standard_normal((16, 8)).astype(np.float32))
+            inner.zero_grad()
+            torch.nn.functional.mse_loss(model(x), x.sum(1, keepdim=True)).backward()
+            inner.step()
+            due = diloco.step()
+            if due:
+                master = diloco.pull()
+                events.append((step + 1, due, [p.detach().clone().numpy()
+                                               for p in model.parameters()],
+                               [m.numpy() for m in master.values()]))
+        return diloco.fragments, events
+
+
+def test_fragments_sync_in_turn_and_each_takes_the_master(apsd):
+    world, steps, every = 2, 12, 4
+    results = run_ranks(rank_fragments, world, apsd, steps, every)
+    fragments, events = results[0]
+    # in order, by size: 128 elements | 16 + 16 + 1
+    assert fragments == [["outer.0.weight"], ["outer.0.bias", "outer.2.weight", "outer.2.bias"]]
+    assert [(s, due) for s, due, _, _ in events] == [(2, [1]), (4, [0]), (6, [1]), (8, [0]),
+                                                      (10, [1]), (12, [0])]
+    for i, (_, due, held, master) in enumerate(events):
+        other = results[1][1][i]
+        synced = [0] if due == [0] else [1, 2, 3]  # parameter indices of the fragment
+        for t in range(4):
+            if t in synced:  # everyone holds the master, exactly (fp32)
+                assert np.array_equal(held[t], master[t]) and np.array_equal(other[2][t],
+                                                                             held[t])
+            else:  # the other fragment is each rank's own since its last sync
+                assert not np.array_equal(other[2][t], held[t])

@@ -55,6 +55,8 @@ def parse_args(argv=None):
                     help="DiLoCo: AdamW on each worker alone, every H steps the outer "
                     "Nesterov step on apsd (0: all-reduce every step)")
     ap.add_argument("--outer-lr", type=float, default=0.7)
+    ap.add_argument("--fragments", type=int, default=1,
+                    help="DiLoCo: parameters synchronised in this many staggered fragments")
     ap.add_argument("--policy", default="off", choices=["off", "auto"])
     ap.add_argument("--error-feedback", action="store_true")
     ap.add_argument("--stats", help="the daemon's stats socket: report the bytes it received")
@@ -131,7 +133,7 @@ def train(args, client):
                               weight_decay=args.weight_decay)
     if args.diloco:  # the inner optimizer alone; the outer step every H steps
         opt, outer = adamw, aps.torch.DiLoCo(model, adamw, client, sync_every=args.diloco,
-                                             outer_lr=args.outer_lr)
+                                             outer_lr=args.outer_lr, fragments=args.fragments)
     else:
         opt, outer = aps.torch.DistributedOptimizer(
             adamw, client, named_parameters=model.named_parameters()), None
@@ -163,7 +165,8 @@ def train(args, client):
         sched.step()
     wall = time.monotonic() - start
     result = {"label": label, "format": args.format, "scaling": args.scaling,
-              "diloco": args.diloco, "bytes_total": client.bytes_pushed,
+              "diloco": args.diloco, "fragments": args.fragments,
+              "bytes_total": client.bytes_pushed,
               "policy": args.policy, "error_feedback": args.error_feedback, "seed": args.seed,
               "world_size": client.world_size, "steps": args.steps, "wall_s": wall,
               "parameters": sum(p.numel() for p in model.parameters()),

@@ -14,6 +14,12 @@ weights; every worker then starts from the new master weights.
         inner.step()
         diloco.step()                  # every sync_every calls: the outer step
 
+fragments=P is Streaming DiLoCo's schedule (arXiv 2501.18512): the
+parameters are cut into P fragments of about equal size, in model order, and
+fragment j synchronises every sync_every steps, j * sync_every / P steps
+after fragment 0, so that each sync moves 1/P of the bytes (the syncs block;
+they are not overlapped with the inner steps).
+
 It is optimize mode (docs/PROTOCOL.md) with the pseudo-gradient as the
 gradient: the pseudo-gradients go up in the client's format with APS (block
 scaling where chosen) and the daemon's error feedback keeps what the workers
@@ -32,12 +38,15 @@ class DiLoCo:
     (opened in optimize mode with SGD: optimizer_spec("sgd", momentum=
     outer_momentum, nesterov=nesterov)). At construction rank 0's parameters
     become the master weights on every rank. step() counts inner steps and
-    every sync_every-th one synchronises; it returns True then."""
+    fragment synchronises on its own schedule; step() returns the fragments
+    it synchronised (a list, empty most steps)."""
 
     def __init__(self, model, inner_optimizer, client, sync_every, outer_lr=0.7,
-                 outer_momentum=0.9, nesterov=True, prefix="outer."):
+                 outer_momentum=0.9, nesterov=True, fragments=1, prefix="outer."):
         if int(sync_every) < 1:
             raise ValueError(f"sync_every must be at least 1, not {sync_every}")
+        if not 1 <= int(fragments) <= int(sync_every):
+            raise ValueError(f"fragments must be 1..sync_every ({sync_every}), not {fragments}")
         want = {"momentum": outer_momentum, "nesterov": int(bool(nesterov))}
         if not client.optimizer:
             raise ValueError("DiLoCo's outer step runs on apsd: open the client with "
@@ -53,6 +62,7 @@ class DiLoCo:
         self.steps = 0
         self.syncs = 0
         self._params = [(prefix + n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self.fragments = _fragments(self._params, int(fragments))
         # What every worker holds since the last sync (the daemon keeps the same view).
         self._anchor = {n: p.detach().to(device="cpu", dtype=torch.float32).contiguous().clone()
                         for n, p in self._params}
@@ -63,26 +73,33 @@ class DiLoCo:
             self._restart()
 
     def step(self):
-        """One inner step done; every sync_every-th: the outer step. Returns
-        whether it synchronised."""
+        """One inner step done; the outer step of each fragment that is due.
+        Returns the indices of the fragments synchronised ([] most steps; [0]
+        every sync_every steps without fragments)."""
         self.steps += 1
-        if self.steps % self.sync_every:
-            return False
-        self.sync()
-        return True
+        due = [j for j in range(len(self.fragments))
+               if (self.steps + j * self.sync_every // len(self.fragments)) %
+               self.sync_every == 0]
+        for j in due:
+            self.sync(j)
+        return due
 
-    def sync(self):
-        """The outer step now: every rank's pseudo-gradient averaged by apsd,
-        Nesterov SGD on the master weights, every rank restarts from them."""
+    def sync(self, fragment=None):
+        """The outer step now, of every parameter or of one fragment: every
+        rank's pseudo-gradient averaged by apsd, Nesterov SGD on the master
+        weights, every rank restarts from them."""
+        names = None if fragment is None else set(self.fragments[fragment])
         with torch.no_grad():
             items = []
             for n, p in self._params:
+                if names is not None and n not in names:
+                    continue
                 d = self._delta[n]
                 torch.sub(self._anchor[n], p.detach().to(device="cpu", dtype=torch.float32)
                           .view_as(d), out=d)
                 items.append((n, d, self._anchor[n]))
             self.client.step_many_async(items, self.outer_lr).wait()
-            self._restart()
+            self._restart(names)
         self.syncs += 1
 
     def pull(self):
@@ -94,10 +111,22 @@ class DiLoCo:
             out[n] = buf
         return out
 
-    def _restart(self):
+    def _restart(self, names=None):
         for n, p in self._params:
-            p.data.copy_(self._anchor[n].view_as(p))
+            if names is None or n in names:
+                p.data.copy_(self._anchor[n].view_as(p))
 
     def __repr__(self):
         return (f"DiLoCo(sync_every={self.sync_every}, outer_lr={self.outer_lr}, "
                 f"{len(self._params)} tensors, {self.syncs} syncs, {self.client})")
+
+
+def _fragments(params, count):
+    """Wire names of params cut, in order, into count runs of about equal size."""
+    total = sum(p.numel() for _, p in params)
+    out, size = [[] for _ in range(count)], 0
+    for n, p in params:
+        j = min(count - 1, size * count // max(total, 1))
+        out[j].append(n)
+        size += p.numel()
+    return [f for f in out if f] or [[]]
