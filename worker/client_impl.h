@@ -250,6 +250,9 @@ bool aps_resume_refused(struct aps_client *c, const struct aps_msg *m);
 /* resume.c: what a WELCOME says of the session: its token and apsd's limits. */
 void aps_resume_welcomed(struct aps_client *c, const struct aps_msg *welcome);
 
+/* Chunks of r in the daemon's size: at least one, even for an empty tensor. */
+uint32_t aps_request_chunks(const struct aps_request *r);
+
 /*
  * Chunk i of r: its elements [*off, *off + *n), and where its payload starts
  * in r->codes (returned) and how long it is (*len).

@@ -16,10 +16,9 @@
 int aps_outbox_chunks(struct aps_client *c, struct aps_request *r)
 {
 	enum aps_msg_type type = r->kind == REQ_BROADCAST ? APS_MSG_BROADCAST : APS_MSG_PUSH;
-	size_t per = r->chunk_elems ? r->chunk_elems : r->count;
 	uint64_t t0 = c->trace != NULL ? aps_trace_now() : 0;
 
-	r->chunks = (uint32_t)((r->count + per - 1) / per);
+	r->chunks = aps_request_chunks(r);
 	if (r->got == NULL && (r->got = calloc(r->chunks, 1)) == NULL)
 		return APS_ENOMEM;
 	for (uint32_t i = 0; i < r->chunks; i++) {
@@ -93,10 +92,9 @@ int aps_outbox_exponents(struct aps_client *c, struct aps_request **batch, uint3
 /* Optimize mode: asks for the master weights, answered in chunks of the daemon's size. */
 int aps_outbox_pull(struct aps_client *c, struct aps_request *r)
 {
-	size_t per = r->chunk_elems ? r->chunk_elems : r->count;
 	struct aps_msg m;
 
-	r->chunks = (uint32_t)((r->count + per - 1) / per);
+	r->chunks = aps_request_chunks(r);
 	if (r->got == NULL && (r->got = calloc(r->chunks, 1)) == NULL)
 		return APS_ENOMEM;
 	aps_client_msg(c, &m, APS_MSG_PULL);

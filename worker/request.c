@@ -73,8 +73,7 @@ size_t aps_request_chunk(const struct aps_request *r, uint32_t i, size_t *off, s
 	return (size_t)i * aps_codec_payload_size(&r->fmt, per, r->block);
 }
 
-/* Chunks of r: at least one, even for an empty tensor. */
-static uint32_t chunks_of(const struct aps_request *r)
+uint32_t aps_request_chunks(const struct aps_request *r)
 {
 	size_t per = r->chunk_elems ? r->chunk_elems : r->count;
 
@@ -85,9 +84,10 @@ static uint32_t chunks_of(const struct aps_request *r)
 static void keep_residual(struct aps_request *r)
 {
 	float *residual = r->residual;
+	uint32_t chunks = aps_request_chunks(r);
 	size_t off, n, len;
 
-	for (uint32_t i = 0; i < chunks_of(r); i++) {
+	for (uint32_t i = 0; i < chunks; i++) {
 		size_t at = aps_request_chunk(r, i, &off, &n, &len);
 		aps_codec_decode_payload(&r->fmt, r->codes->data + at, len, n, r->scale_exp,
 		                         r->block, residual + off, false);
@@ -120,7 +120,7 @@ int aps_request_encode(struct aps_client *c, struct aps_request *r)
 {
 	struct aps_quant_opts o = { .scale_exp = r->scale_exp };
 	struct aps_codec_stats st;
-	uint32_t chunks = chunks_of(r);
+	uint32_t chunks = aps_request_chunks(r);
 	size_t off, n, len, at;
 	uint64_t t0 = c->trace != NULL ? aps_trace_now() : 0;
 

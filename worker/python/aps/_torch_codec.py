@@ -251,6 +251,19 @@ def _maxabs(x):
     return torch.maximum(-lo, hi)
 
 
+def _counts(xa, over, q):
+    """What stats count of one pass of _encode: overflow, non-finite, flushed."""
+    finite = (xa < F32_INF) & (xa != 0)
+    return torch.stack([(over & finite).sum(), (xa >= F32_INF).sum(),
+                        ((q == 0) & finite & ~over).sum()])
+
+
+def _report(stats, counts, x):
+    overflow, nonfinite, flushed = counts.tolist()
+    stats.update(overflow=overflow, nonfinite=nonfinite, flushed=flushed,
+                 maxabs=float(_maxabs(x)))
+
+
 def quantize(t, fmt, scale_exp=0, rounding="nearest", out=None, stats=None):
     """Quantizes the tensor t (read flat; float32, or float16/bfloat16, which
     widen exactly) times 2**scale_exp into packed codes of fmt, on t's device:
@@ -283,9 +296,7 @@ def quantize(t, fmt, scale_exp=0, rounding="nearest", out=None, stats=None):
         chunk = bits[start:start + step]
         code, xa, over, q = _encode(chunk, f, k)
         if stats is not None:
-            finite = (xa < F32_INF) & (xa != 0)
-            counts += torch.stack([(over & finite).sum(), (xa >= F32_INF).sum(),
-                                   ((q == 0) & finite & ~over).sum()])
+            counts += _counts(xa, over, q)
         if code.numel() % group:
             code = torch.cat([code, code.new_zeros(group - code.numel() % group)])
         packed = _pack(code, f.bits)
@@ -293,9 +304,7 @@ def quantize(t, fmt, scale_exp=0, rounding="nearest", out=None, stats=None):
         hi = min(lo + packed.numel(), need)
         flat[lo:hi].copy_(packed[:hi - lo])
     if stats is not None:
-        overflow, nonfinite, flushed = counts.tolist()
-        stats.update(overflow=overflow, nonfinite=nonfinite, flushed=flushed,
-                     maxabs=float(_maxabs(x)))
+        _report(stats, counts, x)
     return out
 
 
@@ -396,18 +405,14 @@ def quantize_blocks(t, fmt, block=32, stats=None):
         k = _block_exponents(f, xb)
         code, xa, over, q = _encode(xb.view(torch.int32), f, k[:, None])
         if stats is not None:
-            finite = (xa < F32_INF) & (xa != 0)
-            counts += torch.stack([(over & finite).sum(), (xa >= F32_INF).sum(),
-                                   ((q == 0) & finite & ~over).sum()])
+            counts += _counts(xa, over, q)
         packed = _pack(code.reshape(-1), f.bits)  # a whole block is whole bytes
         lo = b0 * block * f.bits // 8
         hi = min(lo + packed.numel(), need)
         codes[lo:hi].copy_(packed[:hi - lo])
         exps[b0:b0 + k.numel()].copy_(k)
     if stats is not None:
-        overflow, nonfinite, flushed = counts.tolist()
-        stats.update(overflow=overflow, nonfinite=nonfinite, flushed=flushed,
-                     maxabs=float(_maxabs(x)))
+        _report(stats, counts, x)
     return codes, exps
 
 
