@@ -7,7 +7,9 @@ dropped as invalid, counted, and leaves the job working."""
 import numpy as np
 
 import aps
-from peers import ERROR, PUSH, REGISTER, REGISTERED, RESULT, WELCOME, Peer
+from conftest import SANITIZED
+from peers import (ERROR, FLAG_ALIVE, HEARTBEAT, PUSH, REGISTER, REGISTERED, RESULT, WELCOME,
+                   Peer, open_fds, rss_kib, settle)
 
 SCALING_BLOCK = 4  # aps.proto ScalingMode
 N = 200  # 7 blocks of 32, the last one short
@@ -30,9 +32,9 @@ def payload(x, block=32):
 
 
 def push(p, rank, job, data, **fields):
-    fields = {"block_size": 32, "format": "fp4", "chunk_offset": 0, **fields}
-    p.send(data, type=PUSH, job=job, rank=rank, world_size=2, tensor_id=0, chunk_count=N,
-           total_count=N, **fields)
+    fields = {"block_size": 32, "format": "fp4", "chunk_offset": 0, "chunk_count": N, **fields}
+    p.send(data, type=PUSH, job=job, rank=rank, world_size=2, tensor_id=0, total_count=N,
+           **fields)
 
 
 def values(rank):
@@ -91,3 +93,38 @@ def test_wrong_blocks_are_refused_and_the_job_goes_on(daemon):
         push(p, r, "wrong", payload(values(r)))
     for p in peers:
         assert p.recv_type(RESULT) is not None
+
+
+def test_a_flood_of_wrong_blocks_holds_nothing(daemon):
+    """3000 block-scaled pushes wrong in six ways from a rank of the job: each is
+    dropped and counted, descriptors and memory stay where they
+    were, and the job still sums a good step."""
+    pid = daemon.proc.pid
+    peers = join(daemon, "flood")
+    base_fds, base_rss = open_fds(pid), rss_kib(pid)
+    good = payload(values(1))
+    bad_exp = bytearray(good)
+    bad_exp[N // 2 + 1] = 0x80
+    kinds = [(bytes(bad_exp), {}), (good[:-1], {}), (good, {"block_size": 16}),
+             (good, {"block_size": 0}), (good, {"chunk_offset": 32, "chunk_count": N - 32}),
+             (b"\0" * 10, {"block_size": 48})]
+    before = daemon.counter("bad_messages")
+    for i in range(3000):
+        data, fields = kinds[i % len(kinds)]
+        push(peers[1], 1, "flood", data, **fields)
+        if i % 200 == 0:  # alive, and replies read
+            for r, p in enumerate(peers):
+                p.send(type=HEARTBEAT, job="flood", rank=r, world_size=2, flags=FLAG_ALIVE)
+            while peers[1].recv(0) is not None:
+                pass
+    for r, p in enumerate(peers):
+        push(p, r, "flood", payload(values(r)))
+    for p in peers:
+        assert p.recv_type(RESULT, 10000) is not None
+    after = daemon.counter("bad_messages")
+    # every kind fails the validator (its length or its exponents do not fit the header)
+    dropped = sum(after[k] - before[k] for k in after)
+    assert dropped == 3000, (before, after)
+    assert settle(lambda: open_fds(pid), base_fds) <= base_fds
+    if not SANITIZED:
+        assert rss_kib(pid) - base_rss < 4096, (base_rss, rss_kib(pid))
