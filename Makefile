@@ -65,7 +65,7 @@ bench: build
 # and 2 threads, each owning every other chunk: GB/s of codes per core (issue 17).
 .PHONY: bench-engine
 bench-engine: build
-	$(BUILD)/tests/bench/bench_engine --threads 1,2 --seconds 3
+	$(BUILD)/tests/bench/bench_engine --threads 1,2,3 --seconds 3
 
 # All-reduce through apsd (ResNet-50 shapes, 4 workers) against torch gloo and raw
 # ZeroMQ, a perf profile, 4 KiB latency, chunk pipelining (~4 min; docs/BENCHMARKS.md).

@@ -16,6 +16,7 @@
 #include "common/log.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* Sends one chunk's result to every rank: one header, one shared payload. */
@@ -79,7 +80,6 @@ static void note_result(struct aps_server *srv, struct aps_job *job, struct aps_
 	aps_latency_add(&srv->latency, uv_hrtime() - st->step_started_ns);
 }
 
-/* arrived_ns: when the push that completed the chunk arrived (uv_hrtime). */
 /* After a step: the format of the next one, or "" when it stays. */
 static const char *decide_format(struct aps_server *srv, struct aps_job *job, struct aps_tensor *t,
                                  uint64_t step)
@@ -100,36 +100,72 @@ static const char *decide_format(struct aps_server *srv, struct aps_job *job, st
 	return t->policy.current.name;
 }
 
-void aps_finish_chunk(struct aps_server *srv, struct aps_job *job, struct aps_tensor *t,
-                      uint32_t chunk, uint64_t arrived_ns)
+/* What follows a chunk's result, wherever it was encoded (ret < 0: out of memory). */
+static void chunk_done(struct aps_server *srv, struct aps_job *job, struct aps_tensor *t,
+                       uint64_t arrived_ns, int ret, struct aps_round_result *res)
 {
-	struct aps_round_result res;
-	uint64_t step = t->round.step, flushed = t->round.flushed;
-	bool broadcast = t->round.kind == APS_ROUND_BROADCAST;
-	int ret = aps_round_finish_chunk(
-	        &t->round, chunk, job->downlink_auto ? NULL : &job->downlink, job->scaling, &res);
-
 	if (ret < 0) {
 		aps_round_abort(&t->round);
 		aps_tensor_forget_answers(t);
 		aps_outbox_error_job(srv, job, ret, "out of memory for a result");
 		return;
 	}
-	note_result(srv, job, t, &res, flushed);
-	fan_out(srv, job, t, step, &res, broadcast ? APS_MSG_BROADCAST : APS_MSG_RESULT,
-	        res.step_done && !broadcast && job->optim.kind == APS_OPTIM_NONE
-	                ? decide_format(srv, job, t, step)
+	bool broadcast = res->kind == APS_ROUND_BROADCAST;
+
+	note_result(srv, job, t, res, res->flushed);
+	fan_out(srv, job, t, res->step, res, broadcast ? APS_MSG_BROADCAST : APS_MSG_RESULT,
+	        res->step_done && !broadcast && job->optim.kind == APS_OPTIM_NONE
+	                ? decide_format(srv, job, t, res->step)
 	                : "");
-	aps_optimize_chunk_done(srv, job, t, &res, broadcast);
-	aps_sbuf_unref(res.payload);
-	if (!res.step_done)
+	aps_optimize_chunk_done(srv, job, t, res, broadcast);
+	aps_sbuf_unref(res->payload);
+	if (!res->step_done)
 		return;
 	job->rounds_completed++;
 	srv->counters.rounds++;
 	/* tail_us: from the arrival of the last push to the last RESULT handed to ZeroMQ */
 	aps_log_debug("server", "round job=%s tensor=%.80s step=%llu chunks=%u tail_us=%.1f",
-	              job->name, t->name, (unsigned long long)step, t->round.n_chunks,
+	              job->name, t->name, (unsigned long long)res->step, t->round.n_chunks,
 	              (double)(uv_hrtime() - arrived_ns) / 1e3);
+}
+
+/* A chunk encoded on an engine thread. */
+struct engine_finish {
+	struct aps_server *srv;
+	struct aps_job *job;
+	struct aps_tensor *t;
+	uint64_t arrived_ns;
+};
+
+static void on_engine_finish(void *ctx, int ret, struct aps_round_result *res, bool cancelled)
+{
+	struct engine_finish *f = ctx;
+
+	if (!cancelled)
+		chunk_done(f->srv, f->job, f->t, f->arrived_ns, ret, res);
+	free(f);
+}
+
+/* arrived_ns: when the push that completed the chunk arrived (uv_hrtime). */
+void aps_finish_chunk(struct aps_server *srv, struct aps_job *job, struct aps_tensor *t,
+                      uint32_t chunk, uint64_t arrived_ns)
+{
+	const struct aps_format *down = job->downlink_auto ? NULL : &job->downlink;
+	struct aps_round_result res;
+	int ret;
+
+	if (aps_round_offloaded(&t->round)) {
+		struct engine_finish *f = malloc(sizeof(*f));
+		if (f != NULL) {
+			*f = (struct engine_finish){ srv, job, t, arrived_ns };
+			if (aps_round_finish_async(&t->round, chunk, down, job->scaling,
+			                           on_engine_finish, f) == 0)
+				return;
+			free(f);
+		}
+	}
+	ret = aps_round_finish_chunk(&t->round, chunk, down, job->scaling, &res);
+	chunk_done(srv, job, t, arrived_ns, ret, &res);
 }
 
 /* A rank back in an elastic job learns the step of every tensor it registered. */

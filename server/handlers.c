@@ -21,10 +21,12 @@
 #include <string.h>
 
 /* A new tensor: its timeline label and its precision policy from the requested format. */
-static void init_tensor(struct aps_job *job, struct aps_tensor *t, struct aps_trace *trace,
+static void init_tensor(struct aps_server *srv, struct aps_job *job, struct aps_tensor *t,
                         const struct aps_format *requested)
 {
-	t->round.trace = trace;
+	t->round.trace = srv->opts.trace;
+	t->round.engine = srv->engine;
+	t->round.lane = t->id; /* a tensor's first chunk on its own thread, the next on the next */
 	t->round.label = t->name;
 	t->round.job_label = job->name;
 	t->round.measure_error = job->policy.automatic && job->optim.kind == APS_OPTIM_NONE;
@@ -142,7 +144,7 @@ void aps_handle_register(struct aps_server *srv, struct aps_session *s, const st
 		ret = aps_job_add_tensor(job, m->tensor_name, m->total_count, srv->opts.max_tensors,
 		                         &t);
 		if (ret == 0) {
-			init_tensor(job, t, srv->opts.trace, &m->fmt);
+			init_tensor(srv, job, t, &m->fmt);
 			t->round.step = rejoin ? m->step : 0; /* where workers that rejoin are */
 			job->tensor_bytes += kept ? t->count * sizeof(float) : 0;
 		}

@@ -1,6 +1,7 @@
-/* Limits from the machine: descriptors and memory (hostlimits.h). */
+/* Limits from the machine: descriptors, memory and cores (hostlimits.h). */
 #include "server/hostlimits.h"
 
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/resource.h>
@@ -68,4 +69,15 @@ uint64_t aps_hostlimits_memory(void)
 	uint64_t cg = cgroup_memory();
 
 	return cg != 0 && cg < phys ? cg : phys;
+}
+
+unsigned aps_hostlimits_cpus(void)
+{
+	cpu_set_t set;
+	int n;
+
+	if (sched_getaffinity(0, sizeof(set), &set) != 0)
+		return 1;
+	n = CPU_COUNT(&set);
+	return n > 0 ? (unsigned)n : 1;
 }

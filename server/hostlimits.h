@@ -1,6 +1,7 @@
 /*
  * The daemon's limits that default from the machine it runs on: how many
- * descriptors it may open (connections) and how much memory it may hold.
+ * descriptors it may open (connections), how much memory it may hold, and
+ * how many cores it may use.
  */
 #ifndef APS_SERVER_HOSTLIMITS_H
 #define APS_SERVER_HOSTLIMITS_H
@@ -19,5 +20,8 @@ size_t aps_hostlimits_connections(uint64_t nofile);
 
 /* Bytes of memory: the machine's, or its cgroup's memory.max when that is less. */
 uint64_t aps_hostlimits_memory(void);
+
+/* The cores of the daemon's CPU set (sched_getaffinity), at least 1. */
+unsigned aps_hostlimits_cpus(void);
 
 #endif

@@ -159,6 +159,8 @@ static struct aps_server_opts server_opts(struct daemon *d)
 		.reconnect_grace_ms = cfg->reconnect_grace_ms,
 		.join_timeout_ms = (uint64_t)cfg->join_timeout_ms,
 		.drain_batch = cfg->drain_batch,
+		.threads = cfg->threads > 0 ? (unsigned)cfg->threads : aps_hostlimits_cpus(),
+		.io_threads = (unsigned)cfg->io_threads,
 		.max_jobs = (uint32_t)cfg->max_jobs,
 		.max_ranks = (uint32_t)cfg->max_ranks,
 		.max_tensors = (uint32_t)cfg->max_tensors,

@@ -37,6 +37,7 @@ static void render_daemon(FILE *f, const struct aps_server *srv)
 	const struct aps_server_counters *c = &srv->counters;
 	const struct aps_zbridge_counters *z =
 	        srv->bridge != NULL ? aps_zbridge_counters(srv->bridge) : &srv->bridge_counters;
+	struct aps_engine_counters e;
 
 #define APS_METRIC_COUNTER(name, text) counter(f, #name, text, c->name);
 	APS_SERVER_COUNTER_MAP(APS_METRIC_COUNTER)
@@ -55,6 +56,14 @@ static void render_daemon(FILE *f, const struct aps_server *srv)
 	gauge(f, "uptime_seconds", "Seconds since the daemon started.",
 	      (double)(uv_now(srv->loop) - srv->started_ms) / 1000.0);
 	gauge(f, "jobs", "Jobs being served.", srv->jobs.n_jobs);
+	aps_engine_counters(srv->engine, &e);
+	gauge(f, "engine_threads", "Threads that sum (1: the event loop).", e.threads);
+	counter(f, "engine_tasks", "Sums and encodings run on engine threads.", e.tasks);
+	fprintf(f,
+	        "# HELP apsd_engine_busy_seconds_total Seconds engine threads spent in tasks.\n"
+	        "# TYPE apsd_engine_busy_seconds_total counter\n"
+	        "apsd_engine_busy_seconds_total %.6f\n",
+	        (double)e.busy_ns / 1e9);
 }
 
 static void render_latency(FILE *f, const struct aps_server *srv)

@@ -20,6 +20,7 @@ static json_t *counters(const struct aps_server *srv)
 	const struct aps_zbridge_counters *z =
 	        srv->bridge != NULL ? aps_zbridge_counters(srv->bridge) : &srv->bridge_counters;
 	json_t *o = json_object(), *bad = json_object();
+	struct aps_engine_counters e;
 
 #define APS_REPORT_COUNTER(name, text) \
 	json_object_set_new(o, #name, json_integer((json_int_t)c->name));
@@ -35,6 +36,11 @@ static json_t *counters(const struct aps_server *srv)
 	APS_ZBRIDGE_COUNTER_MAP(APS_REPORT_BRIDGE)
 #undef APS_REPORT_BRIDGE
 	json_object_set_new(o, "connections_open", json_integer((json_int_t)z->open_connections));
+	aps_engine_counters(srv->engine, &e);
+	json_object_set_new(o, "engine_threads", json_integer((json_int_t)e.threads));
+	json_object_set_new(o, "engine_tasks", json_integer((json_int_t)e.tasks));
+	json_object_set_new(o, "engine_busy_ms", json_real((double)e.busy_ns / 1e6));
+	json_object_set_new(o, "engine_max_queue", json_integer((json_int_t)e.max_queue));
 	return o;
 }
 

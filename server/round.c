@@ -76,6 +76,8 @@ static void reset_step(struct aps_round *r)
 {
 	size_t cells = (size_t)r->n_chunks * r->world_size;
 
+	if (r->engine != NULL)
+		aps_engine_quiesce(r->engine, r);
 	for (size_t i = 0; r->held != NULL && i < cells; i++)
 		release(&r->held[i].payload);
 	if (r->has != NULL)
@@ -162,6 +164,59 @@ static void sum_one(struct aps_round *r, uint32_t chunk, const struct aps_contri
 	aps_trace_stage(r->trace, "sum", t0, &AT(r, chunk));
 }
 
+bool aps_round_offloaded(const struct aps_round *r)
+{
+	return r->engine != NULL && r->kind == APS_ROUND_ALLREDUCE && !r->lowp &&
+	       r->transform == NULL && r->trace == NULL &&
+	       r->chunk_elems >= APS_ROUND_ENGINE_MIN_ELEMS;
+}
+
+/* One contribution's dequantize-accumulate on the chunk's engine thread. */
+struct sum_task {
+	struct aps_engine_task base;
+	struct aps_round *r;
+	uint32_t chunk;
+	bool first;
+	struct aps_contribution c;
+};
+
+static void run_sum(struct aps_engine_task *base, struct aps_engine_scratch *s)
+{
+	struct sum_task *t = (struct sum_task *)base;
+
+	(void)s;
+	sum_one(t->r, t->chunk, &t->c, t->first);
+	release(&t->c.payload);
+}
+
+static void free_task(struct aps_engine_task *base, bool cancelled)
+{
+	(void)cancelled;
+	free(base);
+}
+
+/* Sums c into the chunk here or on the chunk's engine thread (after the sums before it). */
+static void sum_in_order(struct aps_round *r, uint32_t chunk, struct aps_contribution *c,
+                         bool first)
+{
+	struct sum_task *t = aps_round_offloaded(r) ? malloc(sizeof(*t)) : NULL;
+
+	if (t == NULL) {
+		if (aps_round_offloaded(r)) /* out of memory: the sums before it first */
+			aps_engine_wait(r->engine, r);
+		sum_one(r, chunk, c, first);
+		release(&c->payload);
+		return;
+	}
+	*t = (struct sum_task){ .base = { .run = run_sum, .done = free_task, .owner = r },
+		                .r = r,
+		                .chunk = chunk,
+		                .first = first,
+		                .c = *c };
+	memset(&c->payload, 0, sizeof(c->payload));
+	aps_engine_submit(r->engine, r->lane + chunk, &t->base);
+}
+
 static bool is_absent(const struct aps_round *r, uint32_t rank)
 {
 	return r->absent != NULL && r->absent[rank];
@@ -180,8 +235,7 @@ static void sum_ready(struct aps_round *r, uint32_t chunk)
 	while (ch->next_rank < r->world_size) {
 		struct aps_contribution *c = &r->held[base + ch->next_rank];
 		if (r->has[base + ch->next_rank]) {
-			sum_one(r, chunk, c, ch->summed == 0);
-			release(&c->payload);
+			sum_in_order(r, chunk, c, ch->summed == 0);
 			ch->summed++;
 		} else if (!is_absent(r, ch->next_rank)) {
 			return;
@@ -255,7 +309,8 @@ int aps_round_add(struct aps_round *r, uint32_t rank, uint64_t step, uint32_t ch
 
 	if (ret < 0)
 		return ret;
-	r->kind = kind;
+	if (r->kind != kind) /* written once a step: engine threads read it */
+		r->kind = kind;
 	r->has[cell] = true;
 	r->chunks[chunk].arrived++;
 	r->flushed += c->flushed;
@@ -328,21 +383,16 @@ static int encode(const float *acc, size_t n, enum aps_scaling scaling, uint32_t
 	                                &res->stats);
 }
 
-/* Adds the chunk's squared error (result against the fp32 mean) to the step's. */
-static int measure_error(struct aps_round *r, const float *mean, size_t n,
-                         const struct aps_round_result *res)
+/* The chunk's squared error (result against the fp32 mean) into res; scratch holds a chunk. */
+static void measure_error(const float *mean, size_t n, float *scratch, struct aps_round_result *res)
 {
-	if (r->err_scratch == NULL &&
-	    (r->err_scratch = malloc(r->chunk_elems * sizeof(float))) == NULL)
-		return APS_ENOMEM;
 	aps_codec_decode_payload(&res->fmt, res->payload->data, res->payload->len, n,
-	                         res->scale_exp, res->block, r->err_scratch, false);
+	                         res->scale_exp, res->block, scratch, false);
 	for (size_t i = 0; i < n; i++) {
-		double d = (double)r->err_scratch[i] - mean[i];
-		r->err_num += d * d;
-		r->err_den += (double)mean[i] * mean[i];
+		double d = (double)scratch[i] - mean[i];
+		res->err_num += d * d;
+		res->err_den += (double)mean[i] * mean[i];
 	}
-	return 0;
 }
 
 /* The chunk's contribution of the lowest rank that sent one (rank 0 but in elastic jobs). */
@@ -377,8 +427,14 @@ static enum aps_scaling result_format(const struct aps_round *r, uint32_t chunk,
 	return scaling;
 }
 
-int aps_round_finish_chunk(struct aps_round *r, uint32_t chunk, const struct aps_format *down,
-                           enum aps_scaling scaling, struct aps_round_result *res)
+/*
+ * The per-byte part of finishing a chunk: the mean (or sum, or root's values)
+ * transformed and encoded into res. Touches only the chunk's own accumulator,
+ * so it may run on an engine thread; scratch: one chunk of floats for the
+ * error measure, NULL when it is not measured.
+ */
+static int encode_chunk(struct aps_round *r, uint32_t chunk, const struct aps_format *down,
+                        enum aps_scaling scaling, float *scratch, struct aps_round_result *res)
 {
 	size_t n = chunk_len(r, chunk);
 	float *acc = r->acc + (size_t)chunk * r->chunk_elems;
@@ -386,6 +442,7 @@ int aps_round_finish_chunk(struct aps_round *r, uint32_t chunk, const struct aps
 	int ret;
 
 	memset(res, 0, sizeof(*res));
+	res->kind = r->kind;
 	res->offset = (size_t)chunk * r->chunk_elems;
 	res->count = n;
 	scaling = result_format(r, chunk, down, scaling, res);
@@ -395,22 +452,118 @@ int aps_round_finish_chunk(struct aps_round *r, uint32_t chunk, const struct aps
 		r->transform(r->transform_ctx, r->kind, res->offset, acc, n);
 	ret = encode(acc, n, scaling, r->block, res);
 	aps_trace_stage(r->trace, "quantize", t0, &AT(r, chunk));
-	if (ret == 0 && r->measure_error && r->kind == APS_ROUND_ALLREDUCE)
-		ret = measure_error(r, acc, n, res);
+	if (ret == 0 && scratch != NULL)
+		measure_error(acc, n, scratch, res);
 	if (r->lowp)
 		res->scale_exp = lowest(r, chunk)->scale_exp;
 	if (ret < 0) {
 		aps_sbuf_unref(res->payload);
 		res->payload = NULL;
-		return ret;
 	}
-	r->chunks[chunk].finished = true;
+	return ret;
+}
+
+static bool measures_error(const struct aps_round *r)
+{
+	return r->measure_error && r->kind == APS_ROUND_ALLREDUCE;
+}
+
+/* The round's books after a chunk's result: the step moves on after its last chunk. */
+static void close_chunk(struct aps_round *r, struct aps_round_result *res)
+{
+	res->step = r->step;
+	res->flushed = r->flushed;
+	r->err_num += res->err_num;
+	r->err_den += res->err_den;
 	if (++r->chunks_finished == r->n_chunks) {
 		res->rel_error = r->err_den > 0 ? sqrt(r->err_num / r->err_den) : 0.0;
 		reset_step(r);
 		r->step++;
 		res->step_done = true;
 	}
+}
+
+int aps_round_finish_chunk(struct aps_round *r, uint32_t chunk, const struct aps_format *down,
+                           enum aps_scaling scaling, struct aps_round_result *res)
+{
+	int ret;
+
+	if (aps_round_offloaded(r)) /* its sums may still be on the engine */
+		aps_engine_wait(r->engine, r);
+	if (measures_error(r) && r->err_scratch == NULL &&
+	    (r->err_scratch = malloc(r->chunk_elems * sizeof(float))) == NULL)
+		return APS_ENOMEM;
+	ret = encode_chunk(r, chunk, down, scaling, measures_error(r) ? r->err_scratch : NULL, res);
+	if (ret < 0)
+		return ret;
+	r->chunks[chunk].finished = true;
+	close_chunk(r, res);
+	return 0;
+}
+
+/* A chunk's encoding on its engine thread, after its sums (the same lane). */
+struct finish_task {
+	struct aps_engine_task base;
+	struct aps_round *r;
+	uint32_t chunk;
+	bool has_down;
+	struct aps_format down;
+	enum aps_scaling scaling;
+	bool measure;
+	int ret;
+	struct aps_round_result res;
+	aps_round_done_cb done;
+	void *ctx;
+};
+
+static void run_finish(struct aps_engine_task *base, struct aps_engine_scratch *s)
+{
+	struct finish_task *t = (struct finish_task *)base;
+	float *scratch = NULL;
+
+	if (t->measure &&
+	    (scratch = aps_engine_scratch(s, t->r->chunk_elems * sizeof(float))) == NULL) {
+		t->ret = APS_ENOMEM;
+		return;
+	}
+	t->ret = encode_chunk(t->r, t->chunk, t->has_down ? &t->down : NULL, t->scaling, scratch,
+	                      &t->res);
+}
+
+static void finish_done(struct aps_engine_task *base, bool cancelled)
+{
+	struct finish_task *t = (struct finish_task *)base;
+
+	if (cancelled) {
+		aps_sbuf_unref(t->res.payload);
+		t->done(t->ctx, APS_ECLOSED, NULL, true);
+	} else {
+		if (t->ret == 0)
+			close_chunk(t->r, &t->res);
+		t->done(t->ctx, t->ret, &t->res, false);
+	}
+	free(t);
+}
+
+int aps_round_finish_async(struct aps_round *r, uint32_t chunk, const struct aps_format *down,
+                           enum aps_scaling scaling, aps_round_done_cb done, void *ctx)
+{
+	struct finish_task *t = malloc(sizeof(*t));
+
+	if (t == NULL)
+		return APS_ENOMEM;
+	*t = (struct finish_task){ .base = { .run = run_finish, .done = finish_done, .owner = r },
+		                   .r = r,
+		                   .chunk = chunk,
+		                   .has_down = down != NULL,
+		                   .scaling = scaling,
+		                   .measure = measures_error(r),
+		                   .done = done,
+		                   .ctx = ctx };
+	if (down != NULL)
+		t->down = *down;
+	r->chunks[chunk].finished = true;
+	aps_engine_submit(r->engine, r->lane + chunk, &t->base);
 	return 0;
 }
 

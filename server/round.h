@@ -10,6 +10,8 @@
 #ifndef APS_SERVER_ROUND_H
 #define APS_SERVER_ROUND_H
 
+#include "server/engine.h"
+
 #include "common/codec.h"
 #include "common/format.h"
 #include "common/sbuf.h"
@@ -81,10 +83,19 @@ struct aps_round {
 	 * place into what is encoded for the downlink; NULL: sent as it is. */
 	void (*transform)(void *ctx, enum aps_round_kind kind, size_t offset, float *acc, size_t n);
 	void *transform_ctx;
+	/* Engine threads (borrowed; NULL: every sum and encoding on the caller's thread).
+	 * An all-reduce of chunks of APS_ROUND_ENGINE_MIN_ELEMS or more, without lowp,
+	 * transform or timeline, runs there: chunk c on lane + c. */
+	struct aps_engine *engine;
+	uint32_t lane;
 };
 
+/* Chunks smaller than this are summed on the caller's thread: a hand-off costs more. */
+#define APS_ROUND_ENGINE_MIN_ELEMS 16384
+
 struct aps_round_result {
-	struct aps_format fmt; /* downlink format */
+	enum aps_round_kind kind; /* of the round it came from */
+	struct aps_format fmt;    /* downlink format */
 	int scale_exp;
 	uint32_t block;           /* block-scaled payload: elements per block, else 0 */
 	bool lowp_sum;            /* codes hold the sum (times 2^k), not the mean */
@@ -92,9 +103,19 @@ struct aps_round_result {
 	struct aps_sbuf *payload; /* one reference for the caller */
 	float maxabs;             /* of the chunk's result */
 	struct aps_codec_stats stats;
-	bool step_done;   /* this was the step's last chunk; the round moved on */
-	double rel_error; /* step_done with measure_error: ||result - mean|| / ||mean|| */
+	uint64_t step;           /* the step it finished */
+	uint64_t flushed;        /* the ranks' flushed counts of that step so far */
+	bool step_done;          /* this was the step's last chunk; the round moved on */
+	double rel_error;        /* step_done with measure_error: ||result - mean|| / ||mean|| */
+	double err_num, err_den; /* this chunk's share of rel_error */
 };
+
+/*
+ * When a chunk finished on an engine thread: on the loop thread, with ret 0 and
+ * res (one payload reference for the callee) or APS_ENOMEM; cancelled: the
+ * round was reset or freed meanwhile, res holds nothing.
+ */
+typedef void (*aps_round_done_cb)(void *ctx, int ret, struct aps_round_result *res, bool cancelled);
 
 /* Bytes a round of count elements keeps besides its accumulator: per chunk, and
  * per chunk and rank (what has arrived, what waits): what max_job_bytes counts. */
@@ -134,13 +155,25 @@ bool aps_round_has(const struct aps_round *r, uint32_t rank, uint64_t step, uint
 int aps_round_finish_chunk(struct aps_round *r, uint32_t chunk, const struct aps_format *down,
                            enum aps_scaling scaling, struct aps_round_result *res);
 
+/* True when chunks of this step finish on engine threads (aps_round_finish_async). */
+bool aps_round_offloaded(const struct aps_round *r);
+
+/*
+ * aps_round_finish_chunk on an engine thread, after the chunk's sums; done(ctx, ...)
+ * on the loop thread. The chunk counts as finished at once (no second finish).
+ * Returns 0 or APS_ENOMEM (nothing submitted).
+ */
+int aps_round_finish_async(struct aps_round *r, uint32_t chunk, const struct aps_format *down,
+                           enum aps_scaling scaling, aps_round_done_cb done, void *ctx);
+
 /*
  * After a rank became absent: sums what no longer waits for it. Returns true
  * when the chunk is now complete (aps_round_finish_chunk is due).
  */
 bool aps_round_recheck(struct aps_round *r, uint32_t chunk);
 
-/* Drops what this step collected; the step stays, to be collected again. */
+/* Drops what this step collected; the step stays, to be collected again. Waits for
+ * the round's tasks on engine threads and cancels their results. */
 void aps_round_abort(struct aps_round *r);
 
 /* True when some contribution of this step has arrived. */

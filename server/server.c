@@ -258,6 +258,7 @@ int aps_server_new(struct aps_server **out, uv_loop_t *loop, const struct aps_se
 		.endpoint = o->endpoint,
 		.max_message_bytes = o->max_message_bytes,
 		.drain_batch = o->drain_batch,
+		.io_threads = o->io_threads,
 		.max_connections = o->max_connections,
 		.join_timeout_ms = o->join_timeout_ms,
 		.curve_secret = o->curve_secret,
@@ -282,9 +283,13 @@ int aps_server_new(struct aps_server **out, uv_loop_t *loop, const struct aps_se
 	srv->tick_timer = ret == 0 ? malloc(sizeof(*srv->tick_timer)) : NULL;
 	if (ret == 0 && srv->tick_timer == NULL)
 		ret = APS_ENOMEM;
+	if (ret == 0 && o->threads > 1)
+		ret = aps_engine_new(&srv->engine, loop, o->threads);
 	if (ret == 0)
 		ret = aps_zbridge_new(&srv->bridge, loop, &zo, &ops, srv);
 	if (ret < 0) {
+		aps_engine_close(srv->engine);
+		aps_engine_free(srv->engine);
 		free(srv->tick_timer);
 		aps_ckpt_queue_free(srv->ckpt);
 		free(srv);
@@ -326,6 +331,7 @@ void aps_server_stop(struct aps_server *srv)
 	/* Its own memory: the handle may close after the server is freed. */
 	uv_close((uv_handle_t *)srv->tick_timer, free_handle_cb);
 	srv->tick_timer = NULL;
+	aps_engine_close(srv->engine);
 }
 
 void aps_server_free(struct aps_server *srv)
@@ -334,6 +340,7 @@ void aps_server_free(struct aps_server *srv)
 		return;
 	aps_server_stop(srv);
 	aps_jobs_free_all(&srv->jobs);
+	aps_engine_free(srv->engine); /* after the jobs: their rounds quiesce it */
 	aps_ckpt_queue_free(srv->ckpt);
 	free(srv);
 }
@@ -358,6 +365,7 @@ void aps_server_log_counters(const struct aps_server *srv)
 {
 	const struct aps_server_counters *c = &srv->counters;
 	const struct aps_zbridge_counters *z = &srv->bridge_counters;
+	struct aps_engine_counters e;
 	char line[4096] = "";
 	size_t used = 0;
 
@@ -371,5 +379,9 @@ void aps_server_log_counters(const struct aps_server *srv)
 #define APS_BRIDGE_PRINT(name, metric, help) add_count(line, sizeof(line), &used, #name, z->name);
 	APS_ZBRIDGE_COUNTER_MAP(APS_BRIDGE_PRINT)
 #undef APS_BRIDGE_PRINT
+	aps_engine_counters(srv->engine, &e);
+	add_count(line, sizeof(line), &used, "engine_threads", e.threads);
+	add_count(line, sizeof(line), &used, "engine_tasks", e.tasks);
+	add_count(line, sizeof(line), &used, "engine_busy_ms", e.busy_ns / 1000000);
 	aps_log_info("server", "counters%s", line);
 }

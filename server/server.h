@@ -54,6 +54,8 @@ struct aps_server_opts {
 	int reconnect_grace_ms;   /* a closed connection's session waits this long; 0: lost */
 	int64_t max_message_bytes;
 	int drain_batch;
+	unsigned threads;    /* threads that sum: 1 the loop, k > 1 k engine threads */
+	unsigned io_threads; /* ZeroMQ's */
 	uint32_t max_jobs;
 	uint32_t max_ranks;
 	uint32_t max_tensors;

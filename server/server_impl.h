@@ -7,6 +7,7 @@
 #define APS_SERVER_SERVER_IMPL_H
 
 #include "server/ckpt_queue.h"
+#include "server/engine.h"
 #include "server/job.h"
 #include "server/latency.h"
 #include "server/server.h"
@@ -28,6 +29,7 @@ struct aps_server {
 	uint32_t refusals_unlogged; /* since then (join.c: one line a second at most) */
 	bool stopping;
 	struct aps_ckpt_queue *ckpt; /* NULL: no checkpoint_dir */
+	struct aps_engine *engine;   /* NULL: threads = 1, every sum on the loop */
 	uv_timer_t *tick_timer;      /* graces, silences, job deadlines (owned) */
 	uint64_t last_tick_ms;
 };

@@ -406,6 +406,8 @@ int aps_zbridge_new(struct aps_zbridge **out, uv_loop_t *loop, const struct aps_
 		free(b);
 		return ret;
 	}
+	if (o->io_threads > 0)
+		zmq_ctx_set(b->zctx, ZMQ_IO_THREADS, (int)o->io_threads);
 	init_handles(b);
 	ret = open_socket(b, o->endpoint);
 	if (ret < 0) {

@@ -43,6 +43,7 @@ struct aps_zbridge_opts {
 	const char *endpoint;
 	int64_t max_message_bytes;      /* ZMQ_MAXMSGSIZE: a larger frame closes the connection */
 	int drain_batch;                /* messages per loop iteration */
+	unsigned io_threads;            /* ZMQ_IO_THREADS; 0: libzmq's default (1) */
 	size_t max_connections;         /* open at once; one more is shut at once */
 	uint64_t join_timeout_ms;       /* a connection not admitted by then is dropped */
 	const char *curve_secret;       /* Z85 secret key of the daemon; NULL: no CURVE */

@@ -13,6 +13,9 @@ Every job runs on this machine over tcp://127.0.0.1, each in fresh processes:
 3. Latency: one worker, one 4 KiB tensor (1024 floats), e4m3 and fp32, blocking
    aps_client_allreduce, against a raw DEALER -> ROUTER -> DEALER round trip of
    the same bytes.
+5. Engine threads (--parts threads): apsd --threads 1 (the event loop sums) against
+   --threads 2 (two engine threads), ResNet-50 and the 64Mi-element tensor in e4m3,
+   4 workers, each pair in one run, alternating.
 4. Chunk pipelining: 4 workers, one tensor of 64Mi elements (64 MiB of e4m3
    codes per worker), the daemon at --log_level debug: its tail_us per round
    against one chunk's dequantize-accumulate time measured by rank 0 in the
@@ -379,6 +382,29 @@ def table_resnet(res):
     return "\n".join(lines)
 
 
+def table_threads(res):
+    lines = ["| job, e4m3, 4 workers | apsd threads | p50 ms/step | p10 | p90 | "
+             "CPU ms/step: workers | daemon | engine busy ms/step |",
+             "|---|--:|--:|--:|--:|--:|--:|--:|"]
+    for (what, threads), job in sorted(res.items()):
+        r = step_result(job)
+        cpu = job.get("cpu", {})
+        wcpu = sum(v for k, v in cpu.items() if k.startswith("rank")) / r["n"] * 1e3
+        scpu = cpu.get("server", 0.0) / r["n"] * 1e3
+        busy = job.get("engine_busy_ms")
+        busy = f"{busy / (r['n'] + job['warmup']):.1f}" if busy is not None else "-"
+        lines.append(f"| {what} | {threads} | {ms(r['p50_us'])} | {ms(r['p10_us'])} | "
+                     f"{ms(r['p90_us'])} | {wcpu:.0f} | {scpu:.0f} | {busy} |")
+    return "\n".join(lines)
+
+
+def engine_busy_ms(log_path):
+    """The daemon's engine time over the whole job, from its last counters line."""
+    text = pathlib.Path(log_path).read_text() if log_path else ""
+    found = re.findall(r"engine_busy_ms=([0-9.]+)", text)
+    return float(found[-1]) if found else None
+
+
 def table_latency(res):
     lines = ["| call (1 worker, 1024 floats) | payload bytes | p50 us | p99 us | "
              "x raw p50 | x raw p99 | CPU us/call (worker) |",
@@ -480,7 +506,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--latency-calls", type=int, default=20000)
     ap.add_argument("--chunk-elements", default="64M", help="elements of the big tensor")
-    ap.add_argument("--parts", default="resnet,profile,latency,chunk")
+    ap.add_argument("--parts", default="resnet,profile,latency,chunk,threads")
     ap.add_argument("--budget", type=float, default=570,
                     help="seconds for the whole run: each job's deadline is cut to fit")
     ap.add_argument("--gloo-worker", action="store_true", help=argparse.SUPPRESS)
@@ -535,6 +561,23 @@ def main():
                                           a.latency_calls, 2000)
             info["latency"] = res
             print("## Latency, 4 KiB, one worker\n\n" + table_latency(res) + "\n", flush=True)
+        if "threads" in parts:
+            res = {}
+            for rep in range(2):  # alternating, so that load drifts hit both
+                for threads in (1, 2):
+                    for what, tensors, steps, warmup in [("ResNet-50", "resnet50", a.steps,
+                                                          a.warmup),
+                                                         ("one 64Mi tensor", a.chunk_elements,
+                                                          4, 1)]:
+                        job = apsd_job(a, f"threads-{threads}-{what[:6]}-{rep}", "e4m3",
+                                       tensors, WORLD, steps, warmup,
+                                       extra_server=["--threads", str(threads)], timeout=300)
+                        job["warmup"] = warmup
+                        job["engine_busy_ms"] = engine_busy_ms(job.get("server_log"))
+                        key = (f"{what} (run {rep + 1})", threads)
+                        res[key] = job
+            info["threads"] = {f"{k[0]} threads={k[1]}": v for k, v in res.items()}
+            print("## Engine threads\n\n" + table_threads(res) + "\n", flush=True)
         if "chunk" in parts:
             n = a.chunk_elements
             res = {"apsd": apsd_job(a, "chunk-apsd-e4m3", "e4m3", n, WORLD, 5, 1,
