@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Emulated clusters on one machine, from Linux network namespaces (needs root).
 
-Two geometries, each built from nothing and removed again (close(), or the
+Three geometries, each built from nothing and removed again (close(), or the
 with-block's end, also on an exception; the processes started in it are
 stopped by their pids first):
 
@@ -14,6 +14,12 @@ stopped by their pids first):
   node's end shapes what it sends, the bridge's end what it receives), so
   every node has a full-duplex link of `rate` to a non-blocking switch.
   Node i is 10.213.78.(i+1) on its eth0.
+- Sites: data centres joined by a wide-area link. Node 0 (apsd) sits on a
+  core bridge; each site is a bridge of its own with its nodes on unshaped
+  veths (the fast local network), joined to the core by one veth pair shaped
+  at both ends to `rate` (the slow link every byte between the site and apsd
+  shares, full duplex). Node i is 10.213.79.(i+1); the nodes of a site talk
+  to each other without crossing the slow link.
 
 No delay is added: this kernel has no netem (`tc qdisc ... netem` answers
 "Specified qdisc kind is unknown"), so the latency is the veth and bridge's
@@ -32,6 +38,7 @@ import sys
 import time
 
 SWITCH_NET = "10.213.78"  # the switched cluster's /24, inside its namespaces only
+SITES_NET = "10.213.79"  # the sites' /24, inside their namespaces only
 PYTHON = "/usr/bin/python3"
 
 
@@ -173,6 +180,66 @@ class Switched(Cluster):
         return f"{SWITCH_NET}.{node + 1}"
 
 
+class Sites(Cluster):
+    """Node 0 on a core bridge; sites of nodes on bridges of their own, each joined to
+    the core by one shaped link. sites: nodes per site, e.g. (2, 2): nodes 1-2 at site
+    0, nodes 3-4 at site 1."""
+
+    kind = "sites"
+    ifname = "eth0"
+
+    def __init__(self, sites, rate, burst=None, mtu=1500, tag=None):
+        super().__init__(rate, burst, mtu, tag)
+        self.sites = list(sites)
+        self.core = f"{self.tag}-core"
+        self.site_of = [None] + [s for s, n in enumerate(self.sites) for _ in range(n)]
+        try:
+            self.add_netns(self.core)
+            self.bridge(self.core)
+            for s in range(len(self.sites)):
+                self.add_site(s)
+            for i in range(len(self.site_of)):
+                self.add_node(i)
+        except BaseException:
+            self.close()
+            raise
+
+    def bridge(self, ns):
+        self.sh("ip", "-n", ns, "link", "add", "br0", "type", "bridge")
+        self.sh("ip", "-n", ns, "link", "set", "br0", "up")
+
+    def veth(self, ns_a, name_a, ns_b, name_b):
+        self.sh("ip", "link", "add", "name", name_a, "netns", ns_a, "type", "veth", "peer",
+                "name", name_b, "netns", ns_b)
+        for ns, name in ((ns_a, name_a), (ns_b, name_b)):
+            self.sh("ip", "-n", ns, "link", "set", name, "mtu", str(self.mtu))
+
+    def add_site(self, s):
+        ns = f"{self.tag}-s{s}"
+        self.add_netns(ns)
+        self.bridge(ns)
+        self.veth(ns, "wan", self.core, f"wan{s}")
+        self.sh("ip", "-n", ns, "link", "set", "wan", "master", "br0", "up")
+        self.sh("ip", "-n", self.core, "link", "set", f"wan{s}", "master", "br0", "up")
+        self.tbf(ns, "wan")  # what the site sends to apsd
+        self.tbf(self.core, f"wan{s}")  # what the site receives
+
+    def add_node(self, i):
+        ns, site = self.ns(i), self.site_of[i]
+        sw = self.core if site is None else f"{self.tag}-s{site}"
+        self.add_netns(ns)
+        self.veth(ns, "eth0", sw, f"p{i}")
+        self.sh("ip", "-n", ns, "addr", "add", f"{self.addr(i)}/24", "dev", "eth0")
+        self.sh("ip", "-n", ns, "link", "set", "eth0", "up")
+        self.sh("ip", "-n", sw, "link", "set", f"p{i}", "master", "br0", "up")
+
+    def ns(self, node):
+        return f"{self.tag}-n{node}"
+
+    def addr(self, node):
+        return f"{SITES_NET}.{node + 1}"
+
+
 # ---------------------------------------------------------------- --check
 
 _SINK = """
@@ -227,7 +294,7 @@ def check(cluster, a, b, mbytes=50):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--kind", choices=["shared", "switched"], default="switched")
+    ap.add_argument("--kind", choices=["shared", "switched", "sites"], default="switched")
     ap.add_argument("--nodes", type=int, default=4)
     ap.add_argument("--rate", default="1gbit")
     ap.add_argument("--burst", default=None)
@@ -237,8 +304,12 @@ def main(argv=None):
     a = ap.parse_args(argv)
     if os.geteuid() != 0:
         raise SystemExit("netcluster.py: needs root (ip netns, tc)")
-    make = (lambda: SharedMedium(a.rate, a.burst, a.mtu)) if a.kind == "shared" else \
-        (lambda: Switched(a.nodes, a.rate, a.burst, a.mtu))
+    makers = {"shared": lambda: SharedMedium(a.rate, a.burst, a.mtu),
+              "switched": lambda: Switched(a.nodes, a.rate, a.burst, a.mtu),
+              # nodes - 1 workers in two sites, node 0 (apsd) at the core
+              "sites": lambda: Sites((a.nodes // 2, a.nodes - 1 - a.nodes // 2), a.rate,
+                                     a.burst, a.mtu)}
+    make = makers[a.kind]
     with make() as c:
         print(f"{c.kind}: namespaces {', '.join(c.netns)}; tbf rate {c.rate} burst {c.burst} "
               f"mtu {c.mtu}")
@@ -246,6 +317,10 @@ def main(argv=None):
             gbps, rtt = check(c, 0, 1)
             print(f"one TCP stream node 0 -> node 1: {gbps:.3f} Gbit/s of payload; "
                   f"1-byte round trip {rtt:.0f} us (median of 200)")
+            if a.kind == "sites":
+                gbps, rtt = check(c, 1, 2)
+                print(f"one TCP stream node 1 -> node 2 (one site): {gbps:.3f} Gbit/s; "
+                      f"1-byte round trip {rtt:.0f} us")
     left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     print("namespaces left:", "none" if c.tag not in left else left)
     return 0

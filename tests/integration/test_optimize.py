@@ -7,7 +7,9 @@ truncation and corruption."""
 
 import concurrent.futures
 import os
+import re
 import signal
+import subprocess
 import time
 
 import numpy as np
@@ -15,7 +17,7 @@ import pytest
 import torch
 
 import aps
-from conftest import Daemon
+from conftest import BUILD, Daemon
 from test_policy import ask
 
 TORCH_OPTIMIZERS = {
@@ -357,3 +359,29 @@ def test_learning_rate_is_rank_0s(daemon):
     np.testing.assert_array_equal(held[1], held[0])
     for c in cs:
         c.close()
+
+
+@pytest.mark.parametrize("fmt", ["fp32", "e4m3"])
+def test_diloco_from_c_through_aps_client_step(daemon, fmt):
+    """worker/examples/diloco.c: DiLoCo's outer loop on the C ABI alone (optimize mode
+    with Nesterov SGD as the outer optimizer, the pseudo-gradient through
+    aps_client_step): every rank ends on the same weights, within half a quantization
+    step of the daemon's master (exactly in fp32), after steps / every outer steps."""
+    exe = BUILD / "tests" / "integration" / "diloco_example"
+    procs = [subprocess.Popen([str(exe), "--endpoint", daemon.endpoint, "--rank", str(r),
+                               "--world", "3", "--format", fmt, "--steps", "40", "--every",
+                               "4"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) for r in range(3)]
+    ends = []
+    for p in procs:
+        out, _ = p.communicate(timeout=60)
+        assert p.returncode == 0, out
+        start = float(re.search(r"^start loss=(\S+)", out, re.M).group(1))
+        end = re.search(r"^end loss=(\S+) updates=(\d+) weights=(\w+) "
+                        r"max\|master-weights\|=(\S+)", out, re.M)
+        assert len(re.findall(r"^sync step=", out, re.M)) == 10
+        assert float(end.group(1)) < start / 4, out
+        ends.append(end.groups()[1:])
+    assert all(e[:2] == ends[0][:2] for e in ends) and ends[0][0] == "10"
+    off = float(ends[0][2])
+    assert off == 0 if fmt == "fp32" else 0 < off < 0.01, ends

@@ -137,3 +137,130 @@ def test_fragments_sync_in_turn_and_each_takes_the_master(apsd):
                                                                              held[t])
             else:  # the other fragment is each rank's own since its last sync
                 assert not np.array_equal(other[2][t], held[t])
+
+
+def rank_run(rank, world, endpoint, seed, steps, every, job):
+    """DiLoCo from model_of(seed + rank); what each rank starts from after the
+    constructor, and the master weights at the end."""
+    torch.set_num_threads(1)
+    model = model_of(seed + rank)
+    inner = torch.optim.AdamW(model.parameters(), lr=0.01)
+    with aps.Client(endpoint, rank, world, format="e4m3", optimizer=SPEC, job=job,
+                    timeout_ms=20000) as client:
+        diloco = aps.torch.DiLoCo(model, inner, client, sync_every=every, outer_lr=0.7)
+        start = [p.detach().clone().numpy() for p in model.parameters()]
+        rng = np.random.default_rng(seed + rank)
+        for _ in range(steps):
+            x = torch.from_numpy(rng.standard_normal((16, 8)).astype(np.float32))
+            inner.zero_grad()
+            torch.nn.functional.mse_loss(model(x), x.sum(1, keepdim=True).sin()).backward()
+            inner.step()
+            diloco.step()
+        master = [m.numpy() for m in diloco.pull().values()]
+        return diloco.resumed_syncs, start, master, diloco.syncs
+
+
+def test_a_restarted_apsd_resumes_the_outer_state(tmp_path):
+    """The outer state is the daemon's: apsd checkpoints it when the job ends, and a
+    DiLoCo built against the restarted daemon starts every rank from the resumed
+    master weights (not from rank 0's new ones) and counts on from its outer steps."""
+    import aps.daemon
+    from conftest import APSD
+    args = ["--checkpoint_dir", str(tmp_path), "--checkpoint_steps", "1"]
+    d = aps.daemon.LocalDaemon(binary=str(APSD), extra_args=args).start()
+    try:
+        first = run_ranks(rank_run, 2, d.endpoint, 0, 12, 4, "diloco-resume")
+    finally:
+        assert d.stop() == 0
+    assert [r[3] for r in first] == [3, 3] and first[0][0] == 0
+    d = aps.daemon.LocalDaemon(binary=str(APSD), extra_args=args).start()
+    try:
+        second = run_ranks(rank_run, 2, d.endpoint, 100, 4, 4, "diloco-resume")
+    finally:
+        assert d.stop() == 0
+    for rank in (0, 1):
+        resumed, start, master, syncs = second[rank]
+        assert resumed == 3 and syncs == 1
+        for got, want in zip(start, first[0][2]):  # the master weights of the first run
+            np.testing.assert_array_equal(got, want)
+    # the new rank 0's own weights were not taken
+    assert not np.array_equal(second[0][1][0], model_of(100)[0].weight.detach().numpy())
+
+
+def elastic_rank(rank, world, endpoint, steps, every, die_at, rejoin, out):
+    """A rank of an elastic DiLoCo job: its weights after every outer step of fragment
+    0; die_at: os._exit there (a lost rank); rejoin: a rank that comes back."""
+    import os
+    import time
+    torch.set_num_threads(1)
+    model = model_of(rank)
+    inner = torch.optim.AdamW(model.parameters(), lr=0.01)
+    with aps.Client(endpoint, rank, world, format="fp32", optimizer=SPEC, job="diloco-elastic",
+                    timeout_ms=30000) as client:
+        diloco = aps.torch.DiLoCo(model, inner, client, sync_every=every, elastic=True,
+                                  rejoin=rejoin)
+        start = [p.detach().clone().numpy() for p in model.parameters()]
+        first = diloco.resumed_syncs if rejoin else 0
+        left = steps - first * every
+        rng = np.random.default_rng(rank)
+        after = {}
+        for step in range(left):
+            if step == die_at:
+                os._exit(1)
+            x = torch.from_numpy(rng.standard_normal((16, 8)).astype(np.float32))
+            inner.zero_grad()
+            torch.nn.functional.mse_loss(model(x), x.sum(1, keepdim=True).sin()).backward()
+            inner.step()
+            if diloco.step():
+                after[first + diloco.syncs] = [p.detach().clone().numpy()
+                                               for p in model.parameters()]
+            time.sleep(0.1)
+        master = [m.numpy() for m in diloco.pull().values()]
+    out.put((rank, rejoin, first, start, after, master))
+
+
+def test_a_rank_back_in_an_elastic_job_takes_the_master_weights(tmp_path):
+    """Rank 2 of 3 dies; the job goes on with 2; a new rank 2 (rejoin=True) waits in
+    the barrier after an outer step, starts from the master weights of that step
+    (what the others hold, exactly in fp32), and syncs with them to the end."""
+    import multiprocessing
+    import aps.daemon
+    from conftest import APSD
+    log = open(tmp_path / "apsd.log", "w")
+    d = aps.daemon.LocalDaemon(binary=str(APSD), log_level="info", output=log,
+                               extra_args=["--elastic", "yes"]).start()
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    steps, every = 60, 2
+
+    def spawn(rank, die_at=-1, rejoin=False):
+        p = ctx.Process(target=elastic_rank, daemon=True,
+                        args=(rank, 3, d.endpoint, steps, every, die_at, rejoin, out))
+        p.start()
+        return p
+
+    try:
+        procs = [spawn(0), spawn(1), spawn(2, die_at=9)]
+        procs[2].join(30)
+        assert procs[2].exitcode == 1
+        back = spawn(2, rejoin=True)
+        got = [out.get(timeout=60) for _ in range(3)]
+        for p in (*procs[:2], back):
+            p.join(10)
+    finally:
+        assert d.stop() == 0
+        log.close()
+    by_rank = {r[0]: r for r in got}
+    _, _, first, start, after, master = by_rank[2]
+    assert 5 <= first < steps // every, first  # it came back in the middle
+    for got_w, want in zip(start, by_rank[0][4][first]):  # rank 0's weights after that sync
+        np.testing.assert_array_equal(got_w, want)
+    assert sorted(after) == list(range(first + 1, steps // every + 1))
+    for r in (0, 1):
+        for a, b in zip(master, by_rank[r][5]):
+            np.testing.assert_array_equal(a, b)
+        for a, b in zip(after[steps // every], by_rank[r][4][steps // every]):
+            np.testing.assert_array_equal(a, b)
+    text = (tmp_path / "apsd.log").read_text()
+    assert "job shrinks job=diloco-elastic members=2" in text
+    assert "rank back job=diloco-elastic rank=2 members=3" in text

@@ -13,7 +13,10 @@ the path of one process on the whole batch (exactly so in fp32). Rank 0
 measures the held-out loss (nats per byte, over fixed windows of the test
 split) every --eval-every steps, prints progress and, with --out, writes the
 run's history as JSON. --policy auto, --error-feedback and --stats as in
-train_fashion_mnist.py.
+train_fashion_mnist.py. --gloo tcp://HOST:PORT trains without apsd, for
+comparison: every step's gradients all-reduced in fp32 through
+torch.distributed's gloo, in one flat bucket (DDP's 25 MiB bucket holds the
+whole model).
 """
 
 import argparse
@@ -31,6 +34,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "python"))
 import aps  # noqa: E402
 import aps.torch  # noqa: E402
 import fortunes_corpus  # noqa: E402
+from aps._env import rank_and_world  # noqa: E402
 from train_fashion_mnist import add_daemon_bytes  # noqa: E402
 
 
@@ -57,6 +61,8 @@ def parse_args(argv=None):
     ap.add_argument("--outer-lr", type=float, default=0.7)
     ap.add_argument("--fragments", type=int, default=1,
                     help="DiLoCo: parameters synchronised in this many staggered fragments")
+    ap.add_argument("--gloo", metavar="tcp://HOST:PORT",
+                    help="no apsd: fp32 gradients all-reduced by torch.distributed's gloo")
     ap.add_argument("--policy", default="off", choices=["off", "auto"])
     ap.add_argument("--error-feedback", action="store_true")
     ap.add_argument("--stats", help="the daemon's stats socket: report the bytes it received")
@@ -126,12 +132,47 @@ def held_out_loss(model, test, context, n):
     return total / (n * context)
 
 
+class Gloo:
+    """torch.distributed's gloo where apsd would be: rank and world from the same
+    environment, and every step's gradients averaged in one flat fp32 bucket."""
+
+    def __init__(self, init_method):
+        import torch.distributed as dist
+        self.dist = dist
+        self.rank, self.world_size = rank_and_world()
+        dist.init_process_group("gloo", init_method=init_method, rank=self.rank,
+                                world_size=self.world_size)
+        self.bytes_pushed = 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.dist.destroy_process_group()
+
+    def barrier(self):
+        self.dist.barrier()
+
+    def average(self, params):
+        grads = [p.grad for p in params if p.grad is not None]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        self.dist.all_reduce(flat)
+        flat /= self.world_size
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
+        self.bytes_pushed += flat.numel() * 4
+
+
 def train(args, client):
     torch.manual_seed(args.seed)
     model = ByteLM(args.width, args.layers, args.heads, args.context)
     adamw = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95),
                               weight_decay=args.weight_decay)
-    if args.diloco:  # the inner optimizer alone; the outer step every H steps
+    if args.gloo:
+        opt, outer = adamw, None
+    elif args.diloco:  # the inner optimizer alone; the outer step every H steps
         opt, outer = adamw, aps.torch.DiLoCo(model, adamw, client, sync_every=args.diloco,
                                              outer_lr=args.outer_lr, fragments=args.fragments)
     else:
@@ -141,7 +182,7 @@ def train(args, client):
                                              * 0.5 * (1 + math.cos(math.pi * s / args.steps)))
     train_bytes, test_bytes = fortunes_corpus.load("train"), fortunes_corpus.load("test")
     rng = np.random.default_rng(args.seed)  # the same stream on every rank
-    label = args.label or f"{args.format} {args.scaling}"
+    label = args.label or ("gloo fp32" if args.gloo else f"{args.format} {args.scaling}")
     history = []
     client.barrier()
     start = time.monotonic()
@@ -159,12 +200,15 @@ def train(args, client):
                        args.context)
         opt.zero_grad()
         F.cross_entropy(model(x).reshape(-1, 256), y.reshape(-1)).backward()
+        if args.gloo:
+            client.average(list(model.parameters()))
         opt.step()
         if outer is not None:
             outer.step()
         sched.step()
     wall = time.monotonic() - start
-    result = {"label": label, "format": args.format, "scaling": args.scaling,
+    result = {"label": label, "format": "fp32" if args.gloo else args.format,
+              "scaling": "none" if args.gloo else args.scaling, "gloo": bool(args.gloo),
               "diloco": args.diloco, "fragments": args.fragments,
               "bytes_total": client.bytes_pushed,
               "policy": args.policy, "error_feedback": args.error_feedback, "seed": args.seed,
@@ -181,9 +225,11 @@ def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(1)
     spec = aps.torch.optimizer_spec("sgd", momentum=0.9, nesterov=True) if args.diloco else None
-    with aps.Client.from_env(format=args.format, scaling=args.scaling,
-                             policy="auto" if args.policy == "auto" else None,
-                             error_feedback=args.error_feedback, optimizer=spec) as client:
+    comm = Gloo(args.gloo) if args.gloo else aps.Client.from_env(
+        format=args.format, scaling=args.scaling,
+        policy="auto" if args.policy == "auto" else None,
+        error_feedback=args.error_feedback, optimizer=spec)
+    with comm as client:
         result = train(args, client)
     if client.rank == 0:
         print(f"{result['label']}: held-out loss {result['test_loss']:.4f} nats/byte after "

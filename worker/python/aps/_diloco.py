@@ -20,6 +20,19 @@ fragment j synchronises every sync_every steps, j * sync_every / P steps
 after fragment 0, so that each sync moves 1/P of the bytes (the syncs block;
 they are not overlapped with the inner steps).
 
+Restarts: the outer state (master weights, Nesterov momentum, the count of
+outer steps) is the daemon's, so apsd's checkpoints (checkpoint_dir) hold it.
+A DiLoCo built against a job apsd resumed starts every rank from the resumed
+master weights, whatever rank 0 holds, and resumed_syncs says how many outer
+steps they have had; each worker's inner optimizer starts afresh.
+
+Elastic jobs (apsd --elastic yes): with elastic=True every rank enters a
+barrier after each outer step of fragment 0, so a rank that comes back can
+join there: built with rejoin=True it waits in that barrier, then takes the
+master weights (pull) instead of broadcasting, and counts its inner steps
+from there, in step with the others. The outer means are over the ranks that
+sent a pseudo-gradient.
+
 It is optimize mode (docs/PROTOCOL.md) with the pseudo-gradient as the
 gradient: the pseudo-gradients go up in the client's format with APS (block
 scaling where chosen) and the daemon's error feedback keeps what the workers
@@ -37,12 +50,14 @@ class DiLoCo:
     """The outer loop of DiLoCo for model's trainable parameters over client
     (opened in optimize mode with SGD: optimizer_spec("sgd", momentum=
     outer_momentum, nesterov=nesterov)). At construction rank 0's parameters
-    become the master weights on every rank. step() counts inner steps and
-    fragment synchronises on its own schedule; step() returns the fragments
-    it synchronised (a list, empty most steps)."""
+    become the master weights on every rank (or, in a job apsd resumed from
+    a checkpoint, the resumed ones: resumed_syncs outer steps). step() counts
+    inner steps and each fragment synchronises on its own schedule; step()
+    returns the fragments it synchronised (a list, empty most steps)."""
 
     def __init__(self, model, inner_optimizer, client, sync_every, outer_lr=0.7,
-                 outer_momentum=0.9, nesterov=True, fragments=1, prefix="outer."):
+                 outer_momentum=0.9, nesterov=True, fragments=1, prefix="outer.",
+                 elastic=False, rejoin=False):
         if int(sync_every) < 1:
             raise ValueError(f"sync_every must be at least 1, not {sync_every}")
         if not 1 <= int(fragments) <= int(sync_every):
@@ -57,6 +72,7 @@ class DiLoCo:
                              f"the client's runs {client.optimizer!r}")
         self.inner = inner_optimizer
         self.client = client
+        self.elastic = bool(elastic or rejoin)
         self.sync_every = int(sync_every)
         self.outer_lr = float(outer_lr)
         self.steps = 0
@@ -68,9 +84,17 @@ class DiLoCo:
                         for n, p in self._params}
         self._delta = {n: torch.empty_like(a) for n, a in self._anchor.items()}
         with torch.no_grad():
-            for h in [client.broadcast_async(n, self._anchor[n]) for n, _ in self._params]:
-                h.wait()
+            if rejoin:  # back in an elastic job: in step with the others' next barrier
+                client.barrier()
+                for n, _ in self._params:
+                    client.pull(n, self._anchor[n])
+            else:
+                for h in [client.broadcast_async(n, self._anchor[n])
+                          for n, _ in self._params]:
+                    h.wait()
             self._restart()
+        self.resumed_syncs = min((client.updates(n, self._anchor[n]) for n, _ in self._params),
+                                 default=0)
 
     def step(self):
         """One inner step done; the outer step of each fragment that is due.
@@ -82,6 +106,8 @@ class DiLoCo:
                self.sync_every == 0]
         for j in due:
             self.sync(j)
+        if self.elastic and 0 in due:
+            self.client.barrier()  # where a rank that is back joins
         return due
 
     def sync(self, fragment=None):
