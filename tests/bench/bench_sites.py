@@ -49,6 +49,8 @@ def rows(steps):
     """(label, train_lm.py options)"""
     return [("apsd e4m3, every step", ["--format", "e4m3", "--scaling", "local"]),
             ("DiLoCo H=10, e4m3", ["--format", "e4m3", "--scaling", "local", "--diloco", "10"]),
+            ("DiLoCo H=10, e4m3, overlap 5", ["--format", "e4m3", "--scaling", "local",
+                                              "--diloco", "10", "--overlap", "5"]),
             ("DiLoCo H=10, fp4 block", ["--format", "fp4", "--scaling", "block",
                                         "--diloco", "10"]),
             ("DiLoCo H=50, e4m3", ["--format", "e4m3", "--scaling", "local", "--diloco", "50"]),

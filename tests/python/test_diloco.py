@@ -264,3 +264,56 @@ def test_a_rank_back_in_an_elastic_job_takes_the_master_weights(tmp_path):
     text = (tmp_path / "apsd.log").read_text()
     assert "job shrinks job=diloco-elastic members=2" in text
     assert "rank back job=diloco-elastic rank=2 members=3" in text
+
+
+def rank_overlap(rank, world, endpoint, steps, every, overlap, mix):
+    """Inner steps with DiLoCo's syncs in flight; at each landing, the parameters just
+    before it (local) and after, and the master weights."""
+    torch.set_num_threads(1)
+    model = model_of(rank)
+    inner = torch.optim.AdamW(model.parameters(), lr=0.01)
+    with aps.Client(endpoint, rank, world, format="fp32", optimizer=SPEC,
+                    job=f"diloco-overlap-{overlap}-{mix}") as client:
+        diloco = aps.torch.DiLoCo(model, inner, client, sync_every=every, overlap=overlap,
+                                  mix=mix)
+        rng = np.random.default_rng(rank)
+        lands = []
+        for step in range(1, steps + 1):
+            x = torch.from_numpy(rng.standard_normal((16, 8)).astype(np.float32))
+            inner.zero_grad()
+            torch.nn.functional.mse_loss(model(x), x.sum(1, keepdim=True).sin()).backward()
+            inner.step()
+            local = [p.detach().clone().numpy() for p in model.parameters()]
+            syncs = diloco.syncs
+            diloco.step()
+            if diloco.syncs > syncs:  # a sync landed in this step
+                lands.append((step, local, [p.detach().clone().numpy()
+                                            for p in model.parameters()],
+                              [m.numpy() for m in diloco.pull().values()]))
+        diloco.finish()
+        return lands, diloco.syncs
+
+
+@pytest.mark.parametrize("mix", [0.0, 0.5])
+def test_overlapped_syncs_land_later_and_merge(apsd, mix):
+    """overlap=T: a sync that left at step s lands at step s + T, where the parameters
+    become mix * local + (1 - mix) * master (fp32: the master is exact)."""
+    results = run_ranks(rank_overlap, 2, apsd, 12, 4, 2, mix)
+    for lands, syncs in results:
+        assert syncs == 3 and [s for s, *_ in lands] == [6, 10]  # 12 left at 12: finish()
+        for _, local, after, master in lands:
+            for lo, af, ma in zip(local, after, master):
+                want = torch.from_numpy(lo).mul(mix).add(torch.from_numpy(ma), alpha=1 - mix)
+                np.testing.assert_allclose(af, want.numpy(), rtol=1e-6, atol=1e-7)
+                if mix == 0.5:
+                    assert not np.allclose(af, ma)  # local progress kept
+
+
+def test_overlap_is_checked(apsd):
+    model = model_of(0)
+    with aps.Client(apsd, 0, 1, optimizer=SPEC, job="diloco-check") as client:
+        inner = torch.optim.SGD(model.parameters(), lr=0.1)
+        for bad in [dict(overlap=4), dict(overlap=-1), dict(mix=1.5),
+                    dict(overlap=1, elastic=True)]:
+            with pytest.raises(ValueError):
+                aps.torch.DiLoCo(model, inner, client, sync_every=4, **bad)

@@ -61,6 +61,10 @@ def parse_args(argv=None):
     ap.add_argument("--outer-lr", type=float, default=0.7)
     ap.add_argument("--fragments", type=int, default=1,
                     help="DiLoCo: parameters synchronised in this many staggered fragments")
+    ap.add_argument("--overlap", type=int, default=0, metavar="T",
+                    help="DiLoCo: inner steps that run while a sync is in flight")
+    ap.add_argument("--mix", type=float, default=0.5,
+                    help="DiLoCo with --overlap: weight of the local parameters at a merge")
     ap.add_argument("--gloo", metavar="tcp://HOST:PORT",
                     help="no apsd: fp32 gradients all-reduced by torch.distributed's gloo")
     ap.add_argument("--policy", default="off", choices=["off", "auto"])
@@ -174,7 +178,8 @@ def train(args, client):
         opt, outer = adamw, None
     elif args.diloco:  # the inner optimizer alone; the outer step every H steps
         opt, outer = adamw, aps.torch.DiLoCo(model, adamw, client, sync_every=args.diloco,
-                                             outer_lr=args.outer_lr, fragments=args.fragments)
+                                             outer_lr=args.outer_lr, fragments=args.fragments,
+                                             overlap=args.overlap, mix=args.mix)
     else:
         opt, outer = aps.torch.DistributedOptimizer(
             adamw, client, named_parameters=model.named_parameters()), None
@@ -187,6 +192,8 @@ def train(args, client):
     client.barrier()
     start = time.monotonic()
     for step in range(args.steps + 1):
+        if step == args.steps and outer is not None:
+            outer.finish()  # the syncs still in flight land before the last measure
         if client.rank == 0 and (step % args.eval_every == 0 or step == args.steps):
             history.append((step, held_out_loss(model, test_bytes, args.context,
                                                 args.eval_windows)))
@@ -209,7 +216,7 @@ def train(args, client):
     wall = time.monotonic() - start
     result = {"label": label, "format": "fp32" if args.gloo else args.format,
               "scaling": "none" if args.gloo else args.scaling, "gloo": bool(args.gloo),
-              "diloco": args.diloco, "fragments": args.fragments,
+              "diloco": args.diloco, "fragments": args.fragments, "overlap": args.overlap,
               "bytes_total": client.bytes_pushed,
               "policy": args.policy, "error_feedback": args.error_feedback, "seed": args.seed,
               "world_size": client.world_size, "steps": args.steps, "wall_s": wall,

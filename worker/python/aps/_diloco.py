@@ -17,8 +17,13 @@ weights; every worker then starts from the new master weights.
 fragments=P is Streaming DiLoCo's schedule (arXiv 2501.18512): the
 parameters are cut into P fragments of about equal size, in model order, and
 fragment j synchronises every sync_every steps, j * sync_every / P steps
-after fragment 0, so that each sync moves 1/P of the bytes (the syncs block;
-they are not overlapped with the inner steps).
+after fragment 0, so that each sync moves 1/P of the bytes. overlap=T lets
+a sync run while the next T inner steps do (Streaming DiLoCo's overlap):
+its pseudo-gradient leaves at the due step, and T steps later, when the
+outer step's answer is in, the fragment's parameters become mix * local +
+(1 - mix) * master (Streaming DiLoCo's merge; mix=0 restarts from the master
+weights, T steps late). overlap=0 (the default) blocks at each sync. Call
+finish() after the last step: it lands the syncs still in flight.
 
 Restarts: the outer state (master weights, Nesterov momentum, the count of
 outer steps) is the daemon's, so apsd's checkpoints (checkpoint_dir) hold it.
@@ -57,11 +62,18 @@ class DiLoCo:
 
     def __init__(self, model, inner_optimizer, client, sync_every, outer_lr=0.7,
                  outer_momentum=0.9, nesterov=True, fragments=1, prefix="outer.",
-                 elastic=False, rejoin=False):
+                 elastic=False, rejoin=False, overlap=0, mix=0.5):
         if int(sync_every) < 1:
             raise ValueError(f"sync_every must be at least 1, not {sync_every}")
         if not 1 <= int(fragments) <= int(sync_every):
             raise ValueError(f"fragments must be 1..sync_every ({sync_every}), not {fragments}")
+        if not 0 <= int(overlap) < int(sync_every):
+            raise ValueError(f"overlap must be 0..sync_every - 1 ({sync_every - 1}), "
+                             f"not {overlap}")
+        if not 0.0 <= float(mix) <= 1.0:
+            raise ValueError(f"mix must be in [0, 1], not {mix}")
+        if int(overlap) and (elastic or rejoin):
+            raise ValueError("elastic DiLoCo blocks at its syncs: overlap must be 0")
         want = {"momentum": outer_momentum, "nesterov": int(bool(nesterov))}
         if not client.optimizer:
             raise ValueError("DiLoCo's outer step runs on apsd: open the client with "
@@ -73,6 +85,8 @@ class DiLoCo:
         self.inner = inner_optimizer
         self.client = client
         self.elastic = bool(elastic or rejoin)
+        self.overlap, self.mix = int(overlap), float(mix)
+        self._flight = {}  # fragment: (handle, step it left at, names)
         self.sync_every = int(sync_every)
         self.outer_lr = float(outer_lr)
         self.steps = 0
@@ -98,14 +112,19 @@ class DiLoCo:
 
     def step(self):
         """One inner step done; the outer step of each fragment that is due.
-        Returns the indices of the fragments synchronised ([] most steps; [0]
-        every sync_every steps without fragments)."""
+        Returns the indices of the fragments whose sync started ([] most
+        steps; [0] every sync_every steps without fragments)."""
         self.steps += 1
+        for j in [j for j, (_, left, _) in self._flight.items()
+                  if self.steps - left >= self.overlap]:
+            self._land(j)
         due = [j for j in range(len(self.fragments))
                if (self.steps + j * self.sync_every // len(self.fragments)) %
                self.sync_every == 0]
         for j in due:
-            self.sync(j)
+            self._launch(j, set(self.fragments[j]))
+            if self.overlap == 0:
+                self._land(j)
         if self.elastic and 0 in due:
             self.client.barrier()  # where a rank that is back joins
         return due
@@ -113,8 +132,20 @@ class DiLoCo:
     def sync(self, fragment=None):
         """The outer step now, of every parameter or of one fragment: every
         rank's pseudo-gradient averaged by apsd, Nesterov SGD on the master
-        weights, every rank restarts from them."""
-        names = None if fragment is None else set(self.fragments[fragment])
+        weights, every rank restarts from them. Blocks."""
+        self.finish()
+        key = -1 if fragment is None else fragment
+        self._launch(key, None if fragment is None else set(self.fragments[fragment]))
+        self._land(key, merge=False)
+
+    def finish(self):
+        """Lands every sync still in flight (overlap > 0): call it after the last step."""
+        for j in list(self._flight):
+            self._land(j)
+
+    def _launch(self, key, names):
+        """Sends the pseudo-gradient of names (None: every parameter); the outer
+        step's answer moves their anchors to the master weights in flight."""
         with torch.no_grad():
             items = []
             for n, p in self._params:
@@ -124,8 +155,20 @@ class DiLoCo:
                 torch.sub(self._anchor[n], p.detach().to(device="cpu", dtype=torch.float32)
                           .view_as(d), out=d)
                 items.append((n, d, self._anchor[n]))
-            self.client.step_many_async(items, self.outer_lr).wait()
-            self._restart(names)
+            self._flight[key] = (self.client.step_many_async(items, self.outer_lr),
+                                 self.steps, names)
+
+    def _land(self, key, merge=True):
+        handle, _, names = self._flight.pop(key)
+        handle.wait()
+        with torch.no_grad():
+            if merge and self.overlap > 0 and self.mix > 0:
+                for n, p in self._params:  # Streaming DiLoCo's merge
+                    if names is None or n in names:
+                        p.data.mul_(self.mix).add_(self._anchor[n].view_as(p).to(p),
+                                                   alpha=1.0 - self.mix)
+            else:
+                self._restart(names)
         self.syncs += 1
 
     def pull(self):
@@ -144,6 +187,7 @@ class DiLoCo:
 
     def __repr__(self):
         return (f"DiLoCo(sync_every={self.sync_every}, outer_lr={self.outer_lr}, "
+                f"overlap={self.overlap}, "
                 f"{len(self._params)} tensors, {self.syncs} syncs, {self.client})")
 
 
