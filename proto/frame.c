@@ -70,15 +70,20 @@ size_t aps_msg_packed_size(const struct aps_msg *m)
 
 int aps_msg_pack(const struct aps_msg *m, uint8_t *buf, size_t cap, size_t *len)
 {
+	uint32_t crc = m != NULL && m->payload ? aps_crc32c(0, m->payload, m->payload_len) : 0;
+
+	return aps_msg_pack_with_crc(m, crc, buf, cap, len);
+}
+
+int aps_msg_pack_with_crc(const struct aps_msg *m, uint32_t payload_crc, uint8_t *buf, size_t cap,
+                          size_t *len)
+{
 	Aps__Envelope env;
-	uint32_t crc = 0;
 	size_t need;
 
 	if (m == NULL || len == NULL || (buf == NULL && cap > 0) || !encodable(m))
 		return APS_EINVAL;
-	if (m->payload)
-		crc = aps_crc32c(0, m->payload, m->payload_len);
-	aps_envelope_from_msg(m, crc, &env);
+	aps_envelope_from_msg(m, m->payload ? payload_crc : 0, &env);
 	need = aps__envelope__get_packed_size(&env);
 	if (need > cap)
 		return APS_ESHORT;

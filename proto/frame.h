@@ -146,6 +146,10 @@ size_t aps_msg_packed_size(const struct aps_msg *m);
  */
 int aps_msg_pack(const struct aps_msg *m, uint8_t *buf, size_t cap, size_t *len);
 
+/* aps_msg_pack with the payload's CRC32C already known (it does not read the payload). */
+int aps_msg_pack_with_crc(const struct aps_msg *m, uint32_t payload_crc, uint8_t *buf, size_t cap,
+                          size_t *len);
+
 /*
  * Like aps_msg_pack into a buffer allocated with malloc; on success *out
  * (freed by the caller with free) and *len are set. Returns 0, APS_EINVAL or

@@ -45,10 +45,10 @@ static void fan_out(struct aps_server *srv, struct aps_job *job, struct aps_tens
 	uint8_t hdr[APS_SERVER_HEADER_MAX];
 	size_t len;
 
-	/* One header for every rank: packing checksums the payload, once. */
+	/* One header for every rank, with the CRC taken where the payload was encoded. */
 	r.payload = res->payload->data;
 	r.payload_len = res->payload->len;
-	if (aps_msg_pack(&r, hdr, sizeof(hdr), &len) < 0)
+	if (aps_msg_pack_with_crc(&r, res->crc, hdr, sizeof(hdr), &len) < 0)
 		return;
 	for (uint32_t rank = 0; rank < job->world_size; rank++) {
 		struct aps_session *s = job->ranks[rank];

@@ -9,6 +9,7 @@
  */
 #include "server/round.h"
 
+#include "common/crc32c.h"
 #include "common/err.h"
 
 #include <math.h>
@@ -369,6 +370,7 @@ static int encode(const float *acc, size_t n, enum aps_scaling scaling, uint32_t
 {
 	struct aps_quant_opts o = { 0 };
 	size_t len;
+	int ret;
 
 	res->block = scaling == APS_SCALING_BLOCK ? aps_codec_payload_block(&res->fmt, block) : 0;
 	len = aps_codec_payload_size(&res->fmt, n, res->block);
@@ -379,8 +381,11 @@ static int encode(const float *acc, size_t n, enum aps_scaling scaling, uint32_t
 	res->payload = aps_sbuf_new(len);
 	if (res->payload == NULL)
 		return APS_ENOMEM;
-	return aps_codec_encode_payload(&res->fmt, acc, n, res->block, &o, res->payload->data, len,
-	                                &res->stats);
+	ret = aps_codec_encode_payload(&res->fmt, acc, n, res->block, &o, res->payload->data, len,
+	                               &res->stats);
+	if (ret == 0)
+		res->crc = aps_crc32c(0, res->payload->data, len);
+	return ret;
 }
 
 /* The chunk's squared error (result against the fp32 mean) into res; scratch holds a chunk. */

@@ -101,6 +101,7 @@ struct aps_round_result {
 	bool lowp_sum;            /* codes hold the sum (times 2^k), not the mean */
 	size_t offset, count;     /* the chunk, in elements */
 	struct aps_sbuf *payload; /* one reference for the caller */
+	uint32_t crc;             /* CRC32C of the payload (where it was encoded) */
 	float maxabs;             /* of the chunk's result */
 	struct aps_codec_stats stats;
 	uint64_t step;           /* the step it finished */
