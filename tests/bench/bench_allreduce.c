@@ -8,7 +8,12 @@
  * (outside the timed window) when the world has more than one rank. Rank 0
  * prints one RESULT line (bench_util.h) with the step times after warm-up;
  * with --time-chunk N it also times the codec's per-chunk work on N elements
- * (what the daemon does with the last push of a round) in the same process.
+ * (what the daemon does with the last push of a round) in the same process;
+ * with --codec-floor, rank 0 times the codec's own passes over one step of
+ * its tensor set on one core: a worker's (exponent, quantize, dequantize of
+ * the result) and the daemon's (world dequantize-accumulates per chunk, the
+ * divide, exponent and quantize of the mean), the floor a step's CPU is
+ * compared with beside raw ZeroMQ moving the same bytes.
  * Tests/bench/bench_allreduce.py runs it; it checks nothing but return codes.
  */
 #include "aps.h"
@@ -28,6 +33,7 @@ struct args {
 	bool blocking;
 	int64_t time_chunk;      /* elements, 0: do not time the codec */
 	int64_t partition_bytes; /* several endpoints: opts.partition_bytes (0: default) */
+	bool codec_floor;        /* rank 0 times the codec's passes of one step */
 };
 
 struct worker {
@@ -82,6 +88,7 @@ static int parse(struct args *a, int argc, char **argv)
 		                               { "time-chunk", 1, 0, 'c' },
 		                               { "timeout_ms", 1, 0, 'o' },
 		                               { "partition-bytes", 1, 0, 'p' },
+		                               { "codec-floor", 0, 0, 'F' },
 		                               { 0, 0, 0, 0 } };
 	int opt;
 
@@ -134,6 +141,9 @@ static int parse(struct args *a, int argc, char **argv)
 			break;
 		case 'p':
 			a->partition_bytes = bench_parse_size(optarg);
+			break;
+		case 'F':
+			a->codec_floor = true;
 			break;
 		default:
 			return -1;
@@ -336,6 +346,68 @@ static void time_chunk(const char *fmt, size_t n)
 	}
 }
 
+#define FLOOR_SAMPLES 5
+#define FLOOR_CHUNK   (1u << 20) /* apsd's default chunk: 1 Mi elements */
+
+/*
+ * The codec's passes of one step of t's tensors in fmt, on this thread: a
+ * worker's, and the daemon's for world ranks (every rank's codes the same
+ * here: the passes cost the same). Reported as two RESULT lines, in us.
+ */
+static void codec_floor(const struct bench_tensors *t, const char *fmt, int world)
+{
+	double wk[FLOOR_SAMPLES], dm[FLOOR_SAMPLES];
+	float *x = malloc(t->max_count * sizeof(float)), *acc = malloc(FLOOR_CHUNK * sizeof(float));
+	uint8_t *codes = malloc((size_t)aps_packed_size(fmt, t->max_count) + 64);
+	char extra[96];
+
+	if (x == NULL || acc == NULL || codes == NULL)
+		die(0, "codec floor", APS_ENOMEM);
+	for (int s = -1; s < FLOOR_SAMPLES; s++) {
+		double tw = 0, td = 0;
+		for (size_t i = 0; i < t->n; i++) {
+			size_t n = (size_t)t->counts[i];
+			uint64_t len = (uint64_t)aps_packed_size(fmt, n);
+			struct aps_quantize_opts qo = { 0 };
+			int ret;
+			bench_fill(x, n, i, bench_layer_scale(i));
+			double t0 = bench_now();
+			ret = aps_exponent(fmt, x, n, 1, APS_SCALING_MODE_LOCAL, &qo.scale_exp);
+			ret |= aps_quantize(fmt, x, n, &qo, codes, len, NULL);
+			ret |= aps_dequantize(fmt, codes, len, n, qo.scale_exp, x);
+			double t1 = bench_now();
+			for (size_t off = 0; off < n; off += FLOOR_CHUNK) {
+				size_t m = n - off < FLOOR_CHUNK ? n - off : FLOOR_CHUNK;
+				uint64_t mlen = (uint64_t)aps_packed_size(fmt, m);
+				const uint8_t *c = codes + aps_packed_size(fmt, off);
+				struct aps_quantize_opts mo = { 0 };
+				ret |= aps_dequantize(fmt, c, mlen, m, qo.scale_exp, acc);
+				for (int r = 1; r < world; r++)
+					ret |= aps_accumulate(fmt, c, mlen, m, qo.scale_exp, acc);
+				for (size_t e = 0; e < m; e++)
+					acc[e] /= (float)world;
+				ret |= aps_exponent(fmt, acc, m, 1, APS_SCALING_MODE_LOCAL,
+				                    &mo.scale_exp);
+				ret |= aps_quantize(fmt, acc, m, &mo, (uint8_t *)x, mlen, NULL);
+			}
+			td += bench_now() - t1;
+			tw += t1 - t0;
+			if (ret < 0)
+				die(0, "timing the codec floor", ret);
+		}
+		if (s >= 0) {
+			wk[s] = tw * 1e6;
+			dm[s] = td * 1e6;
+		}
+	}
+	snprintf(extra, sizeof(extra), "format=%s world=%d", fmt, world);
+	bench_report("codec_floor_worker", wk, FLOOR_SAMPLES, 0, extra);
+	bench_report("codec_floor_daemon", dm, FLOOR_SAMPLES, 0, extra);
+	free(x);
+	free(acc);
+	free(codes);
+}
+
 int main(int argc, char **argv)
 {
 	struct worker w = { 0 };
@@ -349,6 +421,8 @@ int main(int argc, char **argv)
 	setup(&w, &a);
 	run_steps(&w, &a);
 	align(&w, a.world);
+	if (a.rank == 0 && a.codec_floor)
+		codec_floor(&w.t, a.format, a.world);
 	teardown(&w);
 	if (a.rank == 0 && a.time_chunk > 0)
 		time_chunk(a.format, (size_t)a.time_chunk);
