@@ -10,6 +10,7 @@
 #include "common/pack.h"
 #include "common/scale.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -28,7 +29,9 @@ struct kernels {
 	                        bool accumulate);
 };
 
-static enum aps_codec_isa current_isa = APS_ISA_AUTO;
+/* Read by every thread that codes (apsd's engine threads, a client's I/O thread):
+ * the first to look picks it, the same value whoever it is. */
+static _Atomic enum aps_codec_isa current_isa = APS_ISA_AUTO;
 
 static const char *const isa_names[] = {
 	[APS_ISA_AUTO] = "auto",
@@ -81,16 +84,21 @@ static enum aps_codec_isa isa_from_env(void)
 
 enum aps_codec_isa aps_codec_get_isa(void)
 {
-	if (current_isa == APS_ISA_AUTO)
-		current_isa = isa_from_env();
-	return current_isa;
+	enum aps_codec_isa isa = atomic_load_explicit(&current_isa, memory_order_relaxed);
+
+	if (isa == APS_ISA_AUTO) {
+		isa = isa_from_env();
+		atomic_store_explicit(&current_isa, isa, memory_order_relaxed);
+	}
+	return isa;
 }
 
 int aps_codec_set_isa(enum aps_codec_isa isa)
 {
 	if (isa < APS_ISA_AUTO || isa > APS_ISA_AVX512 || !cpu_has(isa))
 		return APS_EINVAL;
-	current_isa = isa == APS_ISA_AUTO ? best_isa() : isa;
+	atomic_store_explicit(&current_isa, isa == APS_ISA_AUTO ? best_isa() : isa,
+	                      memory_order_relaxed);
 	return 0;
 }
 

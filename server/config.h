@@ -53,7 +53,7 @@ struct aps_config {
 	int join_timeout_ms;                     /* to join, and for a job to fill */
 	int drain_batch;                         /* messages read per ZMQ_FD wake-up */
 	int threads;                             /* threads that sum; 0: the CPU set's cores */
-	int io_threads;                          /* ZeroMQ I/O threads */
+	int io_threads;                          /* ZeroMQ I/O threads; 0: cores / 4 */
 	enum aps_scaling scaling;                /* of jobs whose HELLO states none */
 	enum aps_sum sum;                        /* how pushes are summed */
 	uint64_t chunk_bytes;                    /* chunk size of large tensors, in fp32 bytes */

@@ -72,8 +72,9 @@ const struct key aps_config_keys[] = {
 	{ KEY(threads), .type = KEY_INT, .min = 0, .max = 1024, .def = "0",
 	  .help = "threads that sum and encode large chunks, each a share of the chunks (1: the "
 	          "event loop itself; 0: the cores of the daemon's CPU set)" },
-	{ KEY(io_threads), .type = KEY_INT, .min = 1, .max = 64, .def = "1",
-	  .help = "ZeroMQ I/O threads (connections are spread over them)" },
+	{ KEY(io_threads), .type = KEY_INT, .min = 0, .max = 64, .def = "0",
+	  .help = "ZeroMQ I/O threads, connections spread over them (0: a quarter of the CPU "
+	          "set's cores, at least 1)" },
 	{ KEY(scaling), .type = KEY_CHOICE, .choices = aps_config_scalings, .def = "local",
 	  .help = "APS scaling of jobs whose workers do not choose (global: the paper; block: an "
 	          "exponent per block of 32 elements)" },

@@ -265,10 +265,43 @@ void aps_engine_wait(struct aps_engine *e, const void *owner)
 	}
 }
 
+/* Moves owner's queued tasks of l to the end of the list (head, tail). */
+static void unqueue(struct lane *l, const void *owner, struct aps_engine_task **head,
+                    struct aps_engine_task **tail)
+{
+	struct aps_engine_task *keep_head = NULL, *keep_tail = NULL, *t;
+
+	while ((t = pop(&l->head, &l->tail)) != NULL) {
+		if (t->owner == owner) {
+			append(head, tail, t);
+			l->len--;
+		} else {
+			append(&keep_head, &keep_tail, t);
+		}
+	}
+	l->head = keep_head;
+	l->tail = keep_tail;
+}
+
 void aps_engine_quiesce(struct aps_engine *e, const void *owner)
 {
-	aps_engine_wait(e, owner);
+	struct aps_engine_task *head = NULL, *tail = NULL, *t;
+
+	/* Its queued tasks never run (no wait behind other owners' work); a running one
+	 * is waited for. */
+	for (unsigned i = 0; i < e->n; i++) {
+		struct lane *l = &e->lanes[i];
+		pthread_mutex_lock(&l->mu);
+		unqueue(l, owner, &head, &tail);
+		if (l->running == owner)
+			l->waits++;
+		while (l->running == owner)
+			pthread_cond_wait(&l->idle, &l->mu);
+		pthread_mutex_unlock(&l->mu);
+	}
 	cancel_where(e, owner, false);
+	while ((t = pop(&head, &tail)) != NULL)
+		t->done(t, true);
 }
 
 void aps_engine_counters(struct aps_engine *e, struct aps_engine_counters *out)

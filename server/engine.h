@@ -7,7 +7,7 @@
  *
  * When a task has run, its done() is called on the loop thread. The engine
  * knows nothing of rounds: a task is a run() and a done() with an owner, and
- * aps_engine_quiesce(owner) waits for the owner's tasks before its state is
+ * aps_engine_quiesce(owner) takes the owner's tasks back before its state is
  * reset or freed.
  */
 #ifndef APS_SERVER_ENGINE_H
@@ -29,8 +29,9 @@ void *aps_engine_scratch(struct aps_engine_scratch *s, size_t bytes);
 
 struct aps_engine_task {
 	void (*run)(struct aps_engine_task *t, struct aps_engine_scratch *s); /* an engine thread */
-	/* On the loop thread once run() returned; cancelled: the owner was quiesced or the
-	 * engine closed before the loop took it, and only resources are to be freed. */
+	/* On the loop thread once run() returned; cancelled: the owner was quiesced (run()
+	 * may not have run) or the engine closed before the loop took it, and only
+	 * resources are to be freed. */
 	void (*done)(struct aps_engine_task *t, bool cancelled);
 	const void *owner;
 	struct aps_engine_task *next; /* the engine's */
@@ -63,8 +64,9 @@ void aps_engine_submit(struct aps_engine *e, uint32_t lane, struct aps_engine_ta
  * Loop thread only. */
 void aps_engine_wait(struct aps_engine *e, const void *owner);
 
-/* aps_engine_wait, then cancels its completions
- * that the loop has not taken yet. Loop thread only. */
+/* Drops owner's queued tasks unrun, waits for the one running, and cancels its
+ * completions that the loop has not taken yet: done(t, true) for each, before
+ * it returns. Loop thread only. */
 void aps_engine_quiesce(struct aps_engine *e, const void *owner);
 
 /* e NULL: the loop sums (threads = 1), one thread and nothing run here. */

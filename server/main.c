@@ -127,11 +127,12 @@ static const char *checkpoint_dir(const struct aps_config *cfg)
 	return state != NULL && state[0] != '\0' && strchr(state, ':') == NULL ? state : NULL;
 }
 
-/* Limits that default from the machine: descriptors, memory, the largest frame. */
+/* Limits that default from the machine: descriptors, memory, the largest frame, threads. */
 static void resolve_limits(struct daemon *d, struct aps_server_opts *o)
 {
 	const struct aps_config *cfg = &d->cfg;
 	uint64_t nofile = aps_hostlimits_raise_nofile();
+	unsigned cpus = aps_hostlimits_cpus();
 
 	o->max_connections = cfg->max_connections > 0 ? (size_t)cfg->max_connections
 	                                              : aps_hostlimits_connections(nofile);
@@ -139,11 +140,14 @@ static void resolve_limits(struct daemon *d, struct aps_server_opts *o)
 	        cfg->max_total_bytes > 0 ? cfg->max_total_bytes : aps_hostlimits_memory() / 2;
 	o->max_message_bytes = (int64_t)(cfg->max_message_bytes > 0 ? cfg->max_message_bytes
 	                                                            : cfg->chunk_bytes + 65536);
+	o->threads = cfg->threads > 0 ? (unsigned)cfg->threads : cpus;
+	o->io_threads = cfg->io_threads > 0 ? (unsigned)cfg->io_threads : (cpus + 3) / 4;
 	aps_log_info("apsd",
 	             "limits max_connections=%zu nofile=%llu max_total_bytes=%llu "
-	             "max_message_bytes=%lld",
+	             "max_message_bytes=%lld threads=%u io_threads=%u cpus=%u",
 	             o->max_connections, (unsigned long long)nofile,
-	             (unsigned long long)o->max_total_bytes, (long long)o->max_message_bytes);
+	             (unsigned long long)o->max_total_bytes, (long long)o->max_message_bytes,
+	             o->threads, o->io_threads, cpus);
 }
 
 static struct aps_server_opts server_opts(struct daemon *d)
@@ -159,8 +163,6 @@ static struct aps_server_opts server_opts(struct daemon *d)
 		.reconnect_grace_ms = cfg->reconnect_grace_ms,
 		.join_timeout_ms = (uint64_t)cfg->join_timeout_ms,
 		.drain_batch = cfg->drain_batch,
-		.threads = cfg->threads > 0 ? (unsigned)cfg->threads : aps_hostlimits_cpus(),
-		.io_threads = (unsigned)cfg->io_threads,
 		.max_jobs = (uint32_t)cfg->max_jobs,
 		.max_ranks = (uint32_t)cfg->max_ranks,
 		.max_tensors = (uint32_t)cfg->max_tensors,

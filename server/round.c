@@ -77,7 +77,7 @@ static void reset_step(struct aps_round *r)
 {
 	size_t cells = (size_t)r->n_chunks * r->world_size;
 
-	if (r->engine != NULL)
+	if (r->in_flight > 0) /* its tasks first: their results are dropped */
 		aps_engine_quiesce(r->engine, r);
 	for (size_t i = 0; r->held != NULL && i < cells; i++)
 		release(&r->held[i].payload);
@@ -86,10 +86,10 @@ static void reset_step(struct aps_round *r)
 	if (r->chunks != NULL)
 		memset(r->chunks, 0, r->n_chunks * sizeof(*r->chunks));
 	r->kind = APS_ROUND_IDLE;
+	r->chunks_sealed = 0;
 	r->chunks_finished = 0;
 	r->step_fmt_set = false;
 	r->flushed = 0;
-	r->err_num = r->err_den = 0;
 }
 
 void aps_round_fini(struct aps_round *r)
@@ -106,12 +106,14 @@ void aps_round_fini(struct aps_round *r)
 
 void aps_round_abort(struct aps_round *r)
 {
+	if (r->kind != APS_ROUND_IDLE && r->chunks_sealed == r->n_chunks)
+		return; /* every chunk is summed: its results are on their way */
 	reset_step(r);
 }
 
 bool aps_round_busy(const struct aps_round *r)
 {
-	return r->kind != APS_ROUND_IDLE;
+	return r->kind != APS_ROUND_IDLE && r->chunks_sealed < r->n_chunks;
 }
 
 static size_t chunk_len(const struct aps_round *r, uint32_t chunk)
@@ -190,10 +192,15 @@ static void run_sum(struct aps_engine_task *base, struct aps_engine_scratch *s)
 	release(&t->c.payload);
 }
 
-static void free_task(struct aps_engine_task *base, bool cancelled)
+/* Cancelled before it ran, it still holds its payload. */
+static void sum_done(struct aps_engine_task *base, bool cancelled)
 {
+	struct sum_task *t = (struct sum_task *)base;
+
 	(void)cancelled;
-	free(base);
+	release(&t->c.payload);
+	t->r->in_flight--;
+	free(t);
 }
 
 /* Sums c into the chunk here or on the chunk's engine thread (after the sums before it). */
@@ -203,18 +210,19 @@ static void sum_in_order(struct aps_round *r, uint32_t chunk, struct aps_contrib
 	struct sum_task *t = aps_round_offloaded(r) ? malloc(sizeof(*t)) : NULL;
 
 	if (t == NULL) {
-		if (aps_round_offloaded(r)) /* out of memory: the sums before it first */
+		if (r->in_flight > 0) /* out of memory: the sums before it first */
 			aps_engine_wait(r->engine, r);
 		sum_one(r, chunk, c, first);
 		release(&c->payload);
 		return;
 	}
-	*t = (struct sum_task){ .base = { .run = run_sum, .done = free_task, .owner = r },
+	*t = (struct sum_task){ .base = { .run = run_sum, .done = sum_done, .owner = r },
 		                .r = r,
 		                .chunk = chunk,
 		                .first = first,
 		                .c = *c };
 	memset(&c->payload, 0, sizeof(c->payload));
+	r->in_flight++;
 	aps_engine_submit(r->engine, r->lane + chunk, &t->base);
 }
 
@@ -476,12 +484,19 @@ static bool measures_error(const struct aps_round *r)
 /* The round's books after a chunk's result: the step moves on after its last chunk. */
 static void close_chunk(struct aps_round *r, struct aps_round_result *res)
 {
+	struct aps_round_chunk *ch = &r->chunks[res->offset / r->chunk_elems];
+
 	res->step = r->step;
 	res->flushed = r->flushed;
-	r->err_num += res->err_num;
-	r->err_den += res->err_den;
+	ch->err_num = res->err_num;
+	ch->err_den = res->err_den;
 	if (++r->chunks_finished == r->n_chunks) {
-		res->rel_error = r->err_den > 0 ? sqrt(r->err_num / r->err_den) : 0.0;
+		double num = 0, den = 0; /* in chunk order: the same sum whatever the threads */
+		for (uint32_t c = 0; c < r->n_chunks; c++) {
+			num += r->chunks[c].err_num;
+			den += r->chunks[c].err_den;
+		}
+		res->rel_error = den > 0 ? sqrt(num / den) : 0.0;
 		reset_step(r);
 		r->step++;
 		res->step_done = true;
@@ -493,7 +508,7 @@ int aps_round_finish_chunk(struct aps_round *r, uint32_t chunk, const struct aps
 {
 	int ret;
 
-	if (aps_round_offloaded(r)) /* its sums may still be on the engine */
+	if (r->in_flight > 0) /* its sums may still be on the engine */
 		aps_engine_wait(r->engine, r);
 	if (measures_error(r) && r->err_scratch == NULL &&
 	    (r->err_scratch = malloc(r->chunk_elems * sizeof(float))) == NULL)
@@ -502,6 +517,7 @@ int aps_round_finish_chunk(struct aps_round *r, uint32_t chunk, const struct aps
 	if (ret < 0)
 		return ret;
 	r->chunks[chunk].finished = true;
+	r->chunks_sealed++;
 	close_chunk(r, res);
 	return 0;
 }
@@ -539,6 +555,7 @@ static void finish_done(struct aps_engine_task *base, bool cancelled)
 {
 	struct finish_task *t = (struct finish_task *)base;
 
+	t->r->in_flight--;
 	if (cancelled) {
 		aps_sbuf_unref(t->res.payload);
 		t->done(t->ctx, APS_ECLOSED, NULL, true);
@@ -568,6 +585,8 @@ int aps_round_finish_async(struct aps_round *r, uint32_t chunk, const struct aps
 	if (down != NULL)
 		t->down = *down;
 	r->chunks[chunk].finished = true;
+	r->chunks_sealed++;
+	r->in_flight++;
 	aps_engine_submit(r->engine, r->lane + chunk, &t->base);
 	return 0;
 }

@@ -46,11 +46,12 @@ enum aps_round_kind {
 
 /* How one chunk of the step is doing. */
 struct aps_round_chunk {
-	uint32_t arrived;   /* ranks that sent this chunk */
-	uint32_t next_rank; /* ranks [0, next_rank) are summed into acc or absent */
-	uint32_t summed;    /* contributions in acc: the mean divides by this */
-	bool root_seen;     /* broadcast: the root's data is in acc */
-	bool finished;      /* its result was produced */
+	uint32_t arrived;        /* ranks that sent this chunk */
+	uint32_t next_rank;      /* ranks [0, next_rank) are summed into acc or absent */
+	uint32_t summed;         /* contributions in acc: the mean divides by this */
+	bool root_seen;          /* broadcast: the root's data is in acc */
+	bool finished;           /* its result was produced, or is being (engine threads) */
+	double err_num, err_den; /* its result's share of the step's error, once closed */
 };
 
 struct aps_round {
@@ -63,7 +64,8 @@ struct aps_round {
 	uint32_t block; /* scaling block: elements per block of every payload but fp32 */
 	uint64_t step;  /* the step being collected */
 	enum aps_round_kind kind;
-	uint32_t chunks_finished;
+	uint32_t chunks_sealed;   /* chunks marked finished: no contribution comes any more */
+	uint32_t chunks_finished; /* chunks whose result is out (closed) */
 	struct aps_round_chunk *chunks;
 	bool *has;                     /* n_chunks * world_size: rank sent chunk */
 	struct aps_contribution *held; /* n_chunks * world_size: waiting for lower ranks */
@@ -75,7 +77,6 @@ struct aps_round {
 	uint64_t flushed;              /* sum of the ranks' flushed counts this step */
 	struct aps_trace *trace;       /* borrowed; NULL: no timeline */
 	bool measure_error;            /* the policy wants the result's relative error */
-	double err_num, err_den;       /* sums of (result - mean)^2 and mean^2 this step */
 	float *err_scratch;            /* one chunk of decoded result */
 	const char *label;             /* the tensor's name, for the timeline */
 	const char *job_label;         /* its job's name, for the timeline */
@@ -88,6 +89,7 @@ struct aps_round {
 	 * transform or timeline, runs there: chunk c on lane + c. */
 	struct aps_engine *engine;
 	uint32_t lane;
+	uint32_t in_flight; /* its tasks submitted whose done() has not come yet */
 };
 
 /* Chunks smaller than this are summed on the caller's thread: a hand-off costs more. */
@@ -173,11 +175,14 @@ int aps_round_finish_async(struct aps_round *r, uint32_t chunk, const struct aps
  */
 bool aps_round_recheck(struct aps_round *r, uint32_t chunk);
 
-/* Drops what this step collected; the step stays, to be collected again. Waits for
- * the round's tasks on engine threads and cancels their results. */
+/* Drops what this step collected; the step stays, to be collected again. A step
+ * whose every chunk has all its contributions is left to finish (its results are
+ * on their way). */
 void aps_round_abort(struct aps_round *r);
 
-/* True when some contribution of this step has arrived. */
+/* True when some contribution of this step has arrived and some chunk still waits
+ * for one: a step whose chunks are all being encoded (engine threads) is no longer
+ * busy, as it would not be on the loop: nothing of it waits for a rank. */
 bool aps_round_busy(const struct aps_round *r);
 
 /* Writes up to cap expected ranks that have not sent every chunk; returns how many. */

@@ -283,8 +283,14 @@ int aps_server_new(struct aps_server **out, uv_loop_t *loop, const struct aps_se
 	srv->tick_timer = ret == 0 ? malloc(sizeof(*srv->tick_timer)) : NULL;
 	if (ret == 0 && srv->tick_timer == NULL)
 		ret = APS_ENOMEM;
-	if (ret == 0 && o->threads > 1)
-		ret = aps_engine_new(&srv->engine, loop, o->threads);
+	if (ret == 0 && o->threads > 1 &&
+	    (ret = aps_engine_new(&srv->engine, loop, o->threads)) == APS_ESYS) {
+		aps_log_warn("apsd",
+		             "threads=%u: a thread could not start (RLIMIT_NPROC?): "
+		             "the event loop sums, as threads=1",
+		             o->threads);
+		ret = 0;
+	}
 	if (ret == 0)
 		ret = aps_zbridge_new(&srv->bridge, loop, &zo, &ops, srv);
 	if (ret < 0) {

@@ -127,8 +127,8 @@ static void test_config_defaults(void **state)
 	assert_int_equal(cfg.max_connections, 0);
 	assert_int_equal(cfg.join_timeout_ms, 60000);
 	assert_int_equal(cfg.drain_batch, 256);
-	assert_int_equal(cfg.threads, 0); /* the cores of the CPU set */
-	assert_int_equal(cfg.io_threads, 1);
+	assert_int_equal(cfg.threads, 0);    /* the cores of the CPU set */
+	assert_int_equal(cfg.io_threads, 0); /* a quarter of the cores */
 	aps_config_describe(&cfg, line, sizeof(line));
 	assert_string_equal(
 	        line, "listen=tcp://127.0.0.1:5555 log_level=info downlink=auto "
@@ -136,7 +136,7 @@ static void test_config_defaults(void **state)
 	              "max_jobs=64 max_connections=0 join_timeout_ms=60000 "
 	              "max_ranks=1024 max_tensors=65536 max_job_bytes=8G max_total_bytes=0 "
 	              "max_message_bytes=0 "
-	              "drain_batch=256 threads=0 io_threads=1 scaling=local sum=fp32 stats= "
+	              "drain_batch=256 threads=0 io_threads=0 scaling=local sum=fp32 stats= "
 	              "metrics_listen= trace= "
 	              "curve_secret_key_file= curve_allow_file= elastic=no insecure=no "
 	              "policy=off rules= schedule_steps=0 schedule_format=fp32 "
