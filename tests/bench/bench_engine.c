@@ -77,33 +77,41 @@ static void no_release(void *ctx)
 	(void)ctx;
 }
 
+/* Every rank's codes of global chunk g checked as the validator does and added to
+ * round chunk c, rank 0 last (the worst order: all held, then summed). Returns 0 or
+ * an APS_E* code; the chunk is then complete. */
+static int add_ranks(const struct input *in, struct aps_round *r, uint64_t step, uint32_t c,
+                     uint32_t g)
+{
+	char why[128];
+
+	for (unsigned rank = in->ranks; rank-- > 0;) {
+		const uint8_t *p = in->codes[rank] + (size_t)g * in->chunk_bytes;
+		struct aps_contribution ct = { .fmt = in->fmt, .scale_exp = in->scale[rank] };
+		uint32_t crc;
+		int ret;
+		if (aps_codec_crc_nonfinite(&in->fmt, p, in->chunk_bytes, CHUNK_ELEMS, &crc) != 0)
+			return APS_EPROTO;
+		ct.payload = (struct aps_payload){ p, in->chunk_bytes, no_release, NULL };
+		ret = aps_round_add(r, rank, step, c, APS_ROUND_ALLREDUCE, &ct, why, sizeof(why));
+		if (ret < 0)
+			return ret;
+	}
+	return aps_round_chunk_complete(r, c) ? 0 : APS_EPROTO;
+}
+
 /* One step over the worker's chunks, in order: every rank's chunk checked and added
  * (rank order: the daemon gets them in any order, and round.c holds them), then the
  * chunk finished. Returns 0 or an APS_E* code. */
 static int one_step(struct worker *w, struct aps_round *r, uint64_t step)
 {
 	const struct input *in = w->in;
-	char why[128];
 
 	for (uint32_t c = 0, g = w->first; g < in->chunks; c++, g += w->stride) {
 		struct aps_round_result res;
-		int ret;
-		for (unsigned rank = in->ranks; rank-- > 0;) { /* the worst order: all held */
-			const uint8_t *p = in->codes[rank] + (size_t)g * in->chunk_bytes;
-			struct aps_contribution ct = { .fmt = in->fmt,
-				                       .scale_exp = in->scale[rank] };
-			uint32_t crc;
-			if (aps_codec_crc_nonfinite(&in->fmt, p, in->chunk_bytes, CHUNK_ELEMS,
-			                            &crc) != 0)
-				return APS_EPROTO;
-			ct.payload = (struct aps_payload){ p, in->chunk_bytes, no_release, NULL };
-			ret = aps_round_add(r, rank, step, c, APS_ROUND_ALLREDUCE, &ct, why,
-			                    sizeof(why));
-			if (ret < 0)
-				return ret;
-		}
-		if (!aps_round_chunk_complete(r, c))
-			return APS_EPROTO;
+		int ret = add_ranks(in, r, step, c, g);
+		if (ret < 0)
+			return ret;
 		ret = aps_round_finish_chunk(r, c, NULL, APS_SCALING_LOCAL, &res);
 		if (ret < 0)
 			return ret;
@@ -249,30 +257,14 @@ static void fed_done(void *ctx, int ret, struct aps_round_result *res, bool canc
 static int fed_step(struct fed *f, struct aps_round *r, uv_loop_t *loop, uint64_t step)
 {
 	const struct input *in = f->in;
-	char why[128];
 
 	f->done = 0;
 	for (uint32_t c = 0; c < in->chunks; c++) {
-		for (unsigned rank = in->ranks; rank-- > 0;) { /* the worst order: all held */
-			const uint8_t *p = in->codes[rank] + (size_t)c * in->chunk_bytes;
-			struct aps_contribution ct = { .fmt = in->fmt,
-				                       .scale_exp = in->scale[rank] };
-			uint32_t crc;
-			int ret;
-			if (aps_codec_crc_nonfinite(&in->fmt, p, in->chunk_bytes, CHUNK_ELEMS,
-			                            &crc) != 0)
-				return APS_EPROTO;
-			ct.payload = (struct aps_payload){ p, in->chunk_bytes, no_release, NULL };
-			ret = aps_round_add(r, rank, step, c, APS_ROUND_ALLREDUCE, &ct, why,
-			                    sizeof(why));
-			if (ret < 0)
-				return ret;
-		}
-		if (!aps_round_chunk_complete(r, c))
-			return APS_EPROTO;
+		int ret = add_ranks(in, r, step, c, c);
+		if (ret < 0)
+			return ret;
 		if (aps_round_offloaded(r)) {
-			int ret =
-			        aps_round_finish_async(r, c, NULL, APS_SCALING_LOCAL, fed_done, f);
+			ret = aps_round_finish_async(r, c, NULL, APS_SCALING_LOCAL, fed_done, f);
 			if (ret < 0)
 				return ret;
 		} else {
