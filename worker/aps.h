@@ -216,10 +216,13 @@ struct aps_client_opts {
 	                               answered; a daemon that took the connection is waited
 	                               for up to timeout_ms. Default 10000; 0: no limit but
 	                               timeout_ms */
-	uint32_t block_size; /* scaling APS_SCALING_MODE_BLOCK: elements per block, 16, 32 or 64;
-	                        0: APS_BLOCK_DEFAULT. Every rank of the job gives the same.
-	                        Payloads carry one int8 exponent per block after the codes
-	                        (fp32 travels as it is) */
+	uint32_t block_size;    /* scaling APS_SCALING_MODE_BLOCK: elements per block, 16, 32 or 64;
+	                           0: APS_BLOCK_DEFAULT. Every rank of the job gives the same.
+	                           Payloads carry one int8 exponent per block after the codes
+	                           (fp32 travels as it is) */
+	uint32_t codec_threads; /* threads that scan and encode a tensor of several chunks
+	                           together, the caller's included, 0..64; 0 or 1: the
+	                           caller's alone. The same codes for any number */
 };
 
 /**

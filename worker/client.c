@@ -80,6 +80,9 @@ static int check_opts(const struct aps_client_opts *o, struct aps_format *fmt,
 	    (o->scaling != APS_SCALING_MODE_BLOCK || !aps_codec_block_ok(o->block_size)))
 		return aps_api_fail(APS_EINVAL, "block_size %u: 16, 32 or 64, with scaling block",
 		                    o->block_size);
+	if (o->codec_threads > APS_CLIENT_CODEC_THREADS_MAX)
+		return aps_api_fail(APS_EINVAL, "codec_threads %u: at most %d", o->codec_threads,
+		                    APS_CLIENT_CODEC_THREADS_MAX);
 	if (o->timeout_ms <= 0 || o->heartbeat_ms <= 0)
 		return aps_api_fail(APS_EINVAL, "timeout_ms and heartbeat_ms must be positive");
 	if (o->connect_timeout_ms < 0)
@@ -113,6 +116,7 @@ static void copy_opts(struct aps_client *c, const struct aps_client_opts *o,
 	c->scaling = (enum aps_scaling)o->scaling;
 	if (c->scaling == APS_SCALING_BLOCK)
 		c->block = o->block_size ? o->block_size : APS_CODEC_BLOCK_DEFAULT;
+	c->codec_threads = o->codec_threads > 1 ? o->codec_threads : 1;
 	c->timeout_ms = o->timeout_ms;
 	c->heartbeat_ms = o->heartbeat_ms;
 	c->connect_timeout_ms = o->connect_timeout_ms;
@@ -145,6 +149,8 @@ static void open_trace(struct aps_client *c, const struct aps_client_opts *o)
 
 static int start_io(struct aps_client *c)
 {
+	if (c->codec_threads > 1 && aps_pool_new(&c->pool, c->codec_threads - 1) < 0)
+		return aps_api_fail(APS_ESYS, "cannot start %u codec threads", c->codec_threads);
 	c->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 	if (c->wake_fd < 0)
 		return aps_api_fail(APS_ESYS, "eventfd failed");
@@ -162,6 +168,7 @@ static void free_client(struct aps_client *c)
 	if (c->wake_fd >= 0)
 		close(c->wake_fd);
 	aps_trace_close(c->trace);
+	aps_pool_free(c->pool);
 	for (uint32_t i = 0; i < c->n_tensors; i++)
 		free(c->tensors[i].residual);
 	free(c->tensors);

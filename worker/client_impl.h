@@ -13,6 +13,7 @@
 #define APS_WORKER_CLIENT_IMPL_H
 
 #include "common/format.h"
+#include "common/pool.h"
 #include "common/sbuf.h"
 #include "common/scale.h"
 #include "common/trace.h"
@@ -23,8 +24,9 @@
 #include <pthread.h>
 #include <sys/types.h>
 
-#define APS_CLIENT_ERROR_MAX   320
-#define APS_CLIENT_WAITING_MAX 16 /* ranks a timeout message names */
+#define APS_CLIENT_ERROR_MAX         320
+#define APS_CLIENT_WAITING_MAX       16 /* ranks a timeout message names */
+#define APS_CLIENT_CODEC_THREADS_MAX 64
 /* The exponent an all-zero tensor has on the wire (the codec's own is out of range there). */
 #define WIRE_ZERO_EXPONENT (-APS_CODEC_SCALE_MAX)
 
@@ -104,7 +106,9 @@ struct aps_client {
 	uint32_t rank, world_size;
 	struct aps_format format;
 	enum aps_scaling scaling;
-	uint32_t block; /* scaling block: elements per block, else 0 */
+	uint32_t block;         /* scaling block: elements per block, else 0 */
+	uint32_t codec_threads; /* the caller's thread and pool's helpers (1: no pool) */
+	struct aps_pool *pool;  /* NULL: the caller's thread codes alone */
 	int timeout_ms, heartbeat_ms;
 	int connect_timeout_ms; /* joining: how long no connection may be made (0: no limit) */
 	aps_log_fn log;

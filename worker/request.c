@@ -80,20 +80,18 @@ uint32_t aps_request_chunks(const struct aps_request *r)
 	return per == 0 ? 1 : (uint32_t)((r->count + per - 1) / per);
 }
 
-/* Error feedback: the residual is what this quantization lost, for the next step. */
-static void keep_residual(struct aps_request *r)
+/* Error feedback: the residual is what chunk i's quantization lost, for the next step. */
+static void keep_residual(struct aps_request *r, uint32_t i)
 {
-	float *residual = r->residual;
-	uint32_t chunks = aps_request_chunks(r);
 	size_t off, n, len;
+	size_t at = aps_request_chunk(r, i, &off, &n, &len);
+	float *residual = r->residual + off;
+	const float *sent = r->corrected + off;
 
-	for (uint32_t i = 0; i < chunks; i++) {
-		size_t at = aps_request_chunk(r, i, &off, &n, &len);
-		aps_codec_decode_payload(&r->fmt, r->codes->data + at, len, n, r->scale_exp,
-		                         r->block, residual + off, false);
-	}
-	for (uint64_t i = 0; i < r->count; i++)
-		residual[i] = r->corrected[i] - residual[i];
+	aps_codec_decode_payload(&r->fmt, r->codes->data + at, len, n, r->scale_exp, r->block,
+	                         residual, false);
+	for (size_t k = 0; k < n; k++)
+		residual[k] = sent[k] - residual[k];
 }
 
 /* Error feedback: quantize buf plus what the last step lost (the tensor is ours: busy). */
@@ -116,33 +114,109 @@ static int add_residual(struct aps_client *c, struct aps_request *r)
 	return 0;
 }
 
-int aps_request_encode(struct aps_client *c, struct aps_request *r)
+/* Chunk i's codes (block-scaled codes travel with each chunk's exponents), and with
+ * error feedback its residual; returns its flushed count. */
+static uint64_t encode_chunk(struct aps_request *r, uint32_t i)
 {
 	struct aps_quant_opts o = { .scale_exp = r->scale_exp };
 	struct aps_codec_stats st;
+	size_t off, n, len;
+	size_t at = aps_request_chunk(r, i, &off, &n, &len);
+
+	o.index0 = off;
+	aps_codec_encode_payload(&r->fmt, r->src + off, n, r->block, &o, r->codes->data + at, len,
+	                         &st);
+	if (r->corrected != NULL)
+		keep_residual(r, i);
+	return st.flushed;
+}
+
+/* codec_threads: chunks in parts over the client's pool, the caller's thread too. */
+struct encode_parts {
+	struct aps_request *r;
+	uint32_t chunks, parts;
+	uint64_t *flushed; /* per part */
+};
+
+static void encode_part(void *ctx, size_t part)
+{
+	struct encode_parts *e = ctx;
+
+	for (uint32_t i = (uint32_t)part; i < e->chunks; i += e->parts)
+		e->flushed[part] += encode_chunk(e->r, i);
+}
+
+int aps_request_encode(struct aps_client *c, struct aps_request *r)
+{
 	uint32_t chunks = aps_request_chunks(r);
 	size_t off, n, len, at;
 	uint64_t t0 = c->trace != NULL ? aps_trace_now() : 0;
+	uint64_t flushed[APS_CLIENT_CODEC_THREADS_MAX] = { 0 };
 
-	/* Chunk by chunk: block-scaled codes travel with each chunk's exponents. */
 	r->block = (uint32_t)aps_codec_payload_block(&r->fmt, c->block);
 	at = aps_request_chunk(r, chunks - 1, &off, &n, &len);
 	r->codes = aps_sbuf_new(at + len);
 	if (r->codes == NULL)
 		return APS_ENOMEM;
 	r->flushed = 0;
-	for (uint32_t i = 0; i < chunks; i++) {
-		at = aps_request_chunk(r, i, &off, &n, &len);
-		o.index0 = off;
-		aps_codec_encode_payload(&r->fmt, r->src + off, n, r->block, &o,
-		                         r->codes->data + at, len, &st);
-		r->flushed += st.flushed;
+	if (c->pool != NULL && chunks > 1) {
+		struct encode_parts e = { r, chunks,
+			                  chunks < c->codec_threads ? chunks : c->codec_threads,
+			                  flushed };
+		aps_pool_run(c->pool, e.parts, encode_part, &e);
+		for (uint32_t p = 0; p < e.parts; p++)
+			r->flushed += flushed[p];
+	} else {
+		for (uint32_t i = 0; i < chunks; i++)
+			r->flushed += encode_chunk(r, i);
 	}
-	if (r->corrected != NULL)
-		keep_residual(r);
 	aps_trace_stage(c->trace, "quantize", t0,
 	                &(struct aps_trace_at){ c->job, r->name, r->step, 0 });
 	return 0;
+}
+
+/* codec_threads: the scan in ranges over the client's pool. */
+#define SCAN_RANGE (1u << 20)
+
+struct scan_parts {
+	const float *x;
+	size_t n;
+	float max[APS_CLIENT_CODEC_THREADS_MAX];
+	bool nonfinite[APS_CLIENT_CODEC_THREADS_MAX];
+	size_t parts;
+};
+
+static void scan_part(void *ctx, size_t part)
+{
+	struct scan_parts *s = ctx;
+
+	for (size_t off = part * SCAN_RANGE; off < s->n; off += s->parts * SCAN_RANGE) {
+		size_t m = s->n - off < SCAN_RANGE ? s->n - off : SCAN_RANGE;
+		bool nf = false;
+		float max = aps_codec_scan(s->x + off, m, &nf);
+		s->max[part] = max > s->max[part] ? max : s->max[part];
+		s->nonfinite[part] |= nf;
+	}
+}
+
+/* aps_codec_scan of x, on the pool when there is one and x is large. */
+static float scan(struct aps_client *c, const float *x, size_t n, bool *nonfinite)
+{
+	struct scan_parts s = { .x = x, .n = n };
+	float max = 0;
+
+	if (c->pool == NULL || n < 2 * (size_t)SCAN_RANGE)
+		return aps_codec_scan(x, n, nonfinite);
+	s.parts = (n + SCAN_RANGE - 1) / SCAN_RANGE;
+	if (s.parts > c->codec_threads)
+		s.parts = c->codec_threads;
+	aps_pool_run(c->pool, s.parts, scan_part, &s);
+	*nonfinite = false;
+	for (size_t p = 0; p < s.parts; p++) {
+		max = s.max[p] > max ? s.max[p] : max;
+		*nonfinite |= s.nonfinite[p];
+	}
+	return max;
 }
 
 /*
@@ -241,7 +315,7 @@ static int start_reduce(aps_client *c, struct aps_request *r, const float *whole
 	} else {
 		/* One pass finds the exponent's max and refuses inf and NaN. */
 		t0 = c->trace != NULL ? aps_trace_now() : 0;
-		maxabs = aps_codec_scan(r->src, r->count, &nonfinite);
+		maxabs = scan(c, r->src, r->count, &nonfinite);
 		aps_trace_stage(c->trace, "scan", t0,
 		                &(struct aps_trace_at){ c->job, r->name, r->step, 0 });
 		if (nonfinite)

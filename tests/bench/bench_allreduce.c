@@ -34,6 +34,7 @@ struct args {
 	int64_t time_chunk;      /* elements, 0: do not time the codec */
 	int64_t partition_bytes; /* several endpoints: opts.partition_bytes (0: default) */
 	bool codec_floor;        /* rank 0 times the codec's passes of one step */
+	int codec_threads;       /* opts.codec_threads */
 };
 
 struct worker {
@@ -89,6 +90,7 @@ static int parse(struct args *a, int argc, char **argv)
 		                               { "timeout_ms", 1, 0, 'o' },
 		                               { "partition-bytes", 1, 0, 'p' },
 		                               { "codec-floor", 0, 0, 'F' },
+		                               { "codec-threads", 1, 0, 'T' },
 		                               { 0, 0, 0, 0 } };
 	int opt;
 
@@ -145,6 +147,9 @@ static int parse(struct args *a, int argc, char **argv)
 		case 'F':
 			a->codec_floor = true;
 			break;
+		case 'T':
+			a->codec_threads = atoi(optarg);
+			break;
 		default:
 			return -1;
 		}
@@ -170,6 +175,7 @@ static void connect_worker(struct worker *w, const struct args *a)
 	o.scaling = a->scaling;
 	o.timeout_ms = a->timeout_ms;
 	o.partition_bytes = (uint64_t)a->partition_bytes;
+	o.codec_threads = (uint32_t)(a->codec_threads > 0 ? a->codec_threads : 0);
 	w->rank = a->rank;
 	ret = aps_client_new(&w->c, &o);
 	if (ret < 0)
@@ -211,9 +217,11 @@ static void teardown(struct worker *w)
 	bench_tensors_fini(&w->t);
 }
 
-/* One step: every tensor, last layer first. */
-static void step(struct worker *w, bool blocking)
+/* One step: every tensor, last layer first. Returns the seconds the starts took (the
+ * caller's scan and encoding, async mode). */
+static double step(struct worker *w, bool blocking)
 {
+	double t0 = bench_now(), started;
 	int ret;
 
 	for (size_t j = w->t.n; j-- > 0;) {
@@ -225,11 +233,13 @@ static void step(struct worker *w, bool blocking)
 		if (ret < 0)
 			die(w->rank, w->t.names[j], ret);
 	}
+	started = bench_now() - t0;
 	for (size_t j = w->t.n; !blocking && j-- > 0;) {
 		ret = aps_request_wait(w->reqs[j]);
 		if (ret < 0)
 			die(w->rank, w->t.names[j], ret);
 	}
+	return started;
 }
 
 static void align(struct worker *w, int world)
@@ -243,9 +253,10 @@ static void align(struct worker *w, int world)
 static void run_steps(struct worker *w, const struct args *a)
 {
 	double *us = calloc((size_t)a->steps, sizeof(*us)), cpu0;
+	double *start_us = calloc((size_t)a->steps, sizeof(*start_us));
 	char extra[256];
 
-	if (us == NULL)
+	if (us == NULL || start_us == NULL)
 		die(a->rank, "allocating", APS_ENOMEM);
 	for (int s = 0; s < a->warmup; s++) {
 		align(w, a->world);
@@ -259,7 +270,7 @@ static void run_steps(struct worker *w, const struct args *a)
 		double t0;
 		align(w, a->world);
 		t0 = bench_now();
-		step(w, a->blocking);
+		start_us[s] = step(w, a->blocking) * 1e6;
 		us[s] = (bench_now() - t0) * 1e6;
 	}
 	cpu0 = bench_cpu() - cpu0;
@@ -272,8 +283,11 @@ static void run_steps(struct worker *w, const struct args *a)
 		         a->blocking ? "blocking" : "async",
 		         (long long)aps_packed_size(a->format, w->t.total));
 		bench_report("step", us, (size_t)a->steps, cpu0, extra);
+		if (!a->blocking) /* the caller's share: scan and encode (codec_threads) */
+			bench_report("start", start_us, (size_t)a->steps, 0, extra);
 	}
 	free(us);
+	free(start_us);
 }
 
 /* Codes of n gradient-like values in fmt with their local APS exponent. */

@@ -16,6 +16,10 @@ Every job runs on this machine over tcp://127.0.0.1, each in fresh processes:
 5. Engine threads (--parts threads): apsd --threads 1 (the event loop sums) against
    --threads 2 (two engine threads), ResNet-50 and the 64Mi-element tensor in e4m3,
    4 workers, each pair in one run, alternating.
+6. The client's codec threads (--parts codec): one worker, one tensor of 64Mi
+   elements in e4m3, codec_threads 1 against 2: the time the caller spends
+   starting the all-reduce (its scan and encoding) and the whole call,
+   alternating.
 4. Chunk pipelining: 4 workers, one tensor of 64Mi elements (64 MiB of e4m3
    codes per worker), the daemon at --log_level debug: its tail_us per round
    against one chunk's dequantize-accumulate time measured by rank 0 in the
@@ -423,6 +427,17 @@ def table_threads(res):
     return "\n".join(lines)
 
 
+def table_codec(res):
+    lines = ["| one worker, 64Mi elements, e4m3 | codec_threads | start (scan + encode) p50 ms | "
+             "min | whole call p50 ms | worker CPU ms/call |", "|---|--:|--:|--:|--:|--:|"]
+    for (run, threads), job in sorted(res.items()):
+        s, r = step_result(job, "start"), step_result(job)
+        cpu = job.get("cpu", {}).get("rank0", 0.0) / r["n"] * 1e3
+        lines.append(f"| run {run} | {threads} | {ms(s['p50_us'])} | {ms(s['min_us'])} | "
+                     f"{ms(r['p50_us'])} | {cpu:.0f} |")
+    return "\n".join(lines)
+
+
 def engine_busy_ms(log_path):
     """The daemon's engine time over the whole job, from its last counters line."""
     text = pathlib.Path(log_path).read_text() if log_path else ""
@@ -531,7 +546,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--latency-calls", type=int, default=20000)
     ap.add_argument("--chunk-elements", default="64M", help="elements of the big tensor")
-    ap.add_argument("--parts", default="resnet,profile,latency,chunk,threads")
+    ap.add_argument("--parts", default="resnet,profile,latency,chunk,threads,codec")
     ap.add_argument("--budget", type=float, default=570,
                     help="seconds for the whole run: each job's deadline is cut to fit")
     ap.add_argument("--gloo-worker", action="store_true", help=argparse.SUPPRESS)
@@ -603,6 +618,15 @@ def main():
                         res[key] = job
             info["threads"] = {f"{k[0]} threads={k[1]}": v for k, v in res.items()}
             print("## Engine threads\n\n" + table_threads(res) + "\n", flush=True)
+        if "codec" in parts:
+            res = {}
+            for rep in range(2):
+                for threads in (1, 2):
+                    res[(rep + 1, threads)] = apsd_job(
+                        a, f"codec-{threads}-{rep}", "e4m3", a.chunk_elements, 1, 6, 1,
+                        extra_worker=["--codec-threads", str(threads)])
+            info["codec"] = {f"run {k[0]} codec_threads={k[1]}": v for k, v in res.items()}
+            print("## The client's codec threads\n\n" + table_codec(res) + "\n", flush=True)
         if "chunk" in parts:
             n = a.chunk_elements
             res = {"apsd": apsd_job(a, "chunk-apsd-e4m3", "e4m3", n, WORLD, 5, 1,

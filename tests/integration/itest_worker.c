@@ -34,6 +34,7 @@ struct args {
 	bool rejoin;              /* join again after apsd restarts; redo the step that failed */
 	uint64_t chunk_elems;     /* the daemon's chunk_bytes / 4 (0: one chunk) */
 	uint64_t partition_bytes; /* several endpoints: opts.partition_bytes */
+	uint32_t codec_threads;   /* opts.codec_threads */
 	uint64_t seed;
 	uint64_t sizes[16];
 	int n_sizes;
@@ -433,6 +434,8 @@ static int parse(struct args *a, int argc, char **argv)
 			a->chunk_elems = strtoull(v, NULL, 10);
 		else if (!strcmp(k, "--partition-bytes"))
 			a->partition_bytes = strtoull(v, NULL, 10);
+		else if (!strcmp(k, "--codec-threads"))
+			a->codec_threads = (uint32_t)atoi(v);
 		else
 			return -1;
 	}
@@ -459,6 +462,7 @@ int main(int argc, char **argv)
 	o.format = a.format;
 	o.downlink = a.downlink;
 	o.scaling = (int32_t)a.scaling;
+	o.codec_threads = a.codec_threads;
 	o.timeout_ms = a.timeout_ms;
 	if (a.connect_timeout_ms >= 0)
 		o.connect_timeout_ms = a.connect_timeout_ms;

@@ -312,6 +312,33 @@ def test_chunked_tensors_are_exact(daemon_factory, fmt):
                               async_=1, jitter_ms=5), 2, len(sizes))
 
 
+CODEC_SIZES = [5, 4096, 70_001, 3_000_000]  # the last is scanned in ranges
+
+
+@pytest.mark.parametrize("fmt,scaling", [("e4m3", "local"), ("e3m0", "local"),
+                                         ("e5m2", "global"), ("fp32", "none")])
+def test_codec_threads_give_the_same_codes(daemon_factory, fmt, scaling):
+    """codec_threads = 3: the scan and the chunks' encoding in parts on 3 threads;
+    every result still bit for bit the worker's own expectation."""
+    d = daemon_factory(extra=["--chunk_bytes", "16k"])
+    assert_all_ok(run_workers(d.endpoint, 3, CODEC_SIZES, steps=3, format=fmt,
+                              scaling=scaling, chunk_elems=4096, codec_threads=3, async_=1,
+                              jitter_ms=2), 3, len(CODEC_SIZES))
+
+
+def test_codec_threads_keep_error_feedback_the_same(daemon_factory):
+    """With error feedback each chunk's residual is kept by the thread that encoded it:
+    three steps give the same bits on 1 and 3 codec threads."""
+    sums = []
+    for threads in (1, 3):
+        d = daemon_factory(extra=["--chunk_bytes", "16k"])
+        results = run_workers(d.endpoint, 3, CODEC_SIZES, steps=3, format="e3m0", ef=1,
+                              chunk_elems=4096, codec_threads=threads, unchecked=1)
+        assert_all_ok(results, 3, len(CODEC_SIZES))
+        sums.append(results[0][1])
+    assert sums[0] == sums[1]
+
+
 @pytest.mark.parametrize("fmt", ["e5m2", "e4m3", "e3m0"])
 def test_global_mode_is_identical_on_every_rank_and_never_overflows(daemon, fmt):
     # itest_worker checks each rank's quantization at the shared k for overflow

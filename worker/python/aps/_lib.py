@@ -85,6 +85,7 @@ class ClientOpts(ctypes.Structure):
         ("job_token", ctypes.c_char_p),
         ("connect_timeout_ms", ctypes.c_int32),
         ("block_size", ctypes.c_uint32),
+        ("codec_threads", ctypes.c_uint32),
     ]
 
 

@@ -71,7 +71,9 @@ class Client:
     joining tries to connect (again every second at most while nothing
     listens, so that a daemon started a little later is joined; default 10000,
     $APS_CONNECT_TIMEOUT_MS with from_env; 0: timeout_ms alone); a daemon that
-    took the connection is waited for up to timeout_ms.
+    took the connection is waited for up to timeout_ms. codec_threads (0-64):
+    threads that scan and encode a tensor of several chunks together, the
+    caller's included (None, 0 or 1: the caller's alone; the same codes).
 
     Hybrid precision (opt-in; a plain format= pins every tensor): policy="auto"
     lets the daemon move tensors that lose too much to a wider format and send
@@ -116,7 +118,7 @@ class Client:
                  error_feedback=False, trace=None, curve_server_key=None,
                  curve_public_key=None, curve_secret_key=None, rejoin=False,
                  partition_bytes=None, optimizer=None, job_token=None,
-                 connect_timeout_ms=10000, block_size=None):
+                 connect_timeout_ms=10000, block_size=None, codec_threads=None):
         if scaling not in _SCALING:
             raise ValueError(f"scaling must be one of {sorted(_SCALING)}, not {scaling!r}")
         if policy not in (None, "auto"):
@@ -150,6 +152,10 @@ class Client:
                 raise ValueError(f"block_size {block_size}: 16, 32 or 64, with scaling='block'")
             opts.block_size = block_size
         self.block_size = (block_size or 32) if scaling == "block" else 0
+        if codec_threads is not None:
+            if not 0 <= _check_int(codec_threads, "codec_threads") <= 64:
+                raise ValueError(f"codec_threads {codec_threads}: 0 to 64")
+            opts.codec_threads = codec_threads
         opts.timeout_ms = _check_int(timeout_ms, "timeout_ms")
         opts.connect_timeout_ms = _check_int(connect_timeout_ms, "connect_timeout_ms")
         if opts.connect_timeout_ms != connect_timeout_ms:
