@@ -6,7 +6,7 @@ BUILD   := build
 ASAN    := build-asan
 PREFIX  ?= /usr/local
 
-.PHONY: all deps build asan test test-unit test-python test-asan test-long demo demo-long demo-lm bench install clean
+.PHONY: all deps build asan test test-unit test-python test-asan test-long demo demo-long demo-lm demo-diloco bench install clean
 
 all: build
 
@@ -53,6 +53,13 @@ demo-long: build
 # e4m3 APS, fp4 APS, fp4 block, e3m0 auto, 3 seeds each (~15 min): build/demo/lm.png.
 demo-lm: build
 	@PYTHONPATH=worker/python $(PYTHON) worker/examples/lm_demo.py
+
+# DiLoCo (issue 19): every step in fp32 and e4m3 APS against DiLoCo at H = 10 and 50 with
+# fp32, e4m3 APS and fp4 block pseudo-gradients, 3 seeds each, on the transformer of
+# demo-lm and the CNN of demo-long: build/demo/diloco_lm.png, build/demo/diloco_cnn.png.
+demo-diloco: build
+	@PYTHONPATH=worker/python $(PYTHON) worker/examples/diloco_demo.py --workload lm
+	@PYTHONPATH=worker/python $(PYTHON) worker/examples/diloco_demo.py --workload cnn
 
 bench: build
 	$(BUILD)/tests/bench/bench_codec

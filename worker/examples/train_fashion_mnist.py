@@ -27,6 +27,11 @@ tensor's final format. The printed "gradients flushed" is always measured in
 Optimize mode: --server-optimizer moves SGD (--lr, --momentum) to apsd, which
 holds the fp32 weights (aps.torch.ServerOptimizer): gradients go up in
 --format, APS-quantized updates come down in the same format.
+
+DiLoCo (aps.torch.DiLoCo, as train_lm.py): --diloco H trains with each
+worker's own SGD alone and every H steps sends the mean pseudo-gradient, in
+--format, to apsd, whose SGD with Nesterov momentum (--outer-lr) is the outer
+step; --fragments P synchronises the parameters in P staggered fragments.
 """
 
 import argparse
@@ -73,11 +78,20 @@ def parse_args(argv=None):
                     "updates): fp32, fp16, bf16; default the uplink format")
     ap.add_argument("--server-optimizer", action="store_true",
                     help="optimize mode: apsd holds the weights and runs SGD with momentum")
+    ap.add_argument("--diloco", type=int, default=0, metavar="H",
+                    help="DiLoCo: SGD on each worker alone, every H steps the outer "
+                    "Nesterov step on apsd (0: all-reduce every step)")
+    ap.add_argument("--outer-lr", type=float, default=0.7)
+    ap.add_argument("--fragments", type=int, default=1,
+                    help="DiLoCo: parameters synchronised in this many staggered fragments")
     ap.add_argument("--stats", help="the daemon's stats socket: rank 0 reads every tensor's "
                     "format, bytes and flushed share there after the last step")
     ap.add_argument("--out", help="rank 0 writes the history here (JSON)")
     ap.add_argument("--label", help="name of the run in the output")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if args.diloco and args.server_optimizer:
+        ap.error("--diloco and --server-optimizer both run the optimizer on apsd: pick one")
+    return args
 
 
 def make_model(kind, hidden):
@@ -158,9 +172,14 @@ def no_sync(opt):
 def train(args, client):
     torch.manual_seed(args.seed)
     model = make_model(args.model, args.hidden)
+    outer = None
     if args.server_optimizer:
         opt = aps.torch.ServerOptimizer(model, client, "sgd", lr=args.lr,
                                         momentum=args.momentum)
+    elif args.diloco:  # the inner optimizer alone; the outer step every H steps
+        opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+        outer = aps.torch.DiLoCo(model, opt, client, sync_every=args.diloco,
+                                 outer_lr=args.outer_lr, fragments=args.fragments)
     else:
         sgd = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
         opt = aps.torch.DistributedOptimizer(sgd, client,
@@ -187,13 +206,16 @@ def train(args, client):
         loss = F.cross_entropy(model(x), y)
         loss.backward()
         opt.step()
+        if outer is not None:
+            outer.step()
         if client.rank == 0 and step % args.eval_every == 0:
             print(f"{label}: step {step:5d}/{args.steps}  loss {loss.item():6.3f}  test acc "
                   f"{history[-1][1]:5.1f}%  gradients flushed {flushed[-1] * 100:5.1f}%",
                   flush=True)
     wall = time.monotonic() - start
     result = {"label": label, "format": args.format, "scaling": args.scaling,
-              "policy": args.policy, "rules": args.rules, "error_feedback": args.error_feedback,
+              "diloco": args.diloco, "fragments": args.fragments,
+              "bytes_total": client.bytes_pushed, "policy": args.policy, "rules": args.rules, "error_feedback": args.error_feedback,
               "world_size": client.world_size, "steps": args.steps, "wall_s": wall,
               "history": history, "accuracy": history[-1][1] if history else None,
               "bytes_per_step": client.bytes_pushed / max(args.steps, 1),
@@ -220,12 +242,16 @@ def add_daemon_bytes(result, stats, client, steps):
 def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(1)
+    if args.diloco:
+        spec = aps.torch.optimizer_spec("sgd", momentum=0.9, nesterov=True)
+    elif args.server_optimizer:
+        spec = aps.torch.optimizer_spec("sgd", momentum=args.momentum)
+    else:
+        spec = None
     with aps.Client.from_env(format=args.format, scaling=args.scaling,
                              policy="auto" if args.policy == "auto" else None, rules=args.rules,
                              error_feedback=args.error_feedback, downlink=args.downlink,
-                             optimizer=aps.torch.optimizer_spec(
-                                 "sgd", momentum=args.momentum)
-                             if args.server_optimizer else None) as client:
+                             optimizer=spec) as client:
         result = train(args, client)
     if client.rank == 0:
         print(f"{result['label']}: test accuracy {result['accuracy']:.1f}% after "
