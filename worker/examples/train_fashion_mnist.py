@@ -215,7 +215,8 @@ def train(args, client):
     wall = time.monotonic() - start
     result = {"label": label, "format": args.format, "scaling": args.scaling,
               "diloco": args.diloco, "fragments": args.fragments,
-              "bytes_total": client.bytes_pushed, "policy": args.policy, "rules": args.rules, "error_feedback": args.error_feedback,
+              "bytes_total": client.bytes_pushed, "policy": args.policy, "rules": args.rules,
+              "error_feedback": args.error_feedback,
               "world_size": client.world_size, "steps": args.steps, "wall_s": wall,
               "history": history, "accuracy": history[-1][1] if history else None,
               "bytes_per_step": client.bytes_pushed / max(args.steps, 1),
