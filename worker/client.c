@@ -215,13 +215,11 @@ int aps_conn_new(aps_client **out, const struct aps_client_opts *o)
 
 static void stop_io(struct aps_client *c)
 {
-	uint64_t one = 1;
-
 	pthread_mutex_lock(&c->lock);
 	c->stopping = true;
 	pthread_mutex_unlock(&c->lock);
 	/* Even if the wake-up cannot be written, the thread sees stopping within a second. */
-	if (write(c->wake_fd, &one, sizeof(one)) < 0)
+	if (aps_client_wake(c) < 0)
 		aps_client_log(c, 1, "cannot wake the I/O thread; it stops at its next tick");
 	pthread_join(c->io, NULL);
 }

@@ -91,18 +91,22 @@ int aps_client_send(struct aps_client *c, struct aps_msg *m, struct aps_sbuf *bu
 	return ret;
 }
 
+int aps_client_wake(struct aps_client *c)
+{
+	uint64_t one = 1;
+
+	return write(c->wake_fd, &one, sizeof(one)) < 0 ? APS_ESYS : 0;
+}
+
 int aps_client_enqueue(struct aps_client *c, struct aps_request *r)
 {
 	struct aps_request **tail = &c->queue;
-	uint64_t one = 1;
 
 	r->next = NULL;
 	while (*tail != NULL)
 		tail = &(*tail)->next;
 	*tail = r;
-	if (write(c->wake_fd, &one, sizeof(one)) < 0)
-		return APS_ESYS;
-	return 0;
+	return aps_client_wake(c);
 }
 
 void aps_request_finish_locked(struct aps_client *c, struct aps_request *r, int result,
@@ -155,9 +159,10 @@ void aps_client_fail_for_good(struct aps_client *c, int code, const char *text)
 	fail_all(c, code, text, true);
 }
 
-static void free_request(struct aps_request *r)
+void aps_request_free(struct aps_request *r)
 {
 	aps_sbuf_unref(r->codes);
+	free(r->flushed);
 	free(r->got);
 	free(r->corrected);
 	free(r);
@@ -186,7 +191,7 @@ int aps_conn_wait(struct aps_request *r, uint32_t *tensor_id, uint64_t *updates)
 		*tensor_id = r->tensor_id;
 	if (result == 0 && updates != NULL)
 		*updates = r->step; /* a pull: the update count of the weights it brought */
-	free_request(r);
+	aps_request_free(r);
 	return result;
 }
 

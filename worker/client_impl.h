@@ -22,6 +22,7 @@
 #include "worker/transport.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <sys/types.h>
 
 #define APS_CLIENT_ERROR_MAX         320
@@ -79,9 +80,15 @@ struct aps_request {
 	struct aps_sbuf *codes; /* what this rank sends */
 	struct aps_format fmt;
 	int scale_exp;
-	uint32_t block;   /* block-scaled codes: each chunk's codes, then its exponents */
-	int32_t exponent; /* global mode: this rank's ceil(log2(N max)) */
-	uint64_t flushed;
+	uint32_t block;    /* block-scaled codes: each chunk's codes, then its exponents */
+	int32_t exponent;  /* global mode: this rank's ceil(log2(N max)) */
+	uint64_t *flushed; /* per chunk: the values its quantization flushed to zero (owned) */
+	/* Chunks whose codes are final, from the first: the caller codes a tensor of
+	 * several chunks after queuing it and the I/O thread sends each chunk as it
+	 * is ready (request.c stream). Written by the coding thread, release. */
+	_Atomic uint32_t encoded;
+	uint32_t sent;    /* chunks handed to the socket, from the first (I/O thread) */
+	uint64_t push_ns; /* when the first chunk left, for the timeline's "push" */
 	uint32_t chunks, chunks_done;
 	uint8_t *got;     /* chunks: 1 where that chunk's answer arrived (owned; NULL: none yet) */
 	uint64_t sent_ns; /* when its data left, for the timeline's "wait" */
@@ -191,6 +198,11 @@ int aps_client_send(struct aps_client *c, struct aps_msg *m, struct aps_sbuf *bu
 
 /* Queues a request for the I/O thread (takes ownership) and wakes it. */
 int aps_client_enqueue(struct aps_client *c, struct aps_request *r);
+/* Wakes the I/O thread: a request was queued, or chunks of one were coded. */
+int aps_client_wake(struct aps_client *c);
+
+/* Frees a request and what it owns (its waiter, or its caller when it was never queued). */
+void aps_request_free(struct aps_request *r);
 
 /* Marks r done with result (0 or an APS_E* code and text) and wakes waiters (lock held). */
 void aps_request_finish_locked(struct aps_client *c, struct aps_request *r, int result,
@@ -233,9 +245,12 @@ int aps_client_barrier_start(aps_client *c, int32_t timeout_ms, aps_request **re
 
 /*
  * outbox.c: sending a call's messages (the I/O thread when it starts, resume.c
- * after a reconnect). Data chunks whose answer has arrived are not sent again.
+ * after a reconnect). Data chunks whose answer has arrived are not sent again;
+ * of a request still being coded, the chunks coded so far (r->encoded).
  */
 int aps_outbox_chunks(struct aps_client *c, struct aps_request *r);
+/* The chunks coded since the last send of r (I/O thread, on a wake-up). */
+int aps_outbox_more(struct aps_client *c, struct aps_request *r);
 int aps_outbox_simple(struct aps_client *c, struct aps_request *r); /* REGISTER, BARRIER */
 int aps_outbox_exponents(struct aps_client *c, struct aps_request **batch, uint32_t n);
 int aps_outbox_pull(struct aps_client *c, struct aps_request *r);
@@ -266,5 +281,7 @@ size_t aps_request_chunk(const struct aps_request *r, uint32_t i, size_t *off, s
 
 /* Encodes r's data for the wire once its scale exponent is known. */
 int aps_request_encode(struct aps_client *c, struct aps_request *r);
+/* True when chunks of r are coded and not yet sent (the I/O thread). */
+bool aps_request_unsent(const struct aps_request *r);
 
 #endif

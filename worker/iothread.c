@@ -85,7 +85,19 @@ static int start_one(struct aps_client *c, struct aps_request *r, bool *exchange
 	return aps_outbox_chunks(c, r);
 }
 
-/* Sends what the callers queued since the last wake-up; false once closing. */
+/* The chunks that callers coded since the last wake-up (request.c stream). */
+static void send_coded(struct aps_client *c)
+{
+	struct aps_request *r, *next;
+
+	for (r = c->active; r != NULL; r = next) {
+		next = r->next;
+		if (r->state == REQ_SENT && aps_request_unsent(r) && aps_outbox_more(c, r) < 0)
+			finish(c, r, APS_ECONN, "send to the daemon failed");
+	}
+}
+
+/* Sends what the callers queued or coded since the last wake-up; false once closing. */
 static bool start_new(struct aps_client *c)
 {
 	struct aps_request *r, *next, **batch = NULL;
@@ -126,6 +138,7 @@ static bool start_new(struct aps_client *c)
 	if (n > 0 && aps_outbox_exponents(c, batch, n) < 0)
 		aps_client_fail_calls(c, APS_ECONN, "send to the daemon failed");
 	free(batch);
+	send_coded(c);
 	return !stopping;
 }
 

@@ -13,15 +13,21 @@
 #include <stdlib.h>
 #include <string.h>
 
-int aps_outbox_chunks(struct aps_client *c, struct aps_request *r)
+/* Chunks [from, coded) of r, less those answered already. */
+static int send_chunks(struct aps_client *c, struct aps_request *r, uint32_t from)
 {
 	enum aps_msg_type type = r->kind == REQ_BROADCAST ? APS_MSG_BROADCAST : APS_MSG_PUSH;
-	uint64_t t0 = c->trace != NULL ? aps_trace_now() : 0;
+	uint32_t ready;
 
 	r->chunks = aps_request_chunks(r);
 	if (r->got == NULL && (r->got = calloc(r->chunks, 1)) == NULL)
 		return APS_ENOMEM;
-	for (uint32_t i = 0; i < r->chunks; i++) {
+	/* A broadcast's non-root asks for every chunk; codes are ready as they are coded. */
+	ready = r->codes == NULL ? r->chunks
+	                         : atomic_load_explicit(&r->encoded, memory_order_acquire);
+	if (from == 0)
+		r->push_ns = c->trace != NULL ? aps_trace_now() : 0;
+	for (uint32_t i = from; i < ready; i++) {
 		size_t off, n, len, at = aps_request_chunk(r, i, &off, &n, &len);
 		struct aps_msg m;
 		if (r->got[i])
@@ -33,25 +39,39 @@ int aps_outbox_chunks(struct aps_client *c, struct aps_request *r)
 		m.chunk_count = n;
 		m.total_count = r->count;
 		m.scale_exp = r->scale_exp;
-		m.flushed = i == 0 ? r->flushed : 0;
 		if (r->update) {
 			m.flags |= APS_MSG_FLAG_UPDATE;
 			m.lr = r->lr;
 		}
-		if (r->codes == NULL) { /* a broadcast's non-root asks for its chunks */
+		if (r->codes == NULL) {
 			if (aps_client_send(c, &m, NULL, NULL, 0) < 0)
 				return APS_ECONN;
 			continue;
 		}
+		m.flushed = r->flushed[i]; /* apsd sums the chunks' counts */
 		snprintf(m.format, sizeof(m.format), "%s", r->fmt.name);
 		m.block_size = r->block;
 		if (aps_client_send(c, &m, r->codes, r->codes->data + at, len) < 0)
 			return APS_ECONN;
 	}
-	aps_trace_stage(c->trace, "push", t0,
-	                &(struct aps_trace_at){ c->job, r->name, r->step, r->chunks });
-	r->sent_ns = aps_trace_now();
+	if (from < ready)
+		r->sent = ready;
+	if (r->sent == r->chunks && from < ready) {
+		aps_trace_stage(c->trace, "push", r->push_ns,
+		                &(struct aps_trace_at){ c->job, r->name, r->step, r->chunks });
+		r->sent_ns = aps_trace_now();
+	}
 	return 0;
+}
+
+int aps_outbox_chunks(struct aps_client *c, struct aps_request *r)
+{
+	return send_chunks(c, r, 0);
+}
+
+int aps_outbox_more(struct aps_client *c, struct aps_request *r)
+{
+	return send_chunks(c, r, r->sent);
 }
 
 int aps_outbox_simple(struct aps_client *c, struct aps_request *r)

@@ -31,8 +31,7 @@ static void finish_rejoin(struct aps_client *c)
 	pthread_mutex_unlock(&c->lock);
 	aps_client_log(c, 2, "joined job '%s' again as rank %u", c->job, c->rank);
 	/* Wake the loop: queued calls go now. */
-	uint64_t one = 1;
-	if (write(c->wake_fd, &one, sizeof(one)) < 0)
+	if (aps_client_wake(c) < 0)
 		aps_client_log(c, 1, "cannot wake the I/O thread");
 }
 

@@ -52,9 +52,7 @@ static int submit(struct aps_client *c, struct aps_request *r, aps_request **out
 	}
 	pthread_mutex_unlock(&c->lock);
 	if (ret < 0) {
-		aps_sbuf_unref(r->codes);
-		free(r->corrected);
-		free(r);
+		aps_request_free(r);
 		return ret;
 	}
 	*out = r;
@@ -135,7 +133,6 @@ static uint64_t encode_chunk(struct aps_request *r, uint32_t i)
 struct encode_parts {
 	struct aps_request *r;
 	uint32_t chunks, parts;
-	uint64_t *flushed; /* per part */
 };
 
 static void encode_part(void *ctx, size_t part)
@@ -143,36 +140,48 @@ static void encode_part(void *ctx, size_t part)
 	struct encode_parts *e = ctx;
 
 	for (uint32_t i = (uint32_t)part; i < e->chunks; i += e->parts)
-		e->flushed[part] += encode_chunk(e->r, i);
+		e->r->flushed[i] = encode_chunk(e->r, i);
+}
+
+/* The buffer of r's codes and its per-chunk counts; no chunk coded yet. */
+static int alloc_codes(struct aps_client *c, struct aps_request *r)
+{
+	uint32_t chunks = aps_request_chunks(r);
+	size_t off, n, len, at;
+
+	r->block = (uint32_t)aps_codec_payload_block(&r->fmt, c->block);
+	at = aps_request_chunk(r, chunks - 1, &off, &n, &len);
+	r->codes = aps_sbuf_new(at + len);
+	r->flushed = calloc(chunks, sizeof(*r->flushed));
+	atomic_store_explicit(&r->encoded, 0, memory_order_relaxed);
+	return r->codes != NULL && r->flushed != NULL ? 0 : APS_ENOMEM;
 }
 
 int aps_request_encode(struct aps_client *c, struct aps_request *r)
 {
 	uint32_t chunks = aps_request_chunks(r);
-	size_t off, n, len, at;
 	uint64_t t0 = c->trace != NULL ? aps_trace_now() : 0;
-	uint64_t flushed[APS_CLIENT_CODEC_THREADS_MAX] = { 0 };
 
-	r->block = (uint32_t)aps_codec_payload_block(&r->fmt, c->block);
-	at = aps_request_chunk(r, chunks - 1, &off, &n, &len);
-	r->codes = aps_sbuf_new(at + len);
-	if (r->codes == NULL)
+	if (alloc_codes(c, r) < 0)
 		return APS_ENOMEM;
-	r->flushed = 0;
 	if (c->pool != NULL && chunks > 1) {
 		struct encode_parts e = { r, chunks,
-			                  chunks < c->codec_threads ? chunks : c->codec_threads,
-			                  flushed };
+			                  chunks < c->codec_threads ? chunks : c->codec_threads };
 		aps_pool_run(c->pool, e.parts, encode_part, &e);
-		for (uint32_t p = 0; p < e.parts; p++)
-			r->flushed += flushed[p];
 	} else {
 		for (uint32_t i = 0; i < chunks; i++)
-			r->flushed += encode_chunk(r, i);
+			r->flushed[i] = encode_chunk(r, i);
 	}
+	atomic_store_explicit(&r->encoded, chunks, memory_order_release);
 	aps_trace_stage(c->trace, "quantize", t0,
 	                &(struct aps_trace_at){ c->job, r->name, r->step, 0 });
 	return 0;
+}
+
+bool aps_request_unsent(const struct aps_request *r)
+{
+	return r->codes != NULL &&
+	       atomic_load_explicit(&r->encoded, memory_order_acquire) > r->sent;
 }
 
 /* codec_threads: the scan in ranges over the client's pool. */
@@ -299,6 +308,40 @@ static bool optimize_mode(const struct aps_client *c)
 }
 
 /*
+ * A tensor of several chunks coded on the caller's thread leaves chunk by chunk:
+ * queued first, each chunk published (r->encoded) as its codes are final, the
+ * I/O thread woken to send it while this thread codes the next. Its results may
+ * come back meanwhile: they land in other chunks' elements of buf.
+ */
+#define STREAM_WAKE (1u << 16)
+
+static int stream(struct aps_client *c, struct aps_request *r, aps_request **out)
+{
+	uint32_t chunks = aps_request_chunks(r);
+	/* A wake-up costs the I/O thread a few microseconds: one per STREAM_WAKE elements. */
+	uint32_t stride =
+	        r->chunk_elems >= STREAM_WAKE ? 1 : (uint32_t)(STREAM_WAKE / r->chunk_elems);
+	uint64_t t0 = c->trace != NULL ? aps_trace_now() : 0;
+	int ret;
+
+	if (alloc_codes(c, r) < 0) {
+		aps_request_free(r);
+		return aps_api_fail(APS_ENOMEM, "out of memory for the codes");
+	}
+	if ((ret = submit(c, r, out)) < 0)
+		return ret;
+	for (uint32_t i = 0; i < chunks; i++) {
+		r->flushed[i] = encode_chunk(r, i);
+		atomic_store_explicit(&r->encoded, i + 1, memory_order_release);
+		if ((i + 1) % stride == 0 || i + 1 == chunks)
+			aps_client_wake(c);
+	}
+	aps_trace_stage(c->trace, "quantize", t0,
+	                &(struct aps_trace_at){ c->job, r->name, r->step, 0 });
+	return ret;
+}
+
+/*
  * The gradient half of an all-reduce, of a partition of one (whole_max: the
  * whole tensor's max, scanned by the caller) or of an optimizer step: the
  * scan, error feedback, the exponent and the codes; then r is queued.
@@ -323,20 +366,20 @@ static int start_reduce(aps_client *c, struct aps_request *r, const float *whole
 	}
 	if (c->error_feedback && !aps_format_is_fp32(&r->fmt)) {
 		if (add_residual(c, r) < 0) {
-			free(r->corrected);
-			free(r);
+			aps_request_free(r);
 			return aps_api_fail(APS_ENOMEM, "out of memory for error feedback");
 		}
 		maxabs = aps_codec_maxabs(r->src, r->count); /* of what is sent: the sum */
 	}
 	scale(c, r, maxabs);
 	/* Global mode encodes when the daemon has sent the shared exponent. */
-	if (c->scaling != APS_SCALING_GLOBAL || aps_format_is_fp32(&r->fmt)) {
-		if (aps_request_encode(c, r) < 0) {
-			free(r->corrected);
-			free(r);
-			return aps_api_fail(APS_ENOMEM, "out of memory for the codes");
-		}
+	if (c->scaling == APS_SCALING_GLOBAL && !aps_format_is_fp32(&r->fmt))
+		return submit(c, r, out);
+	if (c->pool == NULL && aps_request_chunks(r) > 1)
+		return stream(c, r, out);
+	if (aps_request_encode(c, r) < 0) {
+		aps_request_free(r);
+		return aps_api_fail(APS_ENOMEM, "out of memory for the codes");
 	}
 	return submit(c, r, out);
 }
@@ -441,7 +484,7 @@ int aps_conn_broadcast_start(aps_client *c, uint32_t tensor_id, float *buf, uint
 	r->fmt = aps_format_fp32();
 	/* Only the root sends values; the others ask. */
 	if (c->rank == 0 && aps_request_encode(c, r) < 0) {
-		free(r);
+		aps_request_free(r);
 		return aps_api_fail(APS_ENOMEM, "out of memory");
 	}
 	return submit(c, r, out);

@@ -203,6 +203,41 @@ def test_trace_timelines_of_daemon_and_workers(daemon_factory, tmp_path):
         assert all(e["dur"] >= 0 for e in worker if e["ph"] == "X")
 
 
+def test_a_tensor_of_many_chunks_leaves_while_it_is_coded(daemon_factory, tmp_path):
+    """The worker queues a tensor of several chunks before coding it and the I/O
+    thread sends each chunk as its codes are final: in the worker's timeline the
+    push starts before the quantization ends (one after the other before)."""
+    d = daemon_factory(extra=["--chunk_bytes", "1M"])  # 64 chunks, ~20 ms of coding
+    trace = tmp_path / "rank0.trace.json"
+    p = start_worker(d.endpoint, 0, 1, [1 << 24], steps=3, env={"APS_TRACE": str(trace)})
+    assert p.wait(timeout=60) == 0, p.stdout.read()
+    events = [e for e in json.loads(trace.read_text()) if e["ph"] == "X"]
+    quantize = [e for e in events if e["name"] == "quantize"]
+    push = [e for e in events if e["name"] == "push"]
+    assert len(quantize) == len(push) == 3, events
+    for q, s in zip(quantize, push):
+        assert s["ts"] < q["ts"] + q["dur"], (q, s)
+
+
+def test_flushed_values_are_counted_in_every_chunk(daemon_factory):
+    """Each chunk carries the count of values its codes flushed to zero: a tensor
+    spread over 24 binades reports the same share in 1 chunk and in 123."""
+    shares = []
+    for chunk_bytes in ("4M", "16k"):
+        d = daemon_factory(extra=["--chunk_bytes", chunk_bytes])
+        p = start_worker(d.endpoint, 0, 1, [500_000], steps=2, wide=0, sleep_ms=1500)
+        deadline = time.monotonic() + 20  # read while the worker sleeps before step 2
+        while time.monotonic() < deadline:
+            tensors = ask(stats_path(d), "tensors")["tensors"]
+            if tensors and tensors[0]["steps"] >= 1:
+                break
+            time.sleep(0.05)
+        shares.append(tensors[0]["flushed_fraction"])
+        assert p.wait(timeout=60) == 0, p.stdout.read()
+        d.stop()
+    assert shares[0] > 0.01 and shares[1] == shares[0], shares
+
+
 def test_trace_is_json_while_apsd_runs_and_names_the_job(daemon_factory, tmp_path):
     # Before: stdio's buffer cut the file mid-record while apsd ran, and no event
     # said its job. A job name with a quote and a backslash must not break the JSON.
