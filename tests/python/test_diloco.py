@@ -86,6 +86,42 @@ def test_outer_steps_are_nesterov_on_the_mean_pseudo_gradient(apsd, fmt, scaling
             m.data.copy_(torch.from_numpy(got))  # follow the daemon's own master
 
 
+def rank_average(rank, world, endpoint, steps, every):
+    torch.set_num_threads(1)
+    model = model_of(rank)
+    inner = torch.optim.AdamW(model.parameters(), lr=0.01)
+    spec = aps.torch.optimizer_spec("sgd", momentum=0)  # no Nesterov without momentum
+    with aps.Client(endpoint, rank, world, format="fp32", optimizer=spec,
+                    job="average") as client:
+        diloco = aps.torch.DiLoCo(model, inner, client, sync_every=every, outer_lr=1.0,
+                                  outer_momentum=0.0)
+        rng = np.random.default_rng(rank)
+        snaps = []
+        for step in range(steps):
+            x = torch.from_numpy(rng.standard_normal((16, 8)).astype(np.float32))
+            inner.zero_grad()
+            torch.nn.functional.mse_loss(model(x), x.sum(1, keepdim=True).sin()).backward()
+            inner.step()
+            local = [p.detach().clone().numpy() for p in model.parameters()]
+            if diloco.step():
+                snaps.append((local, [p.detach().clone().numpy() for p in model.parameters()]))
+        return snaps
+
+
+def test_outer_lr_1_without_momentum_averages_the_workers_weights(apsd):
+    """The setting docs/RESULTS.md recommends at small H: every sync leaves every
+    rank with the mean of the ranks' weights (fp32: to its rounding)."""
+    world = 3
+    results = run_ranks(rank_average, world, apsd, 8, 4)
+    for s in range(2):
+        mean = [sum(results[r][s][0][i] for r in range(world)) / world
+                for i in range(len(results[0][s][0]))]
+        for r in range(world):
+            for got, want in zip(results[r][s][1], mean):
+                np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        assert not np.allclose(results[0][s][0][0], results[1][s][0][0])  # they had moved apart
+
+
 def test_diloco_needs_the_outer_optimizer_on_the_client(apsd):
     model = model_of(0)
     inner = torch.optim.SGD(model.parameters(), lr=0.1)

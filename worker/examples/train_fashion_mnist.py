@@ -82,6 +82,8 @@ def parse_args(argv=None):
                     help="DiLoCo: SGD on each worker alone, every H steps the outer "
                     "Nesterov step on apsd (0: all-reduce every step)")
     ap.add_argument("--outer-lr", type=float, default=0.7)
+    ap.add_argument("--outer-momentum", type=float, default=0.9,
+                    help="DiLoCo: the outer Nesterov momentum (0: plain averaging at lr 1)")
     ap.add_argument("--fragments", type=int, default=1,
                     help="DiLoCo: parameters synchronised in this many staggered fragments")
     ap.add_argument("--stats", help="the daemon's stats socket: rank 0 reads every tensor's "
@@ -179,7 +181,9 @@ def train(args, client):
     elif args.diloco:  # the inner optimizer alone; the outer step every H steps
         opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
         outer = aps.torch.DiLoCo(model, opt, client, sync_every=args.diloco,
-                                 outer_lr=args.outer_lr, fragments=args.fragments)
+                                 outer_lr=args.outer_lr, outer_momentum=args.outer_momentum,
+                                 nesterov=args.outer_momentum > 0,
+                                 fragments=args.fragments)
     else:
         sgd = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
         opt = aps.torch.DistributedOptimizer(sgd, client,
@@ -244,7 +248,8 @@ def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(1)
     if args.diloco:
-        spec = aps.torch.optimizer_spec("sgd", momentum=0.9, nesterov=True)
+        spec = aps.torch.optimizer_spec("sgd", momentum=args.outer_momentum,
+                                           nesterov=args.outer_momentum > 0)
     elif args.server_optimizer:
         spec = aps.torch.optimizer_spec("sgd", momentum=args.momentum)
     else:

@@ -59,6 +59,8 @@ def parse_args(argv=None):
                     help="DiLoCo: AdamW on each worker alone, every H steps the outer "
                     "Nesterov step on apsd (0: all-reduce every step)")
     ap.add_argument("--outer-lr", type=float, default=0.7)
+    ap.add_argument("--outer-momentum", type=float, default=0.9,
+                    help="DiLoCo: the outer Nesterov momentum (0: plain averaging at lr 1)")
     ap.add_argument("--fragments", type=int, default=1,
                     help="DiLoCo: parameters synchronised in this many staggered fragments")
     ap.add_argument("--overlap", type=int, default=0, metavar="T",
@@ -177,9 +179,11 @@ def train(args, client):
     if args.gloo:
         opt, outer = adamw, None
     elif args.diloco:  # the inner optimizer alone; the outer step every H steps
-        opt, outer = adamw, aps.torch.DiLoCo(model, adamw, client, sync_every=args.diloco,
-                                             outer_lr=args.outer_lr, fragments=args.fragments,
-                                             overlap=args.overlap, mix=args.mix)
+        opt, outer = adamw, aps.torch.DiLoCo(
+            model, adamw, client, sync_every=args.diloco, outer_lr=args.outer_lr,
+            outer_momentum=args.outer_momentum,
+            nesterov=args.outer_momentum > 0, fragments=args.fragments,
+            overlap=args.overlap, mix=args.mix)
     else:
         opt, outer = aps.torch.DistributedOptimizer(
             adamw, client, named_parameters=model.named_parameters()), None
@@ -231,7 +235,8 @@ def train(args, client):
 def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(1)
-    spec = aps.torch.optimizer_spec("sgd", momentum=0.9, nesterov=True) if args.diloco else None
+    spec = aps.torch.optimizer_spec("sgd", momentum=args.outer_momentum,
+                                    nesterov=args.outer_momentum > 0) if args.diloco else None
     comm = Gloo(args.gloo) if args.gloo else aps.Client.from_env(
         format=args.format, scaling=args.scaling,
         policy="auto" if args.policy == "auto" else None,
