@@ -117,7 +117,8 @@ void aps_request_finish_locked(struct aps_client *c, struct aps_request *r, int 
 	r->done = true;
 	if (r->kind == REQ_ALLREDUCE || r->kind == REQ_BROADCAST || r->kind == REQ_PULL) {
 		struct client_tensor *t = &c->tensors[r->tensor_id];
-		t->busy = NULL;
+		if (!r->coding)
+			t->busy = NULL;
 		if (result == 0 && r->kind != REQ_PULL)
 			t->step++;
 	}

@@ -87,6 +87,9 @@ struct aps_request {
 	 * several chunks after queuing it and the I/O thread sends each chunk as it
 	 * is ready (request.c stream). Written by the coding thread, release. */
 	_Atomic uint32_t encoded;
+	/* The caller still codes it (lock): a failure meanwhile leaves the tensor busy
+	 * until the coding ends, so that no other call takes its residual. */
+	bool coding;
 	uint32_t sent;    /* chunks handed to the socket, from the first (I/O thread) */
 	uint64_t push_ns; /* when the first chunk left, for the timeline's "push" */
 	uint32_t chunks, chunks_done;

@@ -328,6 +328,7 @@ static int stream(struct aps_client *c, struct aps_request *r, aps_request **out
 		aps_request_free(r);
 		return aps_api_fail(APS_ENOMEM, "out of memory for the codes");
 	}
+	r->coding = true;
 	if ((ret = submit(c, r, out)) < 0)
 		return ret;
 	for (uint32_t i = 0; i < chunks; i++) {
@@ -336,6 +337,11 @@ static int stream(struct aps_client *c, struct aps_request *r, aps_request **out
 		if ((i + 1) % stride == 0 || i + 1 == chunks)
 			aps_client_wake(c);
 	}
+	pthread_mutex_lock(&c->lock);
+	r->coding = false;
+	if (r->done && c->tensors[r->tensor_id].busy == r) /* it failed while we coded */
+		c->tensors[r->tensor_id].busy = NULL;
+	pthread_mutex_unlock(&c->lock);
 	aps_trace_stage(c->trace, "quantize", t0,
 	                &(struct aps_trace_at){ c->job, r->name, r->step, 0 });
 	return ret;
