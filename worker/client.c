@@ -162,6 +162,15 @@ static int start_io(struct aps_client *c)
 	return 0;
 }
 
+static void free_tensors(struct aps_client *c)
+{
+	for (uint32_t i = 0; i < c->n_tensors; i++) {
+		free(c->tensors[i].residual);
+		aps_sbuf_unref(c->tensors[i].spare);
+	}
+	free(c->tensors);
+}
+
 static void free_client(struct aps_client *c)
 {
 	aps_transport_close(c->tr, 0);
@@ -169,9 +178,7 @@ static void free_client(struct aps_client *c)
 		close(c->wake_fd);
 	aps_trace_close(c->trace);
 	aps_pool_free(c->pool);
-	for (uint32_t i = 0; i < c->n_tensors; i++)
-		free(c->tensors[i].residual);
-	free(c->tensors);
+	free_tensors(c);
 	free(c);
 }
 
@@ -232,9 +239,7 @@ int aps_conn_close(aps_client *c)
 		return 0;
 	if (c->pid != getpid()) {
 		/* A forked child: the parent's thread and socket are not ours to touch. */
-		for (uint32_t i = 0; i < c->n_tensors; i++)
-			free(c->tensors[i].residual);
-		free(c->tensors);
+		free_tensors(c);
 		free(c);
 		return 0;
 	}

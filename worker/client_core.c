@@ -121,6 +121,11 @@ void aps_request_finish_locked(struct aps_client *c, struct aps_request *r, int 
 			t->busy = NULL;
 		if (result == 0 && r->kind != REQ_PULL)
 			t->step++;
+		if (result == 0 && r->codes != NULL) { /* every chunk went: the next call's */
+			aps_sbuf_unref(t->spare);
+			t->spare = r->codes;
+			r->codes = NULL;
+		}
 	}
 	pthread_cond_broadcast(&c->done_cv);
 }

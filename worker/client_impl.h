@@ -40,6 +40,9 @@ struct client_tensor {
 	uint64_t step;            /* the next call's step */
 	uint64_t updates;         /* optimize mode: the daemon's update count at REGISTERED */
 	struct aps_request *busy; /* the call in flight on this tensor, or NULL */
+	/* The last call's codes, kept for the next (lock): fresh pages cost a fault per
+	 * 4 KiB, 7 % of a worker's CPU on ResNet-50 in e4m3. */
+	struct aps_sbuf *spare;
 };
 
 enum request_kind {

@@ -148,10 +148,22 @@ static int alloc_codes(struct aps_client *c, struct aps_request *r)
 {
 	uint32_t chunks = aps_request_chunks(r);
 	size_t off, n, len, at;
+	struct aps_sbuf *spare;
 
 	r->block = (uint32_t)aps_codec_payload_block(&r->fmt, c->block);
 	at = aps_request_chunk(r, chunks - 1, &off, &n, &len);
-	r->codes = aps_sbuf_new(at + len);
+	pthread_mutex_lock(&c->lock);
+	spare = c->tensors[r->tensor_id].spare;
+	c->tensors[r->tensor_id].spare = NULL;
+	pthread_mutex_unlock(&c->lock);
+	/* The last call's codes, unless ZeroMQ still holds a chunk of them. */
+	if (spare != NULL && spare->len == at + len &&
+	    atomic_load_explicit(&spare->refs, memory_order_acquire) == 1) {
+		r->codes = spare;
+	} else {
+		aps_sbuf_unref(spare);
+		r->codes = aps_sbuf_new(at + len);
+	}
 	r->flushed = calloc(chunks, sizeof(*r->flushed));
 	atomic_store_explicit(&r->encoded, 0, memory_order_relaxed);
 	return r->codes != NULL && r->flushed != NULL ? 0 : APS_ENOMEM;
