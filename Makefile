@@ -83,9 +83,16 @@ bench-allreduce: build
 # All-reduce on emulated clusters (network namespaces shaped with tc, as root): apsd with
 # 1, 2, 4 shards in fp32/e5m2/e4m3/e3m0 against gloo at 1 and 10 Gbit/s (~15 min;
 # bench-cluster-quick ~2 min; docs/PERFORMANCE.md). Not part of `make test` or `make bench`.
-.PHONY: bench-cluster bench-cluster-quick
+# bench-cluster-10g: issue 17's 10 Gbit/s rows alone (shared medium with 1 and 2 shards,
+# switched with co-located shards; fp32 and e4m3; raw ZeroMQ; gloo per tensor and with
+# DDP's buckets; ~5 min).
+.PHONY: bench-cluster bench-cluster-quick bench-cluster-10g
 bench-cluster: build
 	$(PYTHON) tests/bench/bench_cluster.py --build $(BUILD)
+
+bench-cluster-10g: build
+	$(PYTHON) tests/bench/bench_cluster.py --build $(BUILD) --rates 10gbit \
+		--kinds shared,switched --placements colocated --shards 1,2 --formats fp32,e4m3
 
 bench-cluster-quick: build
 	$(PYTHON) tests/bench/bench_cluster.py --build $(BUILD) --quick

@@ -266,15 +266,57 @@ def gloo_job(a, steps, warmup, timeout=180):
     return run_job("gloo-fp32", None, workers, timeout, a.out, env=env)
 
 
-def gloo_steps(dist, tensors, world, warmup, steps):
+def torch_cat_into(group, flat):
+    offset = 0
+    for t in group:
+        flat[offset:offset + t.numel()].copy_(t.view(-1))
+        offset += t.numel()
+
+
+def ddp_buckets(tensors, bucket_bytes, first_bytes=1 << 20):
+    """DDP's buckets (torch's compute_bucket_assignment_by_size): the tensors last
+    layer first, a bucket closed once it holds bucket_bytes of fp32 or more (the
+    first once it holds first_bytes, DDP's 1 MiB), each with a flat buffer."""
+    import torch
+    groups, group, size = [], [], 0
+    for t in reversed(tensors):
+        group.append(t)
+        size += t.numel() * 4
+        if size >= (first_bytes if not groups else bucket_bytes):
+            groups.append(group)
+            group, size = [], 0
+    if group:
+        groups.append(group)
+    return [(g, torch.empty(sum(t.numel() for t in g))) for g in groups]
+
+
+def gloo_steps(dist, tensors, world, warmup, steps, bucket_bytes=0):
     """warmup, then steps all-reduce steps of tensors through gloo (each after a
-    barrier, every tensor started last layer first, then waited for, as DDP's
-    buckets do); returns the timed steps' microseconds."""
+    barrier); returns the timed steps' microseconds. bucket_bytes 0: one
+    all_reduce per tensor, every one started last layer first, then waited for;
+    else as DistributedDataParallel does it: the tensors copied into flat buckets
+    of bucket_bytes (25 MiB is DDP's default), one all_reduce per bucket, the
+    results copied back."""
+    buckets = ddp_buckets(tensors, bucket_bytes) if bucket_bytes else None
+
     def step():
-        works = [dist.all_reduce(t, async_op=True) for t in reversed(tensors)]
-        for w, t in zip(works, reversed(tensors)):
+        if not buckets:
+            works = [dist.all_reduce(t, async_op=True) for t in reversed(tensors)]
+            for w, t in zip(works, reversed(tensors)):
+                w.wait()
+                t.div_(world)  # apsd returns the mean; gloo the sum
+            return
+        works = []
+        for group, flat in buckets:
+            torch_cat_into(group, flat)
+            works.append(dist.all_reduce(flat, async_op=True))
+        for w, (group, flat) in zip(works, buckets):
             w.wait()
-            t.div_(world)  # apsd returns the mean; gloo the sum
+            flat.div_(world)
+            offset = 0
+            for t in group:
+                t.view(-1).copy_(flat[offset:offset + t.numel()])
+                offset += t.numel()
 
     for _ in range(warmup):
         dist.barrier()

@@ -1,7 +1,9 @@
 #!/usr/bin/python3
 """All-reduce on emulated clusters (issue 8): apsd with 1, 2 and 4 shards in
 fp32, e5m2, e4m3 and e3m0 against torch.distributed gloo (fp32, ring) over
-the same shaped links, 4 workers, as root.
+the same shaped links, 4 workers, as root. Gloo runs twice: one all_reduce per
+tensor, and as DistributedDataParallel calls it (the tensors copied into flat
+25 MiB buckets, one all_reduce per bucket; --gloo-buckets).
 
 Geometries (deploy/netcluster.py builds and removes them):
 - shared: one namespace, loopback shaped to the rate; every byte shares it.
@@ -80,7 +82,8 @@ def gloo_worker(a):
     gen = torch.Generator().manual_seed(a.rank)
     tensors = [torch.randn(n, generator=gen) * 1e-3 for n in tensor_sizes(a.tensors)]
 
-    us = bench_allreduce.gloo_steps(dist, tensors, a.world, a.warmup, a.steps)
+    us = bench_allreduce.gloo_steps(dist, tensors, a.world, a.warmup, a.steps,
+                                    a.gloo_bucket_mb << 20)
     dist.barrier()
     if a.rank == 0:
         print("RESULT what=step " + " ".join(f"s{i}_us={u:.1f}" for i, u in enumerate(us)),
@@ -185,11 +188,12 @@ def raw_config(cluster, geo, fmt, a, logdir, port):
     return step_times(out)
 
 
-def gloo_config(cluster, geo, a, logdir, port):
-    name = f"{geo['name']}-gloo"
+def gloo_config(cluster, geo, a, logdir, port, bucket_mb):
+    name = f"{geo['name']}-gloo" + (f"-b{bucket_mb}" if bucket_mb else "")
     argvs = [[PYTHON, str(HERE / "bench_cluster.py"), "--gloo-worker", "--rank", str(r),
               "--world", str(WORLD), "--master", f"{cluster.addr(0)}:{port}", "--tensors",
-              a.tensors, "--steps", str(a.steps), "--warmup", str(a.warmup)]
+              a.tensors, "--steps", str(a.steps), "--warmup", str(a.warmup),
+              "--gloo-bucket-mb", str(bucket_mb)]
              for r in range(WORLD)]
     try:
         out = run_ranks(cluster, range(WORLD), argvs, a.timeout, logdir, name)
@@ -253,11 +257,13 @@ def run_geometry(geo, a, logdir, results):
             t = raw_config(cluster, geo, fmt, a, logdir, port)
             results.append(row(geo, "raw", fmt, 1, t, a))
             say(results[-1])
-        if a.gloo:
+        for bucket_mb in a.gloo_buckets if a.gloo else []:
             port += 10
             wait_quiet(a.wait_quiet)
-            t = gloo_config(cluster, geo, a, logdir, port)
-            results.append(row(geo, "gloo", "fp32", 0, t, a))
+            t = gloo_config(cluster, geo, a, logdir, port, bucket_mb)
+            system = "gloo-ddp" if bucket_mb else "gloo"
+            results.append(row(geo, system, "fp32", 0, t, a))
+            results[-1]["bucket_mb"] = bucket_mb
             say(results[-1])
 
 
@@ -265,11 +271,11 @@ def row(geo, system, fmt, shards, times, a):
     sizes = tensor_sizes(a.tensors)
     g = model.Geometry(kind=geo["kind"], placement=geo["placement"], workers=WORLD,
                        shards=shards, rate_bps=netcluster.parse_rate(geo["rate"]), mtu=a.mtu)
-    as_system = "apsd" if system == "raw" else system  # the same bytes
+    as_system = {"raw": "apsd", "gloo-ddp": "gloo"}.get(system, system)  # the same bytes
     busiest = model.busiest_link_bytes(g, as_system, fmt, sizes, a.partition_bytes)
     limit = busiest * 8 / g.rate_bps
     pred = model.predict(g, as_system, fmt, sizes, a.partition_bytes)
-    step = statistics.median(times) if system == "gloo" else times[0]
+    step = statistics.median(times) if system.startswith("gloo") else times[0]
     return {"geometry": geo["name"], "kind": geo["kind"], "placement": geo["placement"],
             "rate": geo["rate"], "system": system, "format": fmt, "shards": shards,
             "step_s": step, "steps_s": times, "busiest_bytes": busiest, "limit_s": limit,
@@ -292,11 +298,12 @@ def tables(results):
     for geo in dict.fromkeys(r["geometry"] for r in results):
         rows = [r for r in results if r["geometry"] == geo]
         gloo = next((r for r in rows if r["system"] == "gloo"), None)
+        ddp = next((r for r in rows if r["system"] == "gloo-ddp"), None)
         lines += ["", f"### {geo}", "",
                   "| system | shards | MB on busiest link | link limit ms | ms/step | "
-                  "utilisation | x apsd fp32 | x gloo | / raw ZeroMQ | model ms | "
-                  "model / measured |",
-                  "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
+                  "utilisation | x apsd fp32 | x gloo | x gloo, DDP buckets | / raw ZeroMQ | "
+                  "model ms | model / measured |",
+                  "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
         for r in rows:
             fp32 = next((x for x in rows if x["system"] == "apsd" and x["format"] == "fp32"
                          and x["shards"] == r["shards"]), None)
@@ -305,13 +312,16 @@ def tables(results):
             vs32 = f"{fp32['step_s'] / r['step_s']:.2f}" if fp32 and r["system"] == "apsd" \
                 else "-"
             vsg = f"{gloo['step_s'] / r['step_s']:.2f}" if gloo else "-"
+            vsddp = f"{ddp['step_s'] / r['step_s']:.2f}" if ddp else "-"
             vsraw = f"{r['step_s'] / raw['step_s']:.2f}" \
                 if raw and r["system"] == "apsd" and r["shards"] == 1 else "-"
-            label = "raw ZeroMQ " + r["format"] if r["system"] == "raw" else \
-                f"{r['system']} {r['format']}"
+            label = {"raw": f"raw ZeroMQ {r['format']}",
+                     "gloo": "gloo fp32, one all_reduce per tensor",
+                     "gloo-ddp": f"gloo fp32, DDP's {r.get('bucket_mb')} MiB buckets"}.get(
+                r["system"], f"{r['system']} {r['format']}")
             lines.append(f"| {label} | {r['shards'] or '-'} | {r['busiest_bytes'] / 1e6:.1f} | "
                          f"{r['limit_s'] * 1e3:.0f} | {r['step_s'] * 1e3:.0f} | "
-                         f"{r['utilisation'] * 100:.0f}% | {vs32} | {vsg} | {vsraw} | "
+                         f"{r['utilisation'] * 100:.0f}% | {vs32} | {vsg} | {vsddp} | {vsraw} | "
                          f"{r['model_s'] * 1e3:.0f} | {r['model_s'] / r['step_s']:.2f} |")
     return "\n".join(lines)
 
@@ -338,6 +348,10 @@ def main():
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--no-gloo", dest="gloo", action="store_false")
+    ap.add_argument("--gloo-buckets", default="0,25", metavar="MB,...",
+                    help="gloo runs: 0 = one all_reduce per tensor, M = DDP's way, flat "
+                    "buckets of M MiB (default both: 0,25)")
+    ap.add_argument("--gloo-bucket-mb", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--no-raw", dest="raw", action="store_false",
                     help="leave out the raw ZeroMQ echo of apsd's bytes (1 server)")
     ap.add_argument("--timeout", type=float, default=240, help="s per configuration")
@@ -361,6 +375,7 @@ def main():
     a.rates, a.kinds = a.rates.split(","), a.kinds.split(",")
     a.placements, a.formats = a.placements.split(","), a.formats.split(",")
     a.shards = [int(s) for s in a.shards.split(",")]
+    a.gloo_buckets = [int(m) for m in a.gloo_buckets.split(",")]
     if a.quick:
         a.rates, a.formats, a.steps = ["1gbit"], ["fp32", "e4m3"], 2
     DEADLINE[0] = time.monotonic() + a.budget
