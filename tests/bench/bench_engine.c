@@ -292,10 +292,9 @@ static double run_fed(const struct input *in, unsigned k, double seconds, uint32
 	uv_loop_t loop;
 	uint64_t step = 0, bytes = 0;
 	double t0, elapsed;
-	int ret;
-
-	uv_timer_t
-	        keep; /* apsd's loop has its sockets and timers; the engine's handle is unref'd */
+	int ret = 0;
+	/* apsd's loop has its sockets and timers; the engine's handle is unref'd */
+	uv_timer_t keep;
 
 	uv_loop_init(&loop);
 	uv_timer_init(&loop, &keep);
