@@ -70,7 +70,9 @@ size_t aps_msg_packed_size(const struct aps_msg *m)
 
 int aps_msg_pack(const struct aps_msg *m, uint8_t *buf, size_t cap, size_t *len)
 {
-	uint32_t crc = m != NULL && m->payload ? aps_crc32c(0, m->payload, m->payload_len) : 0;
+	uint32_t crc = m != NULL && m->payload && !(m->flags & APS_MSG_FLAG_NO_CRC)
+	                       ? aps_crc32c(0, m->payload, m->payload_len)
+	                       : 0;
 
 	return aps_msg_pack_with_crc(m, crc, buf, cap, len);
 }

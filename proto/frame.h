@@ -15,7 +15,7 @@
 #include <stdint.h>
 
 #define APS_PROTO_VERSION_MAJOR 1
-#define APS_PROTO_VERSION_MINOR 7
+#define APS_PROTO_VERSION_MINOR 8
 /* The oldest minor apsd lets join: 1.6 brought keepalives and session tokens. */
 #define APS_PROTO_VERSION_MINOR_JOIN 6
 
@@ -36,10 +36,13 @@
 #define APS_MSG_FLAG_RESUMED     (1u << 5) /* WELCOME: the connection came back (1.5) */
 #define APS_MSG_FLAG_RESUME      (1u << 6) /* HELLO: take the session `session` back (1.6) */
 #define APS_MSG_FLAG_ALIVE       (1u << 7) /* HEARTBEAT: about no call, liveness only (1.6) */
+/* HELLO: the job's payloads travel without CRC32C; a message with a payload: its
+ * payload_crc32c was not taken and is 0 (1.8) */
+#define APS_MSG_FLAG_NO_CRC (1u << 8)
 #define APS_MSG_FLAGS_KNOWN                                                                       \
 	(APS_MSG_FLAG_SKIP | APS_MSG_FLAG_LOWP_SUM | APS_MSG_FLAG_POLICY_AUTO |                   \
 	 APS_MSG_FLAG_UPDATE | APS_MSG_FLAG_REJOIN | APS_MSG_FLAG_RESUMED | APS_MSG_FLAG_RESUME | \
-	 APS_MSG_FLAG_ALIVE)
+	 APS_MSG_FLAG_ALIVE | APS_MSG_FLAG_NO_CRC)
 
 /* aps_msg.scaling when the sender states no mode (the job's default). */
 #define APS_MSG_SCALING_UNSET (-1)

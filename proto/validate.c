@@ -466,8 +466,18 @@ static int check_payload_bytes(struct check *c)
 		            "payload is %zu bytes, %" PRIu64 " %s codes%s need %zu", c->payload_len,
 		            m->chunk_count, c->fmt.name, m->block_size ? " and exponents" : "",
 		            need);
-	bad = aps_codec_crc_nonfinite(&c->fmt, c->payload, c->payload_len, (size_t)m->chunk_count,
-	                              &crc);
+	if (m->flags & APS_MSG_FLAG_NO_CRC) {
+		if (c->wire_crc != 0)
+			return fail(c, APS_MSG_FAULT_BAD_CRC,
+			            "payload flagged NO_CRC has CRC32C 0x%08" PRIx32
+			            " in its header",
+			            c->wire_crc);
+		bad = aps_codec_count_nonfinite(&c->fmt, c->payload, (size_t)m->chunk_count);
+		crc = 0;
+	} else {
+		bad = aps_codec_crc_nonfinite(&c->fmt, c->payload, c->payload_len,
+		                              (size_t)m->chunk_count, &crc);
+	}
 	if (crc != c->wire_crc)
 		return fail(c, APS_MSG_FAULT_BAD_CRC,
 		            "payload CRC32C is 0x%08" PRIx32 ", header says 0x%08" PRIx32, crc,

@@ -38,6 +38,8 @@ static void fan_out(struct aps_server *srv, struct aps_job *job, struct aps_tens
 	r.scaling = (int)job->scaling;
 	r.flushed = res->stats.flushed;
 	r.flags = res->lowp_sum ? APS_MSG_FLAG_LOWP_SUM : 0;
+	if (job->no_crc)
+		r.flags |= APS_MSG_FLAG_NO_CRC;
 	if (type == APS_MSG_RESULT && job->optim.kind != APS_OPTIM_NONE)
 		r.flags |= APS_MSG_FLAG_UPDATE; /* the payload is added to the weights */
 	snprintf(r.next_format, sizeof(r.next_format), "%s", next_format);

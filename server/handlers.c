@@ -234,6 +234,14 @@ void aps_handle_push(struct aps_server *srv, struct aps_session *s, const struct
 	}
 	if (aps_resend_push(srv, s, t, chunk, m))
 		return;
+	if (m->payload != NULL && ((m->flags & APS_MSG_FLAG_NO_CRC) != 0) != s->job->no_crc) {
+		srv->counters.bad_state++;
+		aps_outbox_error(srv, &s->peer, APS_EPROTO, m,
+		                 "job '%.64s' sends payloads %s CRC32C: this one %s", s->job->name,
+		                 s->job->no_crc ? "without" : "with",
+		                 s->job->no_crc ? "has one" : "has none");
+		return;
+	}
 	if (!aps_optimize_check_push(srv, s, t, m))
 		return;
 	if (contribution_of(in, m, &c) < 0) {

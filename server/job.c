@@ -198,6 +198,7 @@ int aps_job_add_tensor(struct aps_job *job, const char *name, uint64_t count, ui
 		return APS_ENOMEM;
 	}
 	t->round.absent = job->absent;
+	t->round.no_crc = job->no_crc;
 	t->round.block = job->block;
 	job->tensor_bytes += count * sizeof(float);
 	job->overhead_bytes += aps_job_tensor_overhead(job, count);

@@ -84,6 +84,7 @@ struct aps_job {
 	enum aps_scaling scaling;
 	bool downlink_auto; /* RESULT in each tensor's uplink format */
 	bool lowp;          /* sum rounded to the format after each addition */
+	bool no_crc;        /* payloads travel without CRC32C (the first HELLO's choice) */
 	bool elastic;       /* a lost rank shrinks the job instead of failing it */
 	struct aps_policy_config policy;
 	size_t chunk_elems; /* elements per chunk of its tensors */

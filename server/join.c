@@ -65,6 +65,10 @@ static bool options_differ(const struct aps_job *job, bool job_policy_auto, cons
 	         job->block != job_block(m))
 		snprintf(why, len, "job '%s' scales blocks of %u elements, rank %u asks for %u",
 		         job->name, job->block, m->rank, job_block(m));
+	else if (job->no_crc != ((m->flags & APS_MSG_FLAG_NO_CRC) != 0))
+		snprintf(why, len, "job '%s' sends payloads %s CRC32C, rank %u asks for them %s",
+		         job->name, job->no_crc ? "without" : "with", m->rank,
+		         job->no_crc ? "with" : "without");
 	else if (job->policy.automatic !=
 	         (job_policy_auto || (m->flags & APS_MSG_FLAG_POLICY_AUTO)))
 		snprintf(why, len, "job '%s' has policy '%s', rank %u asks for the other",
@@ -95,6 +99,7 @@ static int create_job(struct aps_server *srv, const struct aps_msg *m,
 	snprintf(job->token, sizeof(job->token), "%s", m->job_token);
 	job->created_ms = uv_now(srv->loop);
 	job->lowp = srv->opts.lowp;
+	job->no_crc = (m->flags & APS_MSG_FLAG_NO_CRC) != 0;
 	job->elastic = srv->opts.elastic;
 	job->policy = srv->opts.policy;
 	job->policy.automatic |= (m->flags & APS_MSG_FLAG_POLICY_AUTO) != 0;

@@ -319,6 +319,7 @@ static void send_weights(struct aps_server *srv, struct aps_session *s, struct a
 		r.chunk_count = n;
 		r.total_count = t->count;
 		snprintf(r.format, sizeof(r.format), "fp32");
+		r.flags = s->job->no_crc ? APS_MSG_FLAG_NO_CRC : 0;
 		aps_outbox_send(srv, &s->peer, &r, buf);
 		s->bytes_out += buf->len;
 		aps_sbuf_unref(buf);

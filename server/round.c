@@ -373,7 +373,7 @@ bool aps_round_recheck(struct aps_round *r, uint32_t chunk)
 	return aps_round_chunk_complete(r, chunk);
 }
 
-static int encode(const float *acc, size_t n, enum aps_scaling scaling, uint32_t block,
+static int encode(const float *acc, size_t n, enum aps_scaling scaling, uint32_t block, bool crc,
                   struct aps_round_result *res)
 {
 	struct aps_quant_opts o = { 0 };
@@ -391,7 +391,7 @@ static int encode(const float *acc, size_t n, enum aps_scaling scaling, uint32_t
 		return APS_ENOMEM;
 	ret = aps_codec_encode_payload(&res->fmt, acc, n, res->block, &o, res->payload->data, len,
 	                               &res->stats);
-	if (ret == 0)
+	if (ret == 0 && crc)
 		res->crc = aps_crc32c(0, res->payload->data, len);
 	return ret;
 }
@@ -463,7 +463,7 @@ static int encode_chunk(struct aps_round *r, uint32_t chunk, const struct aps_fo
 		aps_codec_divide(acc, n, (float)r->chunks[chunk].summed);
 	if (r->transform != NULL)
 		r->transform(r->transform_ctx, r->kind, res->offset, acc, n);
-	ret = encode(acc, n, scaling, r->block, res);
+	ret = encode(acc, n, scaling, r->block, !r->no_crc, res);
 	aps_trace_stage(r->trace, "quantize", t0, &AT(r, chunk));
 	if (ret == 0 && scratch != NULL)
 		measure_error(acc, n, scratch, res);

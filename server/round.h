@@ -61,6 +61,7 @@ struct aps_round {
 	size_t chunk_elems; /* elements per chunk, a multiple of 8; the last may be shorter */
 	uint32_t n_chunks;
 	bool lowp;      /* sum rounded to the format after every addition */
+	bool no_crc;    /* results travel without CRC32C (the job's choice) */
 	uint32_t block; /* scaling block: elements per block of every payload but fp32 */
 	uint64_t step;  /* the step being collected */
 	enum aps_round_kind kind;

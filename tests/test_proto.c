@@ -816,6 +816,30 @@ static void test_proto_rejects_flipped_payload_bit(void **state)
 	}
 }
 
+/* NO_CRC: no CRC to check (a flipped bit passes, by the job's choice), a CRC in the
+ * header is refused, and inf/NaN codes are still found. */
+static void test_proto_no_crc_payloads(void **state)
+{
+	static uint8_t copy[CHUNK];
+	struct aps_msg m;
+	size_t len;
+
+	(void)state;
+	make_valid(&m, APS_MSG_PUSH);
+	m.flags = APS_MSG_FLAG_NO_CRC;
+	expect_ok(parse_msg(&m, false));
+	memcpy(copy, codes, sizeof(copy));
+	copy[5] ^= 0x80; /* the sign: still a finite code */
+	expect_ok(parse_with(&m, false, copy, sizeof(copy), true));
+	assert_int_equal(aps_msg_pack_with_crc(&m, 0x1234u, hdr, sizeof(hdr), &len), 0);
+	expect_fault(aps_msg_parse(limits(false), hdr, len, m.payload, m.payload_len, true, &parsed,
+	                           &fault),
+	             APS_MSG_FAULT_BAD_CRC);
+	memcpy(copy, codes, sizeof(copy));
+	copy[3] = 0x7f; /* e4m3: NaN */
+	expect_fault(parse_with(&m, false, copy, sizeof(copy), true), APS_MSG_FAULT_NONFINITE);
+}
+
 static void test_proto_rejects_missing_and_unexpected_payload(void **state)
 {
 	struct aps_msg m;
@@ -1047,6 +1071,7 @@ int main(void)
 		cmocka_unit_test(test_proto_rejects_flipped_payload_bit),
 		cmocka_unit_test(test_proto_rejects_missing_and_unexpected_payload),
 		cmocka_unit_test(test_proto_rejects_nonfinite_codes),
+		cmocka_unit_test(test_proto_no_crc_payloads),
 		cmocka_unit_test(test_proto_rejects_nonfinite_packed_codes),
 		cmocka_unit_test(test_proto_rejects_every_truncated_header),
 		cmocka_unit_test(test_proto_survives_random_garbage),

@@ -83,6 +83,8 @@ static int check_opts(const struct aps_client_opts *o, struct aps_format *fmt,
 	if (o->codec_threads > APS_CLIENT_CODEC_THREADS_MAX)
 		return aps_api_fail(APS_EINVAL, "codec_threads %u: at most %d", o->codec_threads,
 		                    APS_CLIENT_CODEC_THREADS_MAX);
+	if (o->no_payload_crc != 0 && o->no_payload_crc != 1)
+		return aps_api_fail(APS_EINVAL, "no_payload_crc %d: 0 or 1", o->no_payload_crc);
 	if (o->timeout_ms <= 0 || o->heartbeat_ms <= 0)
 		return aps_api_fail(APS_EINVAL, "timeout_ms and heartbeat_ms must be positive");
 	if (o->connect_timeout_ms < 0)
@@ -125,6 +127,7 @@ static void copy_opts(struct aps_client *c, const struct aps_client_opts *o,
 	c->wake_fd = -1;
 	c->policy_auto = o->policy_auto != 0;
 	c->error_feedback = o->error_feedback != 0;
+	c->no_crc = o->no_payload_crc != 0;
 	c->rejoin = o->rejoin != 0;
 	snprintf(c->rules, sizeof(c->rules), "%s", o->rules != NULL ? o->rules : "");
 	snprintf(c->optimizer, sizeof(c->optimizer), "%s",

@@ -128,6 +128,7 @@ struct aps_client {
 	void *log_ctx;
 	struct aps_trace *trace; /* NULL: no timeline */
 	bool policy_auto, error_feedback;
+	bool no_crc;                           /* the job's payloads travel without CRC32C */
 	char optimizer[APS_MSG_OPTIM_MAX + 1]; /* the job's, as WELCOME says; "": all-reduce */
 	char job_token[APS_MSG_TOKEN_MAX + 1]; /* "": none */
 	char rules[512];

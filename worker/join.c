@@ -231,7 +231,8 @@ int aps_join(struct aps_client *c, const char *downlink)
 	m.has_session = true;
 	m.scaling = (int)c->scaling;
 	m.block_size = c->block;
-	m.flags = c->policy_auto ? APS_MSG_FLAG_POLICY_AUTO : 0;
+	m.flags = (c->policy_auto ? APS_MSG_FLAG_POLICY_AUTO : 0) |
+	          (c->no_crc ? APS_MSG_FLAG_NO_CRC : 0);
 	snprintf(m.optimizer, sizeof(m.optimizer), "%s", c->optimizer);
 	snprintf(m.job_token, sizeof(m.job_token), "%s", c->job_token);
 	if (downlink != NULL && strcmp(downlink, "auto") != 0)

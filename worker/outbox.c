@@ -49,6 +49,8 @@ static int send_chunks(struct aps_client *c, struct aps_request *r, uint32_t fro
 			continue;
 		}
 		m.flushed = r->flushed[i]; /* apsd sums the chunks' counts */
+		if (c->no_crc)
+			m.flags |= APS_MSG_FLAG_NO_CRC;
 		snprintf(m.format, sizeof(m.format), "%s", r->fmt.name);
 		m.block_size = r->block;
 		if (aps_client_send(c, &m, r->codes, r->codes->data + at, len) < 0)

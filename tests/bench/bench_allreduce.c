@@ -35,6 +35,7 @@ struct args {
 	int64_t partition_bytes; /* several endpoints: opts.partition_bytes (0: default) */
 	bool codec_floor;        /* rank 0 times the codec's passes of one step */
 	int codec_threads;       /* opts.codec_threads */
+	bool no_crc;             /* opts.no_payload_crc */
 };
 
 struct worker {
@@ -60,7 +61,8 @@ static void usage(void)
 	        "         [--format F] [--scaling none|local|global] [--tensors resnet50|N]\n"
 	        "         [--steps N] [--warmup N] [--blocking] [--time-chunk N] "
 	        "[--timeout_ms MS]\n"
-	        "         [--partition-bytes N] (--endpoint A,B,...: one apsd shard each)\n");
+	        "         [--partition-bytes N] (--endpoint A,B,...: one apsd shard each)\n"
+	        "         [--codec-floor] [--codec-threads K] [--no-crc]\n");
 }
 
 static int parse_scaling(const char *s)
@@ -91,6 +93,7 @@ static int parse(struct args *a, int argc, char **argv)
 		                               { "partition-bytes", 1, 0, 'p' },
 		                               { "codec-floor", 0, 0, 'F' },
 		                               { "codec-threads", 1, 0, 'T' },
+		                               { "no-crc", 0, 0, 'C' },
 		                               { 0, 0, 0, 0 } };
 	int opt;
 
@@ -150,6 +153,9 @@ static int parse(struct args *a, int argc, char **argv)
 		case 'T':
 			a->codec_threads = atoi(optarg);
 			break;
+		case 'C':
+			a->no_crc = true;
+			break;
 		default:
 			return -1;
 		}
@@ -176,6 +182,7 @@ static void connect_worker(struct worker *w, const struct args *a)
 	o.timeout_ms = a->timeout_ms;
 	o.partition_bytes = (uint64_t)a->partition_bytes;
 	o.codec_threads = (uint32_t)(a->codec_threads > 0 ? a->codec_threads : 0);
+	o.no_payload_crc = a->no_crc ? 1 : 0;
 	w->rank = a->rank;
 	ret = aps_client_new(&w->c, &o);
 	if (ret < 0)

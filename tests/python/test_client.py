@@ -309,3 +309,44 @@ def test_close_lets_queued_calls_finish(apsd):
     handles = [c.allreduce_async(f"q{i}", x) for i, x in enumerate(xs)]
     c.close()
     assert [h.wait()[0] for h in handles] == [0, 1, 2, 3, 4]
+
+
+# -- payloads without CRC32C (payload_crc=False) ------------------------------
+
+def rank_crc(rank, world, endpoint, job, crc):
+    """e4m3 all-reduces of a tensor of 3 chunks (apsd's 4 MiB default) and an fp32
+    broadcast, in a job whose payloads carry a CRC32C or not."""
+    rng = np.random.default_rng(rank)
+    with aps.Client(endpoint, rank, world, format="e4m3", job=job, payload_crc=crc) as c:
+        out = []
+        for step in range(2):
+            x = (rng.standard_normal(3 << 20) * 2.0 ** -(6 + step)).astype(np.float32)
+            out.append(np.array(c.allreduce("g", x)))
+        b = np.arange(1000, dtype=np.float32) * (rank + 1)
+        out.append(np.array(c.broadcast("b", b)))
+        return out
+
+
+def test_payloads_without_crc_give_the_same_results(apsd):
+    with_crc = run_ranks(rank_crc, 2, apsd, "crc", True)
+    without = run_ranks(rank_crc, 2, apsd, "nocrc", False)
+    for rank in range(2):
+        for a, b in zip(with_crc[rank], without[rank]):
+            assert np.array_equal(a, b), f"rank {rank}"
+    assert np.array_equal(without[1][2], np.arange(1000, dtype=np.float32))
+
+
+def rank_crc_mismatch(rank, world, endpoint):
+    try:
+        with aps.Client(endpoint, rank, world, job="crc-mixed", payload_crc=rank == 0,
+                        timeout_ms=5000) as c:
+            c.barrier()
+    except aps.Error as e:
+        return e.name, str(e)
+    return None, ""
+
+
+def test_ranks_that_disagree_on_the_crc_are_refused(apsd):
+    # The first HELLO fixes the job's choice; the other rank's is refused saying why.
+    got = run_ranks(rank_crc_mismatch, 2, apsd)
+    assert any(name == "APS_EMISMATCH" and "CRC32C" in text for name, text in got), got

@@ -86,6 +86,7 @@ class ClientOpts(ctypes.Structure):
         ("connect_timeout_ms", ctypes.c_int32),
         ("block_size", ctypes.c_uint32),
         ("codec_threads", ctypes.c_uint32),
+        ("no_payload_crc", ctypes.c_int32),
     ]
 
 
