@@ -136,6 +136,9 @@ struct aps_client {
 	pthread_t io;
 	bool io_started;
 	int wake_fd;
+	/* A caller published coded chunks since the I/O thread last looked (request.c
+	 * stream): without it the I/O thread need not scan its calls for them. */
+	atomic_bool coded;
 	pthread_mutex_t lock;
 	pthread_cond_t done_cv;
 	struct aps_request *queue; /* new requests, oldest first (lock) */

@@ -90,6 +90,8 @@ static void send_coded(struct aps_client *c)
 {
 	struct aps_request *r, *next;
 
+	if (!atomic_exchange_explicit(&c->coded, false, memory_order_acq_rel))
+		return;
 	for (r = c->active; r != NULL; r = next) {
 		next = r->next;
 		if (r->state == REQ_SENT && aps_request_unsent(r) && aps_outbox_more(c, r) < 0)

@@ -346,8 +346,10 @@ static int stream(struct aps_client *c, struct aps_request *r, aps_request **out
 	for (uint32_t i = 0; i < chunks; i++) {
 		r->flushed[i] = encode_chunk(r, i);
 		atomic_store_explicit(&r->encoded, i + 1, memory_order_release);
-		if ((i + 1) % stride == 0 || i + 1 == chunks)
+		if ((i + 1) % stride == 0 || i + 1 == chunks) {
+			atomic_store_explicit(&c->coded, true, memory_order_release);
 			aps_client_wake(c);
+		}
 	}
 	pthread_mutex_lock(&c->lock);
 	r->coding = false;
