@@ -179,6 +179,15 @@ class Peer:
         self.sock.close(linger=0)
 
 
+def keep_alive(peers, job, reader):
+    """One HEARTBEAT flagged ALIVE from every rank (peers by rank), then every reply
+    waiting at `reader` read: a flooding rank stays a live rank with room to receive."""
+    for r, p in enumerate(peers):
+        p.send(type=HEARTBEAT, job=job, rank=r, world_size=len(peers), flags=FLAG_ALIVE)
+    while reader.recv(0) is not None:
+        pass
+
+
 def open_fds(pid):
     return len(os.listdir(f"/proc/{pid}/fd"))
 

@@ -8,8 +8,8 @@ import numpy as np
 
 import aps
 from conftest import SANITIZED
-from peers import (ERROR, FLAG_ALIVE, HEARTBEAT, PUSH, REGISTER, REGISTERED, RESULT, WELCOME,
-                   Peer, open_fds, rss_kib, settle)
+from peers import (ERROR, PUSH, REGISTER, REGISTERED, RESULT, WELCOME,
+                   Peer, keep_alive, open_fds, rss_kib, settle)
 
 SCALING_BLOCK = 4  # aps.proto ScalingMode
 N = 200  # 7 blocks of 32, the last one short
@@ -113,10 +113,7 @@ def test_a_flood_of_wrong_blocks_holds_nothing(daemon):
         data, fields = kinds[i % len(kinds)]
         push(peers[1], 1, "flood", data, **fields)
         if i % 200 == 0:  # alive, and replies read
-            for r, p in enumerate(peers):
-                p.send(type=HEARTBEAT, job="flood", rank=r, world_size=2, flags=FLAG_ALIVE)
-            while peers[1].recv(0) is not None:
-                pass
+            keep_alive(peers, "flood", peers[1])
     for r, p in enumerate(peers):
         push(p, r, "flood", payload(values(r)))
     for p in peers:
