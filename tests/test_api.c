@@ -82,6 +82,22 @@ static void test_api_client_options_are_checked_first(void **state)
 	assert_string_equal(aps_strerror(APS_EACCES), "not allowed");
 }
 
+/* Codes calls check their client and buffers first: a NULL one is an error, never a crash. */
+static void test_api_codes_calls_check_their_arguments(void **state)
+{
+	struct aps_codes_layout send;
+	struct aps_codes_call call = { 0 };
+	aps_request *req = NULL;
+
+	(void)state;
+	assert_int_equal(aps_client_codes_layout(NULL, 0, &send, NULL), APS_EINVAL);
+	assert_int_equal(aps_client_allreduce_codes_start(NULL, 0, &call, 0, &req), APS_EINVAL);
+	assert_int_equal(aps_client_step_codes_start(NULL, 0, &call, 0.1f, 0, &req), APS_EINVAL);
+	assert_int_equal(aps_client_step_codes_start(NULL, 0, &call, -1.0f, 0, &req), APS_EINVAL);
+	assert_non_null(strstr(aps_last_error(), "learning rate"));
+	assert_null(req);
+}
+
 static void test_api_format_info(void **state)
 {
 	struct aps_format_info info;
@@ -101,6 +117,7 @@ int main(void)
 		cmocka_unit_test(test_api_roundtrip_with_exponent),
 		cmocka_unit_test(test_api_errors_carry_a_message),
 		cmocka_unit_test(test_api_format_info),
+		cmocka_unit_test(test_api_codes_calls_check_their_arguments),
 		cmocka_unit_test(test_api_client_options_are_checked_first),
 	};
 	return cmocka_run_group_tests_name("api", tests, NULL, NULL);

@@ -343,6 +343,70 @@ int aps_client_pull(aps_client *c, uint32_t tensor_id, float *weights, uint64_t 
  */
 int aps_client_tensor_updates(aps_client *c, uint32_t tensor_id, uint64_t *updates);
 
+/*
+ * Calls on codes the caller made: for a codec that runs where the gradient
+ * lives (a GPU, aps.torch), so that only codes cross to host memory and back.
+ * The caller encodes the tensor in the layout aps_client_codes_layout gives
+ * (the codes of aps_quantize, chunk after chunk; block scaling: each chunk's
+ * codes followed by its int8 block exponents, as aps_quantize_blocks gives
+ * them for that chunk), and decodes each result chunk itself. One daemon (no
+ * shards); not with global scaling (the exponent is exchanged before encoding)
+ * nor error_feedback (the caller keeps the residual of the codes it made).
+ */
+
+/** Where a tensor's codes lie, chunk after chunk (aps_client_codes_layout). */
+struct aps_codes_layout {
+	char format[16];      /* the codes' format */
+	uint64_t count;       /* elements */
+	uint64_t chunk_elems; /* elements of every chunk but the last (a multiple of 8,
+	                         of 64 with block scaling) */
+	uint32_t chunks;      /* chunks of the tensor, >= 1 */
+	uint32_t block;       /* block scaling: elements per block; 0: one exponent a chunk */
+	uint64_t chunk_bytes; /* bytes of every chunk but the last: chunk i starts there times i */
+	uint64_t bytes;       /* of every chunk */
+};
+
+/**
+ * The layout of the tensor's next call: what the caller sends (send) and
+ * where its result lands (result; the downlink format). Either may be NULL.
+ * The format can change between calls (the daemon's precision policy):
+ * ask before each. Returns 0, APS_EINVAL (not registered, shards) or
+ * APS_EBUSY (the tensor has a call in flight).
+ */
+int aps_client_codes_layout(aps_client *c, uint32_t tensor_id, struct aps_codes_layout *send,
+                            struct aps_codes_layout *result);
+
+/** The buffers of a codes call; the caller's until the request is waited for. */
+struct aps_codes_call {
+	const char *format;   /* the send layout's format: a stale one is APS_EMISMATCH */
+	const uint8_t *codes; /* the send layout's bytes (copied before the start returns) */
+	uint64_t codes_len;
+	int32_t scale_exp;      /* the codes hold x * 2^scale_exp (0 with block scaling) */
+	uint8_t *result;        /* the result layout's bytes, written as chunks arrive */
+	uint64_t result_len;    /* at least the result layout's bytes */
+	int32_t *result_exps;   /* chunk i's values are its codes times 2^-result_exps[i]
+	                           (block scaling: 0, the exponents are in the codes) */
+	uint32_t n_result_exps; /* at least the result layout's chunks */
+};
+
+/**
+ * Starts an all-reduce of codes: as aps_client_allreduce_start, but the
+ * tensor travels as call->codes and the mean comes back as codes in
+ * call->result. Codes of inf or NaN are refused before anything is sent
+ * (APS_ENONFINITE). Errors as aps_client_allreduce_start, plus APS_EINVAL
+ * (bad buffers or lengths, a scale exponent beyond +-320 or a block exponent
+ * beyond +-127, shards, global scaling, error feedback, optimize mode) and
+ * APS_EMISMATCH (call->format is not the tensor's format at this step).
+ */
+int aps_client_allreduce_codes_start(aps_client *c, uint32_t tensor_id,
+                                     const struct aps_codes_call *call, int32_t timeout_ms,
+                                     aps_request **req);
+
+/** Optimize mode: an optimizer step of codes; the update comes back as codes in call->result. */
+int aps_client_step_codes_start(aps_client *c, uint32_t tensor_id,
+                                const struct aps_codes_call *call, float lr, int32_t timeout_ms,
+                                aps_request **req);
+
 /** Waits until every rank of the job has entered the barrier (on every shard). */
 int aps_client_barrier(aps_client *c, int32_t timeout_ms);
 

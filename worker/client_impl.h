@@ -93,6 +93,12 @@ struct aps_request {
 	/* The caller still codes it (lock): a failure meanwhile leaves the tensor busy
 	 * until the coding ends, so that no other call takes its residual. */
 	bool coding;
+	/* A codes call (codes.c): results are stored as codes, not decoded; NULL: none. */
+	uint8_t *out_codes;
+	uint64_t out_len;
+	int32_t *out_exps;
+	struct aps_format out_fmt; /* what the results must be in */
+	uint32_t out_block;
 	uint32_t sent;    /* chunks handed to the socket, from the first (I/O thread) */
 	uint64_t push_ns; /* when the first chunk left, for the timeline's "push" */
 	uint32_t chunks, chunks_done;
@@ -130,6 +136,8 @@ struct aps_client {
 	bool policy_auto, error_feedback;
 	bool no_crc;                           /* the job's payloads travel without CRC32C */
 	char optimizer[APS_MSG_OPTIM_MAX + 1]; /* the job's, as WELCOME says; "": all-reduce */
+	struct aps_format downlink;            /* the job's, as WELCOME says */
+	bool downlink_fixed;                   /* false: results in each tensor's format */
 	char job_token[APS_MSG_TOKEN_MAX + 1]; /* "": none */
 	char rules[512];
 	struct aps_msg_limits limits;
@@ -288,6 +296,24 @@ uint32_t aps_request_chunks(const struct aps_request *r);
  */
 size_t aps_request_chunk(const struct aps_request *r, uint32_t i, size_t *off, size_t *n,
                          size_t *len);
+
+/* Queues r unless the client already failed for good; on failure r is freed. */
+int aps_request_submit(struct aps_client *c, struct aps_request *r, aps_request **out);
+/* A data call's request, checked against the tensor table: buf the caller's floats
+ * (results land there), data what the call reads (buf, or a codes call's codes),
+ * count its elements (APS_REQUEST_TENSOR_COUNT: the tensor's, whatever they are). */
+#define APS_REQUEST_TENSOR_COUNT UINT64_MAX
+int aps_request_data(struct aps_client *c, enum request_kind kind, uint32_t tensor_id, float *buf,
+                     const void *data, uint64_t count, int32_t timeout_ms,
+                     struct aps_request **out);
+/* The buffer of r's codes and its per-chunk counts; no chunk coded yet. */
+int aps_request_alloc_codes(struct aps_client *c, struct aps_request *r);
+/* The job steps an optimizer on the daemon. */
+bool aps_client_optimize_mode(const struct aps_client *c);
+
+/* codes.c: chunk of a codes call's result into the caller's buffers; APS_EPROTO when
+ * it does not fit the call's result layout. */
+int aps_codes_take_result(struct aps_request *r, const struct aps_msg *m, uint32_t chunk);
 
 /* Encodes r's data for the wire once its scale exponent is known. */
 int aps_request_encode(struct aps_client *c, struct aps_request *r);

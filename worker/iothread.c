@@ -231,15 +231,34 @@ static bool chunk_of(const struct aps_request *r, const struct aps_msg *m, uint3
 	return *chunk < r->chunks;
 }
 
+/* Chunk m of r's result into the caller's buffers: NULL, or why it does not fit. */
+static const char *store_result(const struct aps_client *c, struct aps_request *r,
+                                const struct aps_msg *m, uint32_t chunk)
+{
+	float *out = r->buf + m->chunk_offset;
+
+	if (r->out_codes != NULL) /* a codes call: the caller decodes */
+		return aps_codes_take_result(r, m, chunk) < 0
+		               ? "a result chunk does not fit the codes call's result layout"
+		               : NULL;
+	/* Optimize mode: the update is added, exactly as the daemon adds it to its view. */
+	if (aps_codec_decode_payload(&m->fmt, m->payload, m->payload_len, m->chunk_count,
+	                             m->scale_exp, m->block_size,
+	                             r->update ? r->weights + m->chunk_offset : out, r->update) < 0)
+		return "a result chunk is too short";
+	/* The paper's lowp sum arrives as the sum: the mean is ours to take, in fp32. */
+	if (m->flags & APS_MSG_FLAG_LOWP_SUM)
+		aps_codec_divide(out, m->chunk_count, (float)c->world_size);
+	return NULL;
+}
+
 /* One chunk of a RESULT (or of a broadcast) into the caller's buffer. */
 static void on_result(struct aps_client *c, const struct aps_msg *m)
 {
 	enum request_kind kind = m->type == APS_MSG_RESULT ? REQ_ALLREDUCE : REQ_BROADCAST;
 	struct aps_request *r = find(c, kind, m->tensor_id, m->step);
-	const struct aps_format *f = &m->fmt;
+	const char *wrong;
 	uint32_t chunk;
-	float *out;
-	int ret;
 
 	if (r == NULL) {
 		aps_client_log(c, 3, "ignored a result for tensor %u step %llu", m->tensor_id,
@@ -255,21 +274,8 @@ static void on_result(struct aps_client *c, const struct aps_msg *m)
 	if (r->update != ((m->flags & APS_MSG_FLAG_UPDATE) != 0) && m->type == APS_MSG_RESULT)
 		return finish(c, r, APS_EPROTO, "a result is not the kind the call expects");
 	uint64_t t0 = c->trace != NULL ? aps_trace_now() : 0;
-	/* Optimize mode: the update is added, exactly as the daemon adds it to its view. */
-	if (r->update)
-		ret = aps_codec_decode_payload(f, m->payload, m->payload_len, m->chunk_count,
-		                               m->scale_exp, m->block_size,
-		                               r->weights + m->chunk_offset, true);
-	else
-		ret = aps_codec_decode_payload(f, m->payload, m->payload_len, m->chunk_count,
-		                               m->scale_exp, m->block_size,
-		                               r->buf + m->chunk_offset, false);
-	if (ret < 0)
-		return finish(c, r, APS_EPROTO, "a result chunk is too short");
-	out = r->buf + m->chunk_offset;
-	/* The paper's lowp sum arrives as the sum: the mean is ours to take, in fp32. */
-	if (m->flags & APS_MSG_FLAG_LOWP_SUM)
-		aps_codec_divide(out, m->chunk_count, (float)c->world_size);
+	if ((wrong = store_result(c, r, m, chunk)) != NULL)
+		return finish(c, r, APS_EPROTO, wrong);
 	if (m->next_format[0] != '\0')
 		switch_format(c, r, &m->next_fmt);
 	aps_trace_stage(

@@ -180,6 +180,8 @@ static int join_message(struct aps_client *c, const struct aps_rxmsg *rx)
 		                    c->endpoint, m.block_size, c->block, m.version_major,
 		                    m.version_minor);
 	snprintf(c->optimizer, sizeof(c->optimizer), "%s", m.optimizer);
+	c->downlink_fixed = m.format[0] != '\0';
+	c->downlink = m.fmt;
 	c->barrier_step = m.step; /* a rank back in an elastic job joins the next one */
 	aps_resume_welcomed(c, &m);
 	c->last_recv_ms = aps_client_now_ms();

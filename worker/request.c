@@ -34,8 +34,7 @@ static struct aps_request *new_request(struct aps_client *c, enum request_kind k
 	return r;
 }
 
-/* Queues r unless the client already failed for good; on failure r is freed. */
-static int submit(struct aps_client *c, struct aps_request *r, aps_request **out)
+int aps_request_submit(struct aps_client *c, struct aps_request *r, aps_request **out)
 {
 	int ret = 0;
 
@@ -143,8 +142,7 @@ static void encode_part(void *ctx, size_t part)
 		e->r->flushed[i] = encode_chunk(e->r, i);
 }
 
-/* The buffer of r's codes and its per-chunk counts; no chunk coded yet. */
-static int alloc_codes(struct aps_client *c, struct aps_request *r)
+int aps_request_alloc_codes(struct aps_client *c, struct aps_request *r)
 {
 	uint32_t chunks = aps_request_chunks(r);
 	size_t off, n, len, at;
@@ -174,7 +172,7 @@ int aps_request_encode(struct aps_client *c, struct aps_request *r)
 	uint32_t chunks = aps_request_chunks(r);
 	uint64_t t0 = c->trace != NULL ? aps_trace_now() : 0;
 
-	if (alloc_codes(c, r) < 0)
+	if (aps_request_alloc_codes(c, r) < 0)
 		return APS_ENOMEM;
 	if (c->pool != NULL && chunks > 1) {
 		struct encode_parts e = { r, chunks,
@@ -256,13 +254,15 @@ static int scale(struct aps_client *c, struct aps_request *r, float maxabs)
 }
 
 /* Checks the tensor of a data call and fills r's tensor fields (lock held). */
-static int tensor_of(struct aps_client *c, struct aps_request *r, const float *buf, uint64_t count)
+static int tensor_of(struct aps_client *c, struct aps_request *r, const void *buf, uint64_t count)
 {
 	struct client_tensor *t;
 
 	if (r->tensor_id >= c->n_tensors || c->tensors[r->tensor_id].count == 0)
 		return aps_api_fail(APS_EINVAL, "tensor id %u is not registered", r->tensor_id);
 	t = &c->tensors[r->tensor_id];
+	if (count == APS_REQUEST_TENSOR_COUNT)
+		count = t->count;
 	if (buf == NULL || count != t->count)
 		return aps_api_fail(APS_EINVAL,
 		                    "tensor '%.200s' has %llu elements, the call passes %llu%s",
@@ -279,9 +279,8 @@ static int tensor_of(struct aps_client *c, struct aps_request *r, const float *b
 	return 0;
 }
 
-/* A data call's request, checked against the tensor table. */
-static int data_request(struct aps_client *c, enum request_kind kind, uint32_t tensor_id,
-                        float *buf, uint64_t count, int32_t timeout_ms, struct aps_request **out)
+int aps_request_data(struct aps_client *c, enum request_kind kind, uint32_t tensor_id, float *buf,
+                     const void *data, uint64_t count, int32_t timeout_ms, struct aps_request **out)
 {
 	struct aps_request *r;
 	int ret = aps_client_check(c);
@@ -294,7 +293,7 @@ static int data_request(struct aps_client *c, enum request_kind kind, uint32_t t
 	r->buf = buf;
 	r->src = buf;
 	pthread_mutex_lock(&c->lock);
-	ret = tensor_of(c, r, buf, count);
+	ret = tensor_of(c, r, data, count);
 	pthread_mutex_unlock(&c->lock);
 	if (ret < 0) {
 		free(r);
@@ -314,7 +313,7 @@ static int refuse_nonfinite(struct aps_request *r, size_t nonfinite)
 	return ret;
 }
 
-static bool optimize_mode(const struct aps_client *c)
+bool aps_client_optimize_mode(const struct aps_client *c)
 {
 	return c->optimizer[0] != '\0';
 }
@@ -336,12 +335,12 @@ static int stream(struct aps_client *c, struct aps_request *r, aps_request **out
 	uint64_t t0 = c->trace != NULL ? aps_trace_now() : 0;
 	int ret;
 
-	if (alloc_codes(c, r) < 0) {
+	if (aps_request_alloc_codes(c, r) < 0) {
 		aps_request_free(r);
 		return aps_api_fail(APS_ENOMEM, "out of memory for the codes");
 	}
 	r->coding = true;
-	if ((ret = submit(c, r, out)) < 0)
+	if ((ret = aps_request_submit(c, r, out)) < 0)
 		return ret;
 	for (uint32_t i = 0; i < chunks; i++) {
 		r->flushed[i] = encode_chunk(r, i);
@@ -394,14 +393,14 @@ static int start_reduce(aps_client *c, struct aps_request *r, const float *whole
 	scale(c, r, maxabs);
 	/* Global mode encodes when the daemon has sent the shared exponent. */
 	if (c->scaling == APS_SCALING_GLOBAL && !aps_format_is_fp32(&r->fmt))
-		return submit(c, r, out);
+		return aps_request_submit(c, r, out);
 	if (c->pool == NULL && aps_request_chunks(r) > 1)
 		return stream(c, r, out);
 	if (aps_request_encode(c, r) < 0) {
 		aps_request_free(r);
 		return aps_api_fail(APS_ENOMEM, "out of memory for the codes");
 	}
-	return submit(c, r, out);
+	return aps_request_submit(c, r, out);
 }
 
 int aps_client_allreduce_part(aps_client *c, uint32_t tensor_id, float *buf, uint64_t count,
@@ -412,12 +411,12 @@ int aps_client_allreduce_part(aps_client *c, uint32_t tensor_id, float *buf, uin
 
 	if (out == NULL)
 		return aps_api_fail(APS_EINVAL, "request pointer is NULL");
-	if (c != NULL && optimize_mode(c))
+	if (c != NULL && aps_client_optimize_mode(c))
 		return aps_api_fail(APS_EINVAL,
 		                    "the job is in optimize mode (%s): use "
 		                    "aps_client_step",
 		                    c->optimizer);
-	ret = data_request(c, REQ_ALLREDUCE, tensor_id, buf, count, timeout_ms, &r);
+	ret = aps_request_data(c, REQ_ALLREDUCE, tensor_id, buf, buf, count, timeout_ms, &r);
 	if (ret < 0)
 		return ret;
 	return start_reduce(c, r, whole_max, out);
@@ -431,13 +430,14 @@ int aps_client_step_start(aps_client *c, uint32_t tensor_id, const float *grad, 
 
 	if (out == NULL || weights == NULL)
 		return aps_api_fail(APS_EINVAL, "request or weights pointer is NULL");
-	if (c != NULL && !optimize_mode(c))
+	if (c != NULL && !aps_client_optimize_mode(c))
 		return aps_api_fail(APS_EINVAL, "the job is in all-reduce mode: name an optimizer "
 		                                "in the client's options to step on the daemon");
 	if (!isfinite(lr) || lr < 0)
 		return aps_api_fail(APS_EINVAL, "learning rate %g is not finite and >= 0",
 		                    (double)lr);
-	ret = data_request(c, REQ_ALLREDUCE, tensor_id, (float *)grad, count, timeout_ms, &r);
+	ret = aps_request_data(c, REQ_ALLREDUCE, tensor_id, (float *)grad, (float *)grad, count,
+	                       timeout_ms, &r);
 	if (ret < 0)
 		return ret;
 	r->update = true;
@@ -461,13 +461,13 @@ int aps_client_pull(aps_client *c, uint32_t tensor_id, float *weights, uint64_t 
 	struct aps_request *r = NULL; /* set by data_request when it returns 0 */
 	int ret;
 
-	if (c != NULL && !optimize_mode(c))
+	if (c != NULL && !aps_client_optimize_mode(c))
 		return aps_api_fail(APS_EINVAL, "the job is in all-reduce mode: the daemon holds "
 		                                "no weights");
-	ret = data_request(c, REQ_PULL, tensor_id, weights, count, timeout_ms, &r);
+	ret = aps_request_data(c, REQ_PULL, tensor_id, weights, weights, count, timeout_ms, &r);
 	if (ret < 0)
 		return ret;
-	ret = submit(c, r, &r);
+	ret = aps_request_submit(c, r, &r);
 	if (ret < 0)
 		return ret;
 	return aps_conn_wait(r, NULL, updates);
@@ -498,7 +498,7 @@ int aps_conn_broadcast_start(aps_client *c, uint32_t tensor_id, float *buf, uint
 
 	if (out == NULL)
 		return aps_api_fail(APS_EINVAL, "request pointer is NULL");
-	ret = data_request(c, REQ_BROADCAST, tensor_id, buf, count, timeout_ms, &r);
+	ret = aps_request_data(c, REQ_BROADCAST, tensor_id, buf, buf, count, timeout_ms, &r);
 	if (ret < 0)
 		return ret;
 	r->fmt = aps_format_fp32();
@@ -507,7 +507,7 @@ int aps_conn_broadcast_start(aps_client *c, uint32_t tensor_id, float *buf, uint
 		aps_request_free(r);
 		return aps_api_fail(APS_ENOMEM, "out of memory");
 	}
-	return submit(c, r, out);
+	return aps_request_submit(c, r, out);
 }
 
 int aps_client_barrier_start(aps_client *c, int32_t timeout_ms, aps_request **out)
@@ -519,7 +519,7 @@ int aps_client_barrier_start(aps_client *c, int32_t timeout_ms, aps_request **ou
 		return ret;
 	if ((r = new_request(c, REQ_BARRIER, timeout_ms)) == NULL)
 		return aps_api_fail(APS_ENOMEM, "out of memory");
-	return submit(c, r, out);
+	return aps_request_submit(c, r, out);
 }
 
 int aps_conn_barrier(aps_client *c, int32_t timeout_ms)
@@ -560,7 +560,7 @@ int aps_client_register_as(aps_client *c, const char *name, uint64_t count, cons
 	if (format == NULL || aps_format_parse(format, &r->reg_fmt) < 0)
 		aps_rules_match(c->rules, name, &r->reg_fmt);
 	r->count = count;
-	ret = submit(c, r, &r);
+	ret = aps_request_submit(c, r, &r);
 	if (ret < 0)
 		return ret;
 	return aps_conn_wait(r, tensor_id, NULL);

@@ -23,11 +23,13 @@ def batch(rank, step):
     return torch.randn(5, 6, generator=g), torch.randint(0, 3, (5,), generator=g)
 
 
-def run_rank(endpoint, model, rank, world, fmt, steps, out):
-    client = aps.Client(endpoint, rank, world, format=fmt, job=f"so-{fmt}",
+def run_rank(endpoint, model, rank, world, fmt, steps, out, device_codec=False):
+    client = aps.Client(endpoint, rank, world, format=fmt, job=f"so-{fmt}-{device_codec}",
                         optimizer=aps.torch.optimizer_spec("sgd", momentum=0.9, nesterov=1),
                         timeout_ms=20000)
-    opt = aps.torch.ServerOptimizer(model, client, "sgd", lr=0.1, momentum=0.9, nesterov=1)
+    opt = aps.torch.ServerOptimizer(model, client, "sgd", lr=0.1, momentum=0.9, nesterov=1,
+                                    device_codec=device_codec)
+    assert opt.device_codec == device_codec
     out[rank] = {"resumed": opt.resumed_step, "grads": []}
     for step in range(steps):
         opt.zero_grad()
@@ -40,12 +42,13 @@ def run_rank(endpoint, model, rank, world, fmt, steps, out):
     client.close()
 
 
-def train(endpoint, fmt, world=2, steps=12):
+def train(endpoint, fmt, world=2, steps=12, device_codec=False):
     out = {}
     # different on each rank: the broadcast aligns them (built here: the seed is global)
     models = [make_model(seed=r) for r in range(world)]
     threads = [threading.Thread(target=run_rank, args=(endpoint, models[r], r, world, fmt,
-                                                        steps, out)) for r in range(world)]
+                                                        steps, out, device_codec))
+               for r in range(world)]
     for t in threads:
         t.start()
     for t in threads:
@@ -79,6 +82,15 @@ def test_server_optimizer_stays_near_the_master_in_e4m3(apsd):
             assert (mine - master).abs().max().item() < 0.02, name
     for a, b in zip(out[0]["weights"], out[1]["weights"]):
         assert torch.equal(a, b)
+
+
+def test_server_optimizer_device_codec_gives_the_host_paths_weights(apsd):
+    host, dev = train(apsd, "e4m3"), train(apsd, "e4m3", device_codec=True)
+    for rank in (0, 1):
+        for a, b in zip(host[rank]["weights"], dev[rank]["weights"]):
+            assert torch.equal(a.view(torch.int32), b.view(torch.int32))
+    for name, master in host[0]["master"].items():
+        assert torch.equal(master, dev[0]["master"][name])
 
 
 def test_server_optimizer_checks_its_arguments(apsd):

@@ -47,3 +47,29 @@ def _torch_buffer(x, what):
         raise ValueError(f"{what} must be a dense contiguous tensor (use .contiguous() "
                          "and copy the result back)")
     return x.data_ptr(), x.numel()
+
+
+_TORCH_DTYPES = {np.uint8: "uint8", np.int32: "int32"}
+
+
+def raw_buffer(x, dtype, what="x", writable=True):
+    """Returns (address, element count) of x's memory after checking that x is
+    a contiguous numpy array or CPU torch tensor of dtype (numpy.uint8 or
+    numpy.int32): the codes and exponents of aps.Client's codes calls."""
+    tensor_type = _torch_tensor_type()
+    if tensor_type is not None and isinstance(x, tensor_type):
+        import torch
+
+        want = getattr(torch, _TORCH_DTYPES[dtype])
+        if x.dtype != want or x.device.type != "cpu" or x.is_sparse or not x.is_contiguous():
+            raise TypeError(f"{what} must be a contiguous CPU tensor of {want}, not "
+                            f"{x.dtype} on {x.device}")
+        return x.data_ptr(), x.numel()
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"{what} must be a numpy.ndarray or torch.Tensor, "
+                        f"not {type(x).__name__}")
+    if x.dtype != dtype or not x.flags.c_contiguous:
+        raise TypeError(f"{what} must be a C-contiguous array of {np.dtype(dtype)}, not {x.dtype}")
+    if writable and not x.flags.writeable:
+        raise ValueError(f"{what} is read-only: results are written into it")
+    return x.ctypes.data, x.size

@@ -90,6 +90,33 @@ class ClientOpts(ctypes.Structure):
     ]
 
 
+class CodesLayout(ctypes.Structure):
+    """struct aps_codes_layout: where a tensor's codes lie, chunk after chunk."""
+    _fields_ = [
+        ("format", ctypes.c_char * 16),
+        ("count", ctypes.c_uint64),
+        ("chunk_elems", ctypes.c_uint64),
+        ("chunks", ctypes.c_uint32),
+        ("block", ctypes.c_uint32),
+        ("chunk_bytes", ctypes.c_uint64),
+        ("bytes", ctypes.c_uint64),
+    ]
+
+
+class CodesCall(ctypes.Structure):
+    """struct aps_codes_call: the buffers of a codes call."""
+    _fields_ = [
+        ("format", ctypes.c_char_p),
+        ("codes", ctypes.c_void_p),
+        ("codes_len", ctypes.c_uint64),
+        ("scale_exp", ctypes.c_int32),
+        ("result", ctypes.c_void_p),
+        ("result_len", ctypes.c_uint64),
+        ("result_exps", ctypes.c_void_p),
+        ("n_result_exps", ctypes.c_uint32),
+    ]
+
+
 class QuantizeStats(ctypes.Structure):
     _fields_ = [
         ("overflow", ctypes.c_uint64),
@@ -170,6 +197,16 @@ _SIGNATURES["aps_client_pull"] = (ctypes.c_int, [_P, ctypes.c_uint32, _P, _U64, 
                                                  ctypes.POINTER(_U64)])
 _SIGNATURES["aps_client_tensor_updates"] = (ctypes.c_int, [_P, ctypes.c_uint32,
                                                            ctypes.POINTER(_U64)])
+_SIGNATURES["aps_client_codes_layout"] = (ctypes.c_int, [_P, ctypes.c_uint32,
+                                                         ctypes.POINTER(CodesLayout),
+                                                         ctypes.POINTER(CodesLayout)])
+_SIGNATURES["aps_client_allreduce_codes_start"] = (ctypes.c_int, [_P, ctypes.c_uint32,
+                                                                  ctypes.POINTER(CodesCall), _I32,
+                                                                  ctypes.POINTER(_P)])
+_SIGNATURES["aps_client_step_codes_start"] = (ctypes.c_int, [_P, ctypes.c_uint32,
+                                                             ctypes.POINTER(CodesCall),
+                                                             ctypes.c_float, _I32,
+                                                             ctypes.POINTER(_P)])
 _SIGNATURES["aps_curve_keypair"] = (ctypes.c_int, [ctypes.c_char_p, ctypes.c_char_p])
 for _name, (_restype, _argtypes) in _SIGNATURES.items():
     _fn = getattr(lib, _name)

@@ -23,6 +23,10 @@ How a step flows:
   whether some rank had NaN or inf: such a tensor is sent as zeros and the
   step is skipped on every rank (reported, not raised), as a grad scaler
   expects.
+- With device_codec a GPU gradient is coded on the GPU by the torch codec
+  and only its codes (a quarter of fp32's bytes in e4m3) cross to pinned
+  host memory and back (aps._device_codes, aps.Client.allreduce_codes_async):
+  the same bits as the host path.
 
 DistributedOptimizer is a torch.optim.Optimizer whose param_groups, state and
 defaults are the wrapped optimizer's own objects, so that lr schedulers,
@@ -37,6 +41,7 @@ import threading
 import torch
 
 from aps._flags import AnyRankFlag
+from aps._device_codes import DeviceStage, use_device_codec
 from aps._staging import HostStage
 
 DEFAULT_BUCKET_BYTES = 256 << 10
@@ -54,8 +59,8 @@ class _Bucket:
         self.ready = set()  # ids of params whose gradient is ready this step
         self.handle = None  # set when queued
 
-    def add(self, name, param):
-        self.entries.append((name, param, HostStage()))
+    def add(self, name, param, device_codec):
+        self.entries.append((name, param, DeviceStage() if device_codec else HostStage()))
         self.nbytes += param.numel() * 4
 
     @property
@@ -63,15 +68,16 @@ class _Bucket:
         return len(self.ready) == len(self.entries)
 
 
-def plan_buckets(named_params, bucket_bytes):
+def plan_buckets(named_params, bucket_bytes, device_codec=False):
     """Buckets of about bucket_bytes (of fp32), last parameter first."""
     buckets = []
     for name, p in reversed(named_params):
         if not buckets or (buckets[-1].nbytes + p.numel() * 4 > bucket_bytes
                            and buckets[-1].entries):
             buckets.append(_Bucket(len(buckets)))
-        buckets[-1].add(name, p)
+        buckets[-1].add(name, p, device_codec)
     return buckets
+
 
 
 def param_list(params):
@@ -134,10 +140,16 @@ class DistributedOptimizer(torch.optim.Optimizer):
     optimizer's, add_param_group() adds to it (on every rank alike). A
     GradScaler(enabled=False) steps it as any optimizer; an enabled one (CUDA)
     is not supported: it would unscale gradients still being all-reduced.
+
+    device_codec: None (default) codes gradients on their GPU when the model
+    is on one and the client serves codes calls (one daemon, local, none or
+    block scaling, no error_feedback); True always (CPU tensors too: the same
+    results), False never (every gradient is staged to host memory as fp32).
     """
 
     def __init__(self, optimizer, client, named_parameters=None,
-                 bucket_bytes=DEFAULT_BUCKET_BYTES, check_finite=True, prefix="grad."):
+                 bucket_bytes=DEFAULT_BUCKET_BYTES, check_finite=True, prefix="grad.",
+                 device_codec=None):
         # torch.optim.Optimizer.__init__ is not called: it would make groups of
         # its own, where these are the wrapped optimizer's.
         self.optimizer = optimizer
@@ -152,6 +164,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._sync = True
         self._accumulators = []  # the AccumulateGrad nodes (keeping their hooks alive) or handles
         self._named = []  # (wire name, param) of every parameter sent, in optimizer order
+        self.device_codec = use_device_codec(
+            device_codec, client, [p for g in optimizer.param_groups for p in g["params"]])
         self._plan(_named_optimizer_params(optimizer.param_groups, self._names, prefix))
         self.skipped_steps = 0
         self.last_step_skipped = False
@@ -277,7 +291,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         for name, p in named[len(self._named):]:
             self._hook(name, p)
         self._named = named
-        self._buckets = plan_buckets(named, self._bucket_bytes)
+        self._buckets = plan_buckets(named, self._bucket_bytes, self.device_codec)
         self._bucket_of = {id(p): b for b in self._buckets for _, p, _ in b.entries}
 
     def _hook(self, name, p):
@@ -306,16 +320,30 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def _send(self, bucket, fill_missing):
         """Queues bucket (lock held); fill_missing gives absent gradients zeros."""
-        items = []
         with torch.no_grad():
-            for name, p, stage in bucket.entries:
+            for name, p, _ in bucket.entries:
                 if p.grad is None:
                     assert fill_missing
                     p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
-                items.append((name, stage.load(p.grad)))
-        bucket.handle = self.client.allreduce_many_async(
-            items, nonfinite="zero" if self.check_finite else "raise")
+            if self.device_codec:
+                bucket.handle = self._send_codes(bucket)
+            else:
+                bucket.handle = self.client.allreduce_many_async(
+                    [(name, stage.load(p.grad)) for name, p, stage in bucket.entries],
+                    nonfinite="zero" if self.check_finite else "raise")
         self._next += 1
+
+    def _send_codes(self, bucket):
+        """The bucket's gradients coded on their device, as one codes call."""
+        layouts = self.client.codes_layouts([(name, p.numel()) for name, p, _ in bucket.entries])
+        items, zeroed = [], []
+        for (name, p, stage), layout in zip(bucket.entries, layouts):
+            item, was_zeroed = stage.load(name, p.grad, layout, self.client.scaling,
+                                          self.check_finite)
+            items.append(item)
+            if was_zeroed:
+                zeroed.append(name)
+        return self.client.allreduce_codes_async(items, zeroed=zeroed)
 
     def _reset(self):
         with self._lock:

@@ -32,6 +32,7 @@ import math
 
 import torch
 
+from aps._device_codes import DeviceStage, use_device_codec
 from aps._optimizer import param_list
 from aps._staging import is_direct
 
@@ -86,9 +87,16 @@ class ServerOptimizer(torch.optim.Optimizer):
     client's. lr is the learning rate sent with every step: param_groups[i]
     ["lr"] for the parameters of group i (an lr scheduler changes it;
     step(lr=...) and the lr attribute set every group's). Parameter names
-    travel with prefix."""
+    travel with prefix.
 
-    def __init__(self, model, client, optimizer=None, lr=0.01, prefix="param.", **hyper):
+    device_codec: None (default) codes gradients on their GPU when the model
+    is on one and the client serves codes calls (aps._device_codes): only
+    codes cross to host memory, and the update's codes come back and are
+    added on the GPU; True always (CPU tensors too: the same weights), False
+    never (gradients staged to host memory as fp32, weights copied back)."""
+
+    def __init__(self, model, client, optimizer=None, lr=0.01, prefix="param.",
+                 device_codec=None, **hyper):
         if not client.optimizer:
             raise ValueError("the client is in all-reduce mode: open it with "
                              "optimizer=aps.torch.optimizer_spec(...), e.g. "
@@ -111,6 +119,8 @@ class ServerOptimizer(torch.optim.Optimizer):
         self._weights = {}  # wire name -> the float32 CPU memory the updates go to
         self._grads = {}  # wire name -> a host buffer for staged gradients
         self._started = False
+        self.device_codec = use_device_codec(device_codec, client, list(model.parameters()))
+        self._stages = {}  # wire name -> DeviceStage (device_codec)
         super().__init__([p for _, p in named if p.requires_grad], {"lr": float(lr)})
         self.resumed_step = self._broadcast(self._params)
         self._started = True
@@ -154,6 +164,10 @@ class ServerOptimizer(torch.optim.Optimizer):
                 loss = closure()
         if lr is not None:
             self.lr = lr
+        if self.device_codec:
+            self._step_codes()
+            self.steps += 1
+            return loss
         with torch.no_grad():
             handles = []
             for group in self.param_groups:
@@ -200,6 +214,26 @@ class ServerOptimizer(torch.optim.Optimizer):
                 f"{self.client})")
 
     # -- internals --------------------------------------------------------
+
+    def _step_codes(self):
+        """step() with gradients coded on their device, one codes call per group."""
+        with torch.no_grad():
+            handles = []
+            for group in self.param_groups:
+                params = list(self._group_params(group))
+                if not params:
+                    continue
+                layouts = self.client.codes_layouts([(name, p.numel()) for name, p in params])
+                items = []
+                for (name, p), layout in zip(params, layouts):
+                    stage = self._stages.setdefault(name, DeviceStage())
+                    g = p.grad if p.grad is not None else torch.zeros_like(p)
+                    items.append(stage.load(name, g, layout, self.client.scaling, False)[0])
+                handles.append((params, self.client.step_codes_async(items, group["lr"])))
+            for params, h in handles:
+                h.wait()
+                for name, p in params:
+                    self._stages[name].store(into=p.data, add=True)
 
     def _group_params(self, group):
         """(wire name, param) of group's parameters that are stepped."""

@@ -25,9 +25,11 @@ import threading
 import numpy as np
 
 from aps import _env
-from aps._buffers import float32_buffer
+from aps._buffers import float32_buffer, raw_buffer
 from aps._io import Deferred, IOThread
-from aps._lib import ClientOpts, LogFn, check, error_for, last_error, lib
+from aps import _lib
+from aps._codes import CodesLayout
+from aps._lib import ClientOpts, CodesCall, LogFn, check, error_for, last_error, lib
 
 _SCALING = {"none": 0, "local": 1, "global": 2, "block": 3}
 _LOG_LEVELS = {0: logging.ERROR, 1: logging.WARNING, 2: logging.INFO, 3: logging.DEBUG}
@@ -173,12 +175,15 @@ class Client:
         self.endpoint, self.job, self.rank, self.world_size = endpoint, job, rank, world_size
         self.format, self.scaling, self.downlink = format, scaling, downlink
         self.optimizer = optimizer
+        self.error_feedback = bool(error_feedback)
         self.timeout_ms = timeout_ms
         self.bytes_pushed = 0  # packed uplink bytes of every all-reduce so far
         self._lock = threading.Lock()
         self._counts = {}  # name -> element count, as first used (calling side)
         self._ids = {}  # name -> (tensor id, packed bytes), once registered (I/O thread)
         self._in_flight = set()  # names of the tensors started and not yet waited for
+        self._layouts = {}  # name -> (send, result) CodesLayout of its next codes call
+        self._policy_auto = policy == "auto"
         self._c = None  # the C client, used on the I/O thread only
         self._closed = False
         self._io = IOThread(f"aps-io-rank{rank}")
@@ -258,6 +263,61 @@ class Client:
             check(lib.aps_client_broadcast(self._c, tid, addr, n, timeout))
             return x
         return self._submit(run, f"broadcast of {name!r}")
+
+    # -- codes the caller made (a device codec: aps.torch on a GPU) ----------
+
+    def codes_layouts(self, items):
+        """The layouts of the next call of each (name, count) of items, as a
+        list of (send, result) CodesLayout pairs (registering a tensor on first
+        use): the caller encodes the tensor in send's layout (aps.quantize's
+        codes chunk after chunk; block scaling: each chunk's codes, then its
+        int8 exponents) and finds the result in result's. Known layouts come
+        from a cache; with policy="auto" a tensor's format may change at every
+        step, and its layout is asked again after each call."""
+        calls = [self._prepare_count(name, n) for name, n in items]
+        with self._lock:
+            known = [self._layouts.get(name) for name, _ in calls]
+        if all(known):
+            return known
+
+        def run():
+            with self._lock:
+                busy = not self._in_flight.isdisjoint(name for name, _ in calls)
+            if busy:
+                self._io.drain()
+            out = []
+            for name, n in calls:
+                send, result = _lib.CodesLayout(), _lib.CodesLayout()
+                check(lib.aps_client_codes_layout(self._c, self._tensor_id(name, n),
+                                                  ctypes.byref(send), ctypes.byref(result)))
+                out.append((CodesLayout.from_c(send), CodesLayout.from_c(result)))
+                with self._lock:
+                    self._layouts[name] = out[-1]
+            return out
+        return self._submit(run, "codes layouts", overlap=True).wait()
+
+    def allreduce_codes_async(self, items, timeout_ms=None, zeroed=()):
+        """All-reduces tensors whose codes the caller made, all in flight
+        together, as one queued call. items: (name, format, codes, scale_exp,
+        result, result_exps) with codes (uint8) in the send layout of
+        codes_layouts (format its format, scale_exp their APS exponent),
+        result (uint8, writable) and result_exps (int32, one per chunk) of the
+        result layout: chunk i of the mean is its codes times
+        2^-result_exps[i]. Buffers are numpy arrays or CPU torch tensors and
+        must stay alive until the handle is done. Codes of NaN or inf are
+        refused (aps.Error APS_ENONFINITE). zeroed: the names the caller sent
+        as zeros because they held NaN or inf, what the handle's started() and
+        wait() return (as allreduce_many_async's with nonfinite="zero")."""
+        return self._codes_calls(items, None, timeout_ms, list(zeroed))
+
+    def step_codes_async(self, items, lr, timeout_ms=None):
+        """Optimize mode: an optimizer step of each (name, format, codes,
+        scale_exp, result, result_exps) of items, whose results are the
+        updates as codes (see allreduce_codes_async)."""
+        lr = float(lr)
+        if not math.isfinite(lr) or lr < 0:
+            raise ValueError(f"learning rate {lr} is not finite and >= 0")
+        return self._codes_calls(items, lr, timeout_ms, [])
 
     # -- optimize mode --------------------------------------------------------
 
@@ -381,6 +441,81 @@ class Client:
             raise ValueError(f"tensor {name!r} has {n} elements but was registered with "
                              f"{known}")
         return name, addr, n
+
+    def _prepare_count(self, name, n):
+        """Checks name and the count n of a tensor passed as codes: (name, n)."""
+        raw = _check_str(name, "tensor name")
+        if not 0 < len(raw) <= _NAME_MAX:
+            raise ValueError(f"tensor name must have 1 to {_NAME_MAX} bytes, {name!r} has "
+                             f"{len(raw)}")
+        if _check_int(n, f"count of {name!r}") <= 0:
+            raise ValueError(f"tensor {name!r} is empty")
+        with self._lock:
+            known = self._counts.setdefault(name, n)
+        if known != n:
+            raise ValueError(f"tensor {name!r} has {n} elements but was registered with "
+                             f"{known}")
+        return name, n
+
+    def _codes_calls(self, items, lr, timeout_ms, zeroed):
+        """Queues the codes calls of items (lr: None for all-reduces, else steps);
+        zeroed: what the handle's started() and wait() return."""
+        calls = []
+        for name, fmt, codes, scale_exp, result, result_exps in items:
+            call = CodesCall()
+            call.format = _check_str(fmt, f"format of {name!r}")
+            call.codes, call.codes_len = raw_buffer(codes, np.uint8, f"codes of {name!r}",
+                                                    writable=False)
+            call.scale_exp = _check_int(scale_exp, f"scale exponent of {name!r}")
+            call.result, call.result_len = raw_buffer(result, np.uint8,
+                                                      f"result of {name!r}")
+            call.result_exps, call.n_result_exps = raw_buffer(
+                result_exps, np.int32, f"result exponents of {name!r}")
+            with self._lock:
+                if name not in self._ids:
+                    raise ValueError(f"tensor {name!r}: ask codes_layouts first")
+            calls.append((name, call, (codes, result, result_exps)))
+        timeout = self._call_timeout(timeout_ms)
+
+        def start():
+            with self._lock:
+                busy = not self._in_flight.isdisjoint(name for name, _, _ in calls)
+            if busy:
+                self._io.drain()
+            requests, error = [], None
+            for name, call, _ in calls:
+                req = ctypes.c_void_p()
+                tid = self._ids[name][0]
+                if lr is None:
+                    ret = lib.aps_client_allreduce_codes_start(self._c, tid, ctypes.byref(call),
+                                                               timeout, ctypes.byref(req))
+                else:
+                    ret = lib.aps_client_step_codes_start(self._c, tid, ctypes.byref(call),
+                                                          lr, timeout, ctypes.byref(req))
+                if ret < 0:
+                    error = last_error(ret)
+                    break
+                requests.append((name, req))
+                self.bytes_pushed += call.codes_len
+            with self._lock:
+                self._in_flight.update(name for name, _ in requests)
+            return Deferred(zeroed, lambda: self._finish_codes(requests, error, calls) or zeroed)
+        what = f"codes call of {', '.join(repr(c[0]) for c in calls[:3])}" + \
+            (f" and {len(calls) - 3} more" if len(calls) > 3 else "")
+        return self._submit(start, what, overlap=True)
+
+    def _finish_codes(self, requests, error, _buffers):
+        """Waits for every request of a codes call (its buffers, kept alive until then)."""
+        for name, req in requests:  # every started request must be waited for
+            ret = lib.aps_request_wait(req)
+            with self._lock:
+                self._in_flight.discard(name)
+                if self._policy_auto:
+                    self._layouts.pop(name, None)  # the format may change at the next step
+            if ret < 0 and error is None:
+                error = last_error(ret)
+        if error is not None:
+            raise error
 
     def _tensor_id(self, name, n):
         """The id of name, registering it on first use (I/O thread)."""

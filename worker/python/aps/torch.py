@@ -22,15 +22,21 @@ Both optimizers are torch.optim.Optimizer objects: lr schedulers, state_dict()
 and load_state_dict(), zero_grad() and add_param_group() work on them.
 
 Tensors that are not contiguous CPU float32 (CUDA, fp16, bf16) are staged
-through host buffers (aps._staging).
+through host buffers (aps._staging), but for GPU gradients of a client whose
+codes calls serve them (one daemon; local, none or block scaling; no
+error_feedback): those are coded on the GPU and only their codes cross to
+host memory and back (aps._device_codes; device_codec=, codes_hook).
 
 quantize, dequantize, aps_exponent, quantize_blocks and dequantize_blocks
 are the codec on tensors, on the tensor's device, bit for bit as
 aps.quantize and friends (aps._torch_codec).
 """
 
+import weakref
+
 import torch
 
+from aps._device_codes import DeviceStage, reason_not_served
 from aps._diloco import DiLoCo
 from aps._flags import AnyRankFlag
 from aps._optimizer import DEFAULT_BUCKET_BYTES, DistributedOptimizer
@@ -40,7 +46,7 @@ from aps._torch_codec import (aps_exponent, dequantize, dequantize_blocks, quant
                                quantize_blocks)
 
 __all__ = ["DEFAULT_BUCKET_BYTES", "DiLoCo", "DistributedOptimizer", "HostStage", "ServerOptimizer",
-           "allreduce_hook", "aps_exponent", "broadcast_parameters", "dequantize",
+           "allreduce_hook", "aps_exponent", "broadcast_parameters", "codes_hook", "dequantize",
            "dequantize_blocks", "optimizer_spec", "quantize", "quantize_blocks"]
 
 
@@ -88,21 +94,65 @@ def allreduce_hook(client, bucket):
     through gloo or NCCL would, so that a grad scaler skips the step; the
     tensor is sent as zeros and one flag per bucket tells the other ranks.
     Names are derived from the bucket's index and sizes, identical on every
-    rank (DDP builds the same buckets everywhere)."""
+    rank (DDP builds the same buckets everywhere). A bucket on a GPU is coded
+    there when the client's codes calls serve it (codes_hook)."""
+    buffer = bucket.buffer()
+    if buffer.device.type == "cuda" and reason_not_served(client) is None:
+        return codes_hook(client, bucket)
     stage = HostStage()
-    host = stage.load(bucket.buffer())
+    host = stage.load(buffer)
     views = _bucket_views(host, bucket.parameters())
-    items = [(f"ddp.{bucket.index()}.{i}:{v.numel()}", v) for i, v in enumerate(views)]
+    items = [(_hook_name(bucket, i, v), v) for i, v in enumerate(views)]
     handle = client.allreduce_many_async(items, nonfinite="zero")
+    return _hook_future(client, bucket, handle, host, [stage])
+
+
+def codes_hook(client, bucket):
+    """allreduce_hook with the bucket's gradients coded on their device (the
+    torch codec, aps._device_codes) and only codes crossing to host memory:
+    what allreduce_hook does for a GPU bucket, here on any device (the same
+    results)."""
+    views = _bucket_views(bucket.buffer(), bucket.parameters())
+    names = [_hook_name(bucket, i, v) for i, v in enumerate(views)]
+    stages = _HOOK_STAGES.setdefault(client, {})
+    layouts = client.codes_layouts([(name, v.numel()) for name, v in zip(names, views)])
+    items, zeroed = [], []
+    for name, view, layout in zip(names, views, layouts):
+        item, was_zeroed = stages.setdefault(name, DeviceStage()).load(
+            name, view, layout, client.scaling, True)
+        items.append(item)
+        if was_zeroed:
+            zeroed.append(name)
+    handle = client.allreduce_codes_async(items, zeroed=zeroed)
+    return _hook_future(client, bucket, handle, bucket.buffer(), [stages[n] for n in names])
+
+
+# The DeviceStages of codes_hook by client and bucket tensor name: pinned buffers reused.
+_HOOK_STAGES = weakref.WeakKeyDictionary()
+
+
+def _hook_name(bucket, i, view):
+    return f"ddp.{bucket.index()}.{i}:{view.numel()}"
+
+
+def _hook_future(client, bucket, handle, values, stages):
+    """The hook's future: after handle and the bucket's flag, the stages store
+    their results, and values become NaN if any rank had NaN or inf."""
     flagged = AnyRankFlag(client, "ddp.@nonfinite").reduce_after([handle])
     future = torch.futures.Future()
 
     def finish(_flag_handle):
         try:
             handle.wait()
-            if flagged.wait():
-                host.fill_(float("nan"))
-            stage.store()
+            nonfinite = flagged.wait()
+            for stage in stages:
+                if isinstance(stage, DeviceStage):
+                    stage.store()
+            if nonfinite:
+                values.fill_(float("nan"))
+            for stage in stages:
+                if not isinstance(stage, DeviceStage):
+                    stage.store()
             future.set_result(bucket.buffer())
         except Exception as exc:
             future.set_exception(exc)

@@ -1,0 +1,219 @@
+"""Codes calls (aps.h "Calls on codes", aps.Client.allreduce_codes_async) and
+the device codec path of aps.torch built on them: the caller's codes travel,
+the result comes back as codes, and the mean decoded from them is the bits the
+C client's own path gives, for every scaling the calls serve, over several
+chunks, with real ranks and a real apsd. Bad buffers, a stale format, NaN
+codes and clients the calls do not serve are refused before anything is sent.
+
+These run on CPU tensors (Debian's torch 1.13); the same code path runs on
+CUDA tensors, where only codes cross to pinned host memory."""
+
+import numpy as np
+import pytest
+import torch
+
+import aps
+import aps._device_codes as dc
+import aps.daemon
+import aps.torch
+from conftest import APSD, run_ranks
+from ranks import import_torch
+
+CASES = [("e4m3", "local"), ("e5m2", "none"), ("fp4", "block"), ("e2m1", "local"),
+         ("fp32", "local")]
+
+
+@pytest.fixture
+def small_chunks():
+    """An apsd cutting tensors into chunks of 1024 elements."""
+    d = aps.daemon.LocalDaemon(binary=str(APSD), extra_args=["--chunk_bytes", "4k"]).start()
+    try:
+        yield d.endpoint
+    finally:
+        assert d.stop() == 0, "apsd did not exit cleanly"
+
+
+def grad(rank, n=5000, seed=0):
+    g = torch.Generator().manual_seed(seed * 100 + rank)
+    x = torch.randn(n, generator=g) * 1e-3
+    x[:1024] *= 50  # chunks of different ranges get different result exponents
+    return x
+
+
+def rank_codes_vs_floats(rank, world, endpoint, fmt, scaling):
+    import_torch()
+    with aps.Client(endpoint, rank, world, format=fmt, scaling=scaling,
+                    job=f"codes-{fmt}-{scaling}") as c:
+        out = {}
+        for step in range(2):
+            x = grad(rank, seed=step)
+            [layouts] = c.codes_layouts([("t", x.numel())])
+            stage = dc.DeviceStage()
+            target = x.clone()
+            item, zeroed = stage.load("t", target, layouts, scaling, zero_nonfinite=False)
+            assert not zeroed and item[2].numel() == layouts[0].bytes
+            c.allreduce_codes_async([item]).wait()
+            stage.store()
+            want = x.clone()
+            c.allreduce("floats", want)
+            out[step] = (target.numpy(), want.numpy(), layouts)
+        return out
+
+
+@pytest.mark.parametrize("fmt,scaling", CASES)
+def test_codes_calls_give_the_bits_of_the_float_path(small_chunks, fmt, scaling):
+    for out in run_ranks(rank_codes_vs_floats, 2, small_chunks, fmt, scaling, timeout=60):
+        for step, (got, want, (send, result)) in out.items():
+            assert send.chunks == result.chunks == 5 and send.format == fmt
+            assert send.block == (32 if scaling == "block" and fmt != "fp32" else 0)
+            assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (fmt, step)
+            assert np.any(got != 0)
+
+
+def test_layout_is_the_wire_payload(small_chunks):
+    with aps.Client(small_chunks, 0, 1, format="fp4", scaling="block", job="layout") as c:
+        [(send, result)] = c.codes_layouts([("t", 2500)])
+        assert (send.format, send.count, send.chunk_elems, send.chunks, send.block) == \
+            ("fp4", 2500, 1024, 3, 32)
+        assert send.chunk_bytes == 1024 // 2 + 1024 // 32
+        assert send.bytes == 2 * send.chunk_bytes + 452 // 2 + 15
+        assert send.chunk(2) == (2048, 452, 2 * send.chunk_bytes, 452 // 2 + 15)
+        assert result == send
+    with aps.Client(small_chunks, 0, 1, format="e4m3", downlink="fp16", job="down") as c:
+        [(send, result)] = c.codes_layouts([("t", 3000)])
+        assert (send.format, send.bytes, result.format, result.bytes) == \
+            ("e4m3", 3000, "fp16", 6000)
+
+
+def test_bad_codes_calls_are_refused_before_sending(apsd):
+    with aps.Client(apsd, 0, 1, format="e4m3", job="bad-codes") as c:
+        [(send, result)] = c.codes_layouts([("t", 100)])
+        codes = np.zeros(send.bytes, np.uint8)
+        res, exps = np.zeros(result.bytes, np.uint8), np.zeros(result.chunks, np.int32)
+
+        def call(**kw):
+            args = {"fmt": "e4m3", "codes": codes, "k": 0, "res": res, "exps": exps, **kw}
+            return c.allreduce_codes_async(
+                [("t", args["fmt"], args["codes"], args["k"], args["res"], args["exps"])]).wait()
+
+        with pytest.raises(aps.Error, match="travels in e4m3 at this step") as e:
+            call(fmt="e5m2")
+        assert e.value.name == "APS_EMISMATCH"
+        with pytest.raises(aps.ArgumentError, match="takes 100 bytes of codes"):
+            call(codes=codes[:99])
+        with pytest.raises(aps.ArgumentError, match="has room for 99"):
+            call(res=res[:99])
+        with pytest.raises(aps.ArgumentError, match="scale exponent 400"):
+            call(k=400)
+        nan = codes.copy()
+        nan[7] = 0x7F  # e4m3's NaN code
+        with pytest.raises(aps.Error, match="1 NaN or inf codes") as e:
+            call(codes=nan)
+        assert e.value.name == "APS_ENONFINITE"
+        with pytest.raises(TypeError, match="uint8"):
+            call(codes=codes.astype(np.int16))
+        with pytest.raises(ValueError, match="ask codes_layouts first"):
+            c.allreduce_codes_async([("u", "e4m3", codes, 0, res, exps)])
+        x = (np.arange(100) % 8).astype(np.float32)  # the client works on, the tensor too
+        assert np.array_equal(c.allreduce("x", x.copy()), x)
+        call(codes=np.full(100, 0x38, np.uint8), k=0)
+        assert np.all(aps.dequantize(res, "e4m3", 100, scale_exp=int(exps[0])) == 1.0)
+
+
+def test_block_exponent_below_the_daemons_range_is_refused(apsd):
+    with aps.Client(apsd, 0, 1, format="fp4", scaling="block", job="bad-block") as c:
+        [(send, result)] = c.codes_layouts([("t", 64)])
+        codes = np.zeros(send.bytes, np.uint8)
+        codes[32] = 0x80  # the first block's exponent: -128
+        with pytest.raises(aps.ArgumentError, match="exponent -128"):
+            c.allreduce_codes_async([("t", "fp4", codes, 0, np.zeros(result.bytes, np.uint8),
+                                      np.zeros(1, np.int32))]).wait()
+
+
+@pytest.mark.parametrize("kwargs,why", [({"scaling": "global"}, "global scaling"),
+                                        ({"error_feedback": True}, "error_feedback")])
+def test_clients_the_codes_calls_do_not_serve(apsd, kwargs, why):
+    with aps.Client(apsd, 0, 1, job="unserved", **kwargs) as c:
+        with pytest.raises(aps.ArgumentError, match=why):
+            c.codes_layouts([("t", 10)])
+        assert dc.reason_not_served(c).startswith(why)
+        with pytest.raises(ValueError, match=why):
+            aps.torch.DistributedOptimizer(torch.optim.SGD([torch.nn.Parameter(torch.ones(2))],
+                                                           lr=0.1), c, device_codec=True)
+
+
+def rank_optimizer(rank, world, endpoint, fmt, scaling, device_codec, bucket_bytes):
+    import_torch()
+    job = f"opt-{fmt}-{scaling}-{device_codec}"
+    with aps.Client(endpoint, rank, world, format=fmt, scaling=scaling, job=job) as c:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(),
+                                    torch.nn.Linear(64, 10))
+        sgd = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        opt = aps.torch.DistributedOptimizer(sgd, c, named_parameters=model.named_parameters(),
+                                             bucket_bytes=bucket_bytes, device_codec=device_codec)
+        assert opt.device_codec == device_codec
+        skipped = []
+        for step in range(4):
+            g = torch.Generator().manual_seed(100 * step + rank)
+            x, y = torch.randn(8, 32, generator=g), torch.randint(0, 10, (8,), generator=g)
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            if step == 1 and rank == 1:
+                loss = loss * float("inf")  # every rank skips this step
+            loss.backward()
+            opt.step()
+            skipped.append(opt.last_step_skipped)
+        return {k: v.detach().clone().numpy() for k, v in model.state_dict().items()}, skipped
+
+
+@pytest.mark.parametrize("fmt,scaling", [("e4m3", "local"), ("fp4", "block")])
+def test_distributed_optimizer_device_codec_matches_the_host_path(small_chunks, fmt, scaling):
+    runs = {dev: run_ranks(rank_optimizer, 2, small_chunks, fmt, scaling, dev, 4096, timeout=90)
+            for dev in (False, True)}
+    for rank in range(2):
+        (host, s_host), (dev, s_dev) = runs[False][rank], runs[True][rank]
+        assert s_host == s_dev == [False, True, False, False]
+        for k in host:
+            assert np.array_equal(host[k].view(np.uint32), dev[k].view(np.uint32)), (rank, k)
+
+
+def rank_ddp(rank, world, endpoint, store_dir, hook):
+    import os
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    import_torch()
+    store = dist.FileStore(os.path.join(store_dir, f"store{hook}{rank}"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        with aps.Client(endpoint, rank, world, format="e4m3", job=f"ddp-{hook}") as c:
+            torch.manual_seed(0)
+            model = DDP(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(),
+                                            torch.nn.Linear(64, 10)), bucket_cap_mb=0.01)
+            model.register_comm_hook(c, getattr(aps.torch, hook))
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            for step in range(3):
+                g = torch.Generator().manual_seed(100 * step + rank)
+                x, y = torch.randn(8, 32, generator=g), torch.randint(0, 10, (8,), generator=g)
+                opt.zero_grad()
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(x[:4]), y[:4])
+            (loss * (float("inf") if rank == 1 else 1.0)).backward()
+            all_nan = all(torch.isnan(p.grad).all() for p in model.parameters())
+            return {k: v.detach().clone().numpy() for k, v in model.module.state_dict().items()}, \
+                all_nan
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ddp_codes_hook_gives_the_host_hooks_bits(small_chunks, tmp_path):
+    runs = {hook: run_ranks(rank_ddp, 2, small_chunks, str(tmp_path), hook, timeout=90)
+            for hook in ("allreduce_hook", "codes_hook")}
+    for rank in range(2):
+        (host, nan_host), (dev, nan_dev) = runs["allreduce_hook"][rank], runs["codes_hook"][rank]
+        assert nan_host and nan_dev, "a NaN on rank 1 makes the bucket NaN everywhere"
+        for k in host:
+            assert np.array_equal(host[k].view(np.uint32), dev[k].view(np.uint32)), (rank, k)
