@@ -32,7 +32,7 @@ import torch  # noqa: E402
 
 import aps  # noqa: E402
 import aps.daemon  # noqa: E402
-from aps._device_codes import DeviceStage  # noqa: E402
+from aps._device_codes import DeviceStage, codes_call  # noqa: E402
 from aps._staging import HostStage  # noqa: E402
 from resnet50_shapes import resnet50_parameters  # noqa: E402
 
@@ -54,9 +54,7 @@ def host_step(client, grads, stages):
 
 def device_step(client, grads, stages):
     layouts = client.codes_layouts([(name, t.numel()) for name, t in grads])
-    items = [stages[name].load(name, t, layout, client.scaling, False)[0]
-             for (name, t), layout in zip(grads, layouts)]
-    client.allreduce_codes_async(items).wait()
+    codes_call(client, grads, layouts, [stages[name] for name, _ in grads], False).wait()
     for name, _ in grads:
         stages[name].store()
     return sum(s.bytes for s, _ in layouts), sum(r.bytes for _, r in layouts)

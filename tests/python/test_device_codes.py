@@ -50,9 +50,8 @@ def rank_codes_vs_floats(rank, world, endpoint, fmt, scaling):
             [layouts] = c.codes_layouts([("t", x.numel())])
             stage = dc.DeviceStage()
             target = x.clone()
-            item, zeroed = stage.load("t", target, layouts, scaling, zero_nonfinite=False)
-            assert not zeroed and item[2].numel() == layouts[0].bytes
-            c.allreduce_codes_async([item]).wait()
+            handle = dc.codes_call(c, [("t", target)], [layouts], [stage], False)
+            assert handle.wait() == [] and stage._codes.numel() == layouts[0].bytes
             stage.store()
             want = x.clone()
             c.allreduce("floats", want)
@@ -217,3 +216,22 @@ def test_ddp_codes_hook_gives_the_host_hooks_bits(small_chunks, tmp_path):
         assert nan_host and nan_dev, "a NaN on rank 1 makes the bucket NaN everywhere"
         for k in host:
             assert np.array_equal(host[k].view(np.uint32), dev[k].view(np.uint32)), (rank, k)
+
+
+def test_nonfinite_gradient_is_refused_or_sent_as_zeros(apsd):
+    with aps.Client(apsd, 0, 1, format="e4m3", job="codes-nonfinite") as c:
+        x = torch.ones(300)
+        x[5] = float("nan")
+        [layouts] = c.codes_layouts([("t", 300)])
+        stage = dc.DeviceStage()
+        with pytest.raises(aps.Error, match="holds NaN or inf") as e:
+            dc.codes_call(c, [("t", x)], [layouts], [stage], False).wait()
+        assert e.value.name == "APS_ENONFINITE"
+        handle = dc.codes_call(c, [("t", x)], [layouts], [stage], True)
+        assert handle.started() == ["t"] and handle.wait() == ["t"]
+        stage.store()
+        assert torch.equal(x, torch.zeros(300))
+        y = torch.full((300,), 0.5)  # the stage serves the next step as before
+        dc.codes_call(c, [("t", y)], [layouts], [stage], True).wait()
+        stage.store()
+        assert torch.equal(y, torch.full((300,), 0.5))

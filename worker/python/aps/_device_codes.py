@@ -3,12 +3,19 @@ encodes it in a codes call's send layout on its device, only the codes cross
 to host memory (pinned buffers, reused step after step), and the result's
 codes come back and are decoded on the device. The same bits as the C
 client's own path (HostStage): the torch codec is libaps's, bit for bit, and
-the exponent is the one the C client would pick."""
+the exponent is the one the C client would pick.
+
+Nothing here waits for the device while backward runs: load() queues the
+encoding, the exponent, the finiteness check and their copies to host memory
+on the current stream and records an event; ready(), on the client's I/O
+thread just before the call starts, waits for that event and reads the
+exponent. So a bucket's codes are made and copied while backward computes the
+next one, and the network carries earlier buckets meanwhile."""
 
 import torch
 
 from aps import _torch_codec as codec
-from aps.codec import format_info
+from aps._lib import error_for
 
 APS_ENONFINITE = -6
 
@@ -36,77 +43,102 @@ def use_device_codec(choice, client, params):
     return bool(choice)
 
 
-def encode(x, layout, scaling):
-    """x (flat float32, on its device) in layout (aps._codes.CodesLayout):
-    (uint8 codes on x's device, the scale exponent)."""
-    fmt = layout.format
+def encode(x, layout, scaling, out):
+    """x (flat float32) in layout (aps._codes.CodesLayout) into out (uint8, on
+    x's device), without waiting for the device. Returns the scale exponent:
+    an int32 tensor of one element on x's device (0 with block scaling)."""
+    f = codec._spec(layout.format, 0)
     if layout.block:
-        codes, exps = codec.quantize_blocks(x, fmt, layout.block)
-        if layout.chunks == 1:
-            return torch.cat([codes, exps.view(torch.uint8)]), 0
-        out = torch.empty(layout.bytes, dtype=torch.uint8, device=x.device)
-        bits = format_info(fmt)["bits"]
+        codes, exps = codec.quantize_blocks(x, layout.format, layout.block)
         for i in range(layout.chunks):
             start, n, at, nbytes = layout.chunk(i)
-            lo, size = start * bits // 8, (n * bits + 7) // 8
+            lo, size = start * f.bits // 8, (n * f.bits + 7) // 8
             out[at:at + size].copy_(codes[lo:lo + size])
             b0 = start // layout.block
             out[at + size:at + nbytes].copy_(exps[b0:b0 - (-n // layout.block)].view(torch.uint8))
-        return out, 0
-    k = 0 if scaling == "none" or fmt == "fp32" else codec.aps_exponent(x, fmt, mode="local")
-    return codec.quantize(x, fmt, k), k
+        return torch.zeros(1, dtype=torch.int32, device=x.device)
+    if scaling == "none" or layout.format == "fp32":
+        k = torch.zeros(1, dtype=torch.int32, device=x.device)
+    else:
+        k = codec.local_exponents(f, codec._maxabs(x).reshape(1))
+    codec.quantize_into(x, f, k, out)
+    return k
 
 
 def decode(codes, exps, layout, out):
     """The result's codes (uint8, on out's device) and per-chunk exponents
     (ints) into out (flat float32)."""
-    fmt = layout.format
-    bits = format_info(fmt)["bits"]
+    bits = codec._spec(layout.format, 0).bits
     for i in range(layout.chunks):
         start, n, at, nbytes = layout.chunk(i)
         dest = out[start:start + n]
         if layout.block:
             size = (n * bits + 7) // 8
             exps_of_chunk = codes[at + size:at + nbytes].view(torch.int8)
-            codec.dequantize_blocks(codes[at:at + size], exps_of_chunk, fmt, n, layout.block,
-                                    out=dest)
+            codec.dequantize_blocks(codes[at:at + size], exps_of_chunk, layout.format, n,
+                                    layout.block, out=dest)
         else:
-            codec.dequantize(codes[at:at + nbytes], fmt, n, exps[i], out=dest)
+            codec.dequantize(codes[at:at + nbytes], layout.format, n, exps[i], out=dest)
+
+
+def _buffer(old, n, dtype, device, pin=False):
+    """old if it holds n elements, else a new tensor."""
+    if old is not None and old.numel() == n:
+        return old
+    return torch.empty(n, dtype=dtype, device=device, pin_memory=pin)
 
 
 class DeviceStage:
     """One tensor's way through a codes call: load() encodes it into host
-    codes, store() decodes the result into it. Reusable step after step."""
+    codes, ready() waits for them, store() decodes the result into it.
+    Reusable step after step."""
 
     def __init__(self):
-        self._codes = self._result = self._exps = None
-        self._target = None
-        self._layout = None
+        self._made = None  # the codes on the device
+        self._codes = self._result = self._exps = self._scalars = None  # host
+        self._event = None
+        self._name = self._target = self._layout = None
 
-    def load(self, name, t, layouts, scaling, zero_nonfinite):
-        """Encodes t for layouts ((send, result) of its call). Returns (the
-        codes call's item for aps.Client.allreduce_codes_async, whether t held
-        NaN or inf and was sent as zeros). Without zero_nonfinite such a
-        tensor raises aps.Error APS_ENONFINITE."""
+    def load(self, name, t, layouts, scaling):
+        """Queues the encoding of t for layouts ((send, result) of its call)
+        and the copy of its codes to host memory. Returns the codes call's
+        item for aps.Client.allreduce_codes_async; its scale exponent is
+        ready()'s."""
         send, result = layouts
         x = codec._flat_float32(t)
-        zeroed = not bool(torch.isfinite(x).all())
-        if zeroed:
-            if not zero_nonfinite:
-                from aps._lib import error_for
-                raise error_for(APS_ENONFINITE, f"tensor {name!r} holds NaN or inf values; "
-                                                "nothing was sent")
-            x = torch.zeros_like(x)
-        codes, k = encode(x, send, scaling)
         pin = t.device.type == "cuda"
-        if self._codes is None or self._codes.numel() != send.bytes:
-            self._codes = torch.empty(send.bytes, dtype=torch.uint8, pin_memory=pin)
-        if self._result is None or self._result.numel() != result.bytes:
-            self._result = torch.empty(result.bytes, dtype=torch.uint8, pin_memory=pin)
-            self._exps = torch.empty(result.chunks, dtype=torch.int32)
-        self._codes.copy_(codes)  # blocking: C reads the codes once the call starts
-        self._target, self._layout = t, result
-        return (name, send.format, self._codes, k, self._result, self._exps), zeroed
+        self._made = _buffer(self._made, send.bytes, torch.uint8, t.device)
+        k = encode(x, send, scaling, self._made)
+        finite = torch.isfinite(x).all().reshape(1).to(torch.int32)
+        self._codes = _buffer(self._codes, send.bytes, torch.uint8, "cpu", pin)
+        self._scalars = _buffer(self._scalars, 2, torch.int32, "cpu", pin)
+        self._codes.copy_(self._made, non_blocking=pin)
+        self._scalars[:1].copy_(k, non_blocking=pin)
+        self._scalars[1:].copy_(finite, non_blocking=pin)
+        self._event = None
+        if pin:
+            self._event = torch.cuda.Event()
+            self._event.record()
+        self._result = _buffer(self._result, result.bytes, torch.uint8, "cpu", pin)
+        self._exps = _buffer(self._exps, result.chunks, torch.int32, "cpu")
+        self._name, self._target, self._layout = name, t, result
+        return (name, send.format, self._codes, 0, self._result, self._exps)
+
+    def ready(self, zero_nonfinite):
+        """Waits until load()'s codes are in host memory (the client's I/O
+        thread, before the call starts); returns (scale exponent, whether the
+        tensor held NaN or inf and goes as zeros). Without zero_nonfinite
+        such a tensor raises aps.Error APS_ENONFINITE."""
+        if self._event is not None:
+            self._event.synchronize()
+        k, finite = self._scalars.tolist()
+        if finite:
+            return k, False
+        if not zero_nonfinite:
+            raise error_for(APS_ENONFINITE, f"tensor {self._name!r} holds NaN or inf values; "
+                                            "nothing was sent")
+        self._codes.zero_()  # zeros in every format and layout: all-zero bytes
+        return 0, True
 
     def store(self, into=None, add=False):
         """Decodes the result into into (default: the tensor load() encoded),
@@ -127,3 +159,22 @@ class DeviceStage:
             else:
                 t.copy_(flat.view_as(t))
         self._target = None
+
+
+def codes_call(client, named, layouts, stages, zero_nonfinite, lr=None):
+    """Queues the codes call of named ([(name, tensor)]) with their layouts and
+    DeviceStages: all-reduces, or optimizer steps with lr. Returns its Handle."""
+    items = [stage.load(name, t, layout, client.scaling)
+             for (name, t), layout, stage in zip(named, layouts, stages)]
+
+    def before():  # on the client's I/O thread
+        ks, zeroed = [], []
+        for (name, _), stage in zip(named, stages):
+            k, was_zeroed = stage.ready(zero_nonfinite)
+            ks.append(k)
+            if was_zeroed:
+                zeroed.append(name)
+        return ks, zeroed
+    if lr is None:
+        return client.allreduce_codes_async(items, before=before)
+    return client.step_codes_async(items, lr, before=before)

@@ -41,7 +41,7 @@ import threading
 import torch
 
 from aps._flags import AnyRankFlag
-from aps._device_codes import DeviceStage, use_device_codec
+from aps._device_codes import DeviceStage, codes_call, use_device_codec
 from aps._staging import HostStage
 
 DEFAULT_BUCKET_BYTES = 256 << 10
@@ -335,15 +335,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def _send_codes(self, bucket):
         """The bucket's gradients coded on their device, as one codes call."""
-        layouts = self.client.codes_layouts([(name, p.numel()) for name, p, _ in bucket.entries])
-        items, zeroed = [], []
-        for (name, p, stage), layout in zip(bucket.entries, layouts):
-            item, was_zeroed = stage.load(name, p.grad, layout, self.client.scaling,
-                                          self.check_finite)
-            items.append(item)
-            if was_zeroed:
-                zeroed.append(name)
-        return self.client.allreduce_codes_async(items, zeroed=zeroed)
+        named = [(name, p.grad) for name, p, _ in bucket.entries]
+        layouts = self.client.codes_layouts([(name, g.numel()) for name, g in named])
+        return codes_call(self.client, named, layouts, [s for _, _, s in bucket.entries],
+                          self.check_finite)
 
     def _reset(self):
         with self._lock:

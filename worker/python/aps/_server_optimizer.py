@@ -32,7 +32,7 @@ import math
 
 import torch
 
-from aps._device_codes import DeviceStage, use_device_codec
+from aps._device_codes import DeviceStage, codes_call, use_device_codec
 from aps._optimizer import param_list
 from aps._staging import is_direct
 
@@ -223,13 +223,12 @@ class ServerOptimizer(torch.optim.Optimizer):
                 params = list(self._group_params(group))
                 if not params:
                     continue
-                layouts = self.client.codes_layouts([(name, p.numel()) for name, p in params])
-                items = []
-                for (name, p), layout in zip(params, layouts):
-                    stage = self._stages.setdefault(name, DeviceStage())
-                    g = p.grad if p.grad is not None else torch.zeros_like(p)
-                    items.append(stage.load(name, g, layout, self.client.scaling, False)[0])
-                handles.append((params, self.client.step_codes_async(items, group["lr"])))
+                named = [(name, p.grad if p.grad is not None else torch.zeros_like(p))
+                         for name, p in params]
+                layouts = self.client.codes_layouts([(name, g.numel()) for name, g in named])
+                stages = [self._stages.setdefault(name, DeviceStage()) for name, _ in params]
+                handles.append((params, codes_call(self.client, named, layouts, stages, False,
+                                                   lr=group["lr"])))
             for params, h in handles:
                 h.wait()
                 for name, p in params:

@@ -287,15 +287,27 @@ def quantize(t, fmt, scale_exp=0, rounding="nearest", out=None, stats=None):
         raise ValueError(f"out holds {out.numel()} bytes, {n} {fmt} codes need {need}")
     if stats is not None and not isinstance(stats, dict):
         raise TypeError("stats must be a dict or None")
-    flat = out.view(-1)
+    counts = quantize_into(x, f, k, out.view(-1), stats is not None)
+    if stats is not None:
+        _report(stats, counts, x)
+    return out
+
+
+def quantize_into(x, f, k, flat, count=False):
+    """The packed codes of x (flat float32) times 2^k in format f (a _Format)
+    into flat (uint8, room for them), on x's device: k an int or an int32
+    tensor of one element (an exponent computed on the device, not waited
+    for). Returns the stats' counts (a tensor) when count, else None."""
+    n = x.numel()
+    need = (n * f.bits + 7) // 8
     bits = x.view(torch.int32)
     group = _layout(f.bits)[0]
-    counts = torch.zeros(3, dtype=torch.int64, device=x.device)
+    counts = torch.zeros(3, dtype=torch.int64, device=x.device) if count else None
     step = _chunk(x.device)
     for start in range(0, n, step):
         chunk = bits[start:start + step]
         code, xa, over, q = _encode(chunk, f, k)
-        if stats is not None:
+        if count:
             counts += _counts(xa, over, q)
         if code.numel() % group:
             code = torch.cat([code, code.new_zeros(group - code.numel() % group)])
@@ -303,9 +315,7 @@ def quantize(t, fmt, scale_exp=0, rounding="nearest", out=None, stats=None):
         lo = start * f.bits // 8
         hi = min(lo + packed.numel(), need)
         flat[lo:hi].copy_(packed[:hi - lo])
-    if stats is not None:
-        _report(stats, counts, x)
-    return out
+    return counts
 
 
 def dequantize(codes, fmt, count, scale_exp=0, out=None):
@@ -362,17 +372,23 @@ def dequantize(codes, fmt, count, scale_exp=0, out=None):
 BLOCK_MAX_EXPONENT = 127  # APS_SCALE_BLOCK_MAX: exponents travel as int8
 
 
+def local_exponents(f, maxabs):
+    """aps_scale_local of every element of maxabs (float32, finite, >= 0) on
+    its device, without waiting for it: the top element in the top binade, one
+    less if it then rounds past max finite; 0 where maxabs is 0. int32."""
+    # ilogb of maxabs from its bits, subnormals included: frexp's exponent minus one
+    _, e = torch.frexp(maxabs)
+    k = (f.emax - (e.to(torch.int32) - 1)).to(torch.int32)
+    _, _, over, _ = _encode(maxabs.view(torch.int32), f, k)
+    return (k - over.to(torch.int32)).masked_fill_(maxabs == 0, 0)
+
+
 def _block_exponents(f, xb):
     """aps_scale_block of every row of xb (float32 [blocks, block]): the local
     rule on the row's largest finite |x|, 0 for a row without one, within
     +-127. An int32 tensor on xb's device."""
     maxabs = torch.nan_to_num(xb, nan=0.0, posinf=0.0, neginf=0.0).abs_().amax(dim=1)
-    # ilogb of maxabs from its bits, subnormals included: frexp's exponent minus one
-    _, e = torch.frexp(maxabs)
-    k = (f.emax - (e.to(torch.int32) - 1)).to(torch.int32)
-    _, _, over, _ = _encode(maxabs.view(torch.int32), f, k)
-    k = (k - over.to(torch.int32)).clamp_(-BLOCK_MAX_EXPONENT, BLOCK_MAX_EXPONENT)
-    return k.masked_fill_(maxabs == 0, 0)
+    return local_exponents(f, maxabs).clamp_(-BLOCK_MAX_EXPONENT, BLOCK_MAX_EXPONENT)
 
 
 def _blocks_of(fmt, block):
@@ -472,17 +488,8 @@ def aps_exponent(t, fmt, nworkers=1, mode="global"):
     if maxabs == 0.0:
         return 0
     if mode == "local":
-        return _local_exponent(f, maxabs)
+        return int(local_exponents(f, torch.tensor([maxabs], dtype=torch.float32))[0])
     return f.emax - _global_exponent(maxabs, int(nworkers))
-
-
-def _local_exponent(f, maxabs):
-    """aps_scale_local: the top element in the top binade, one less if it then
-    rounds past max finite."""
-    candidate = f.emax - (math.frexp(maxabs)[1] - 1)  # ilogbf, subnormals included
-    bits = torch.tensor([maxabs], dtype=torch.float32).view(torch.int32)
-    _, _, over, _ = _encode(bits, f, candidate)
-    return candidate - 1 if bool(over[0]) else candidate
 
 
 def _global_exponent(maxabs, nworkers):

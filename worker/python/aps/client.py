@@ -296,7 +296,7 @@ class Client:
             return out
         return self._submit(run, "codes layouts", overlap=True).wait()
 
-    def allreduce_codes_async(self, items, timeout_ms=None, zeroed=()):
+    def allreduce_codes_async(self, items, timeout_ms=None, before=None):
         """All-reduces tensors whose codes the caller made, all in flight
         together, as one queued call. items: (name, format, codes, scale_exp,
         result, result_exps) with codes (uint8) in the send layout of
@@ -305,19 +305,24 @@ class Client:
         result layout: chunk i of the mean is its codes times
         2^-result_exps[i]. Buffers are numpy arrays or CPU torch tensors and
         must stay alive until the handle is done. Codes of NaN or inf are
-        refused (aps.Error APS_ENONFINITE). zeroed: the names the caller sent
-        as zeros because they held NaN or inf, what the handle's started() and
-        wait() return (as allreduce_many_async's with nonfinite="zero")."""
-        return self._codes_calls(items, None, timeout_ms, list(zeroed))
+        refused (aps.Error APS_ENONFINITE).
 
-    def step_codes_async(self, items, lr, timeout_ms=None):
+        before(), if given, runs on the I/O thread just before the calls
+        start, once the caller's device has made the codes: it returns the
+        items' scale exponents (a list, or None: as given) and the names the
+        caller sent as zeros because they held NaN or inf, which the handle's
+        started() and wait() return (as allreduce_many_async's with
+        nonfinite="zero"); an exception it raises fails the call."""
+        return self._codes_calls(items, None, timeout_ms, before)
+
+    def step_codes_async(self, items, lr, timeout_ms=None, before=None):
         """Optimize mode: an optimizer step of each (name, format, codes,
         scale_exp, result, result_exps) of items, whose results are the
         updates as codes (see allreduce_codes_async)."""
         lr = float(lr)
         if not math.isfinite(lr) or lr < 0:
             raise ValueError(f"learning rate {lr} is not finite and >= 0")
-        return self._codes_calls(items, lr, timeout_ms, [])
+        return self._codes_calls(items, lr, timeout_ms, before)
 
     # -- optimize mode --------------------------------------------------------
 
@@ -457,9 +462,8 @@ class Client:
                              f"{known}")
         return name, n
 
-    def _codes_calls(self, items, lr, timeout_ms, zeroed):
-        """Queues the codes calls of items (lr: None for all-reduces, else steps);
-        zeroed: what the handle's started() and wait() return."""
+    def _codes_calls(self, items, lr, timeout_ms, before):
+        """Queues the codes calls of items (lr: None for all-reduces, else steps)."""
         calls = []
         for name, fmt, codes, scale_exp, result, result_exps in items:
             call = CodesCall()
@@ -482,6 +486,9 @@ class Client:
                 busy = not self._in_flight.isdisjoint(name for name, _, _ in calls)
             if busy:
                 self._io.drain()
+            scale_exps, zeroed = before() if before is not None else (None, [])
+            for (name, call, _), k in zip(calls, scale_exps or ()):
+                call.scale_exp = _check_int(k, f"scale exponent of {name!r}")
             requests, error = [], None
             for name, call, _ in calls:
                 req = ctypes.c_void_p()

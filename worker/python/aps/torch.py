@@ -36,7 +36,7 @@ import weakref
 
 import torch
 
-from aps._device_codes import DeviceStage, reason_not_served
+from aps._device_codes import DeviceStage, codes_call, reason_not_served
 from aps._diloco import DiLoCo
 from aps._flags import AnyRankFlag
 from aps._optimizer import DEFAULT_BUCKET_BYTES, DistributedOptimizer
@@ -113,18 +113,12 @@ def codes_hook(client, bucket):
     what allreduce_hook does for a GPU bucket, here on any device (the same
     results)."""
     views = _bucket_views(bucket.buffer(), bucket.parameters())
-    names = [_hook_name(bucket, i, v) for i, v in enumerate(views)]
-    stages = _HOOK_STAGES.setdefault(client, {})
-    layouts = client.codes_layouts([(name, v.numel()) for name, v in zip(names, views)])
-    items, zeroed = [], []
-    for name, view, layout in zip(names, views, layouts):
-        item, was_zeroed = stages.setdefault(name, DeviceStage()).load(
-            name, view, layout, client.scaling, True)
-        items.append(item)
-        if was_zeroed:
-            zeroed.append(name)
-    handle = client.allreduce_codes_async(items, zeroed=zeroed)
-    return _hook_future(client, bucket, handle, bucket.buffer(), [stages[n] for n in names])
+    named = [(_hook_name(bucket, i, v), v) for i, v in enumerate(views)]
+    known = _HOOK_STAGES.setdefault(client, {})
+    stages = [known.setdefault(name, DeviceStage()) for name, _ in named]
+    layouts = client.codes_layouts([(name, v.numel()) for name, v in named])
+    handle = codes_call(client, named, layouts, stages, True)
+    return _hook_future(client, bucket, handle, bucket.buffer(), stages)
 
 
 # The DeviceStages of codes_hook by client and bucket tensor name: pinned buffers reused.
