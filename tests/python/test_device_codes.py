@@ -5,8 +5,8 @@ C client's own path gives, for every scaling the calls serve, over several
 chunks, with real ranks and a real apsd. Bad buffers, a stale format, NaN
 codes and clients the calls do not serve are refused before anything is sent.
 
-These run on CPU tensors (Debian's torch 1.13); the same code path runs on
-CUDA tensors, where only codes cross to pinned host memory."""
+They run on CPU tensors (Debian's torch 1.13), and on CUDA tensors too where
+torch sees a GPU (DEVICES), where only codes cross to pinned host memory."""
 
 import numpy as np
 import pytest
@@ -19,6 +19,7 @@ import aps.torch
 from conftest import APSD, run_ranks
 from ranks import import_torch
 
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 CASES = [("e4m3", "local"), ("e5m2", "none"), ("fp4", "block"), ("e2m1", "local"),
          ("fp32", "local")]
 
@@ -40,28 +41,30 @@ def grad(rank, n=5000, seed=0):
     return x
 
 
-def rank_codes_vs_floats(rank, world, endpoint, fmt, scaling):
+def rank_codes_vs_floats(rank, world, endpoint, fmt, scaling, device):
     import_torch()
     with aps.Client(endpoint, rank, world, format=fmt, scaling=scaling,
                     job=f"codes-{fmt}-{scaling}") as c:
         out = {}
         for step in range(2):
-            x = grad(rank, seed=step)
+            x = grad(rank, seed=step).to(device)
             [layouts] = c.codes_layouts([("t", x.numel())])
             stage = dc.DeviceStage()
             target = x.clone()
             handle = dc.codes_call(c, [("t", target)], [layouts], [stage], False)
             assert handle.wait() == [] and stage._codes.numel() == layouts[0].bytes
             stage.store()
-            want = x.clone()
+            want = x.cpu().clone()
             c.allreduce("floats", want)
-            out[step] = (target.numpy(), want.numpy(), layouts)
+            out[step] = (target.cpu().numpy(), want.numpy(), layouts)
         return out
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("fmt,scaling", CASES)
-def test_codes_calls_give_the_bits_of_the_float_path(small_chunks, fmt, scaling):
-    for out in run_ranks(rank_codes_vs_floats, 2, small_chunks, fmt, scaling, timeout=60):
+def test_codes_calls_give_the_bits_of_the_float_path(small_chunks, fmt, scaling, device):
+    for out in run_ranks(rank_codes_vs_floats, 2, small_chunks, fmt, scaling, device,
+                         timeout=60):
         for step, (got, want, (send, result)) in out.items():
             assert send.chunks == result.chunks == 5 and send.format == fmt
             assert send.block == (32 if scaling == "block" and fmt != "fp32" else 0)
@@ -141,13 +144,13 @@ def test_clients_the_codes_calls_do_not_serve(apsd, kwargs, why):
                                                            lr=0.1), c, device_codec=True)
 
 
-def rank_optimizer(rank, world, endpoint, fmt, scaling, device_codec, bucket_bytes):
+def rank_optimizer(rank, world, endpoint, fmt, scaling, device_codec, bucket_bytes, device):
     import_torch()
-    job = f"opt-{fmt}-{scaling}-{device_codec}"
+    job = f"opt-{fmt}-{scaling}-{device_codec}-{device}"
     with aps.Client(endpoint, rank, world, format=fmt, scaling=scaling, job=job) as c:
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(),
-                                    torch.nn.Linear(64, 10))
+                                    torch.nn.Linear(64, 10)).to(device)
         sgd = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
         opt = aps.torch.DistributedOptimizer(sgd, c, named_parameters=model.named_parameters(),
                                              bucket_bytes=bucket_bytes, device_codec=device_codec)
@@ -157,18 +160,21 @@ def rank_optimizer(rank, world, endpoint, fmt, scaling, device_codec, bucket_byt
             g = torch.Generator().manual_seed(100 * step + rank)
             x, y = torch.randn(8, 32, generator=g), torch.randint(0, 10, (8,), generator=g)
             opt.zero_grad()
-            loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss = torch.nn.functional.cross_entropy(model(x.to(device)), y.to(device))
             if step == 1 and rank == 1:
                 loss = loss * float("inf")  # every rank skips this step
             loss.backward()
             opt.step()
             skipped.append(opt.last_step_skipped)
-        return {k: v.detach().clone().numpy() for k, v in model.state_dict().items()}, skipped
+        return {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}, skipped
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("fmt,scaling", [("e4m3", "local"), ("fp4", "block")])
-def test_distributed_optimizer_device_codec_matches_the_host_path(small_chunks, fmt, scaling):
-    runs = {dev: run_ranks(rank_optimizer, 2, small_chunks, fmt, scaling, dev, 4096, timeout=90)
+def test_distributed_optimizer_device_codec_matches_the_host_path(small_chunks, fmt, scaling,
+                                                                  device):
+    runs = {dev: run_ranks(rank_optimizer, 2, small_chunks, fmt, scaling, dev, 4096, device,
+                           timeout=90)
             for dev in (False, True)}
     for rank in range(2):
         (host, s_host), (dev, s_dev) = runs[False][rank], runs[True][rank]
