@@ -369,9 +369,10 @@ struct aps_codes_layout {
 /**
  * The layout of the tensor's next call: what the caller sends (send) and
  * where its result lands (result; the downlink format). Either may be NULL.
- * The format can change between calls (the daemon's precision policy):
- * ask before each. Returns 0, APS_EINVAL (not registered, shards) or
- * APS_EBUSY (the tensor has a call in flight).
+ * The format can change between calls (the daemon's precision policy, its
+ * schedule, a restart): ask before each. Unlike the other calls it may be
+ * made from any thread, also while another thread uses the client. Returns 0, APS_EINVAL (not
+ * registered, shards) or APS_EBUSY (the tensor has a call in flight).
  */
 int aps_client_codes_layout(aps_client *c, uint32_t tensor_id, struct aps_codes_layout *send,
                             struct aps_codes_layout *result);
@@ -387,6 +388,9 @@ struct aps_codes_call {
 	int32_t *result_exps;   /* chunk i's values are its codes times 2^-result_exps[i]
 	                           (block scaling: 0, the exponents are in the codes) */
 	uint32_t n_result_exps; /* at least the result layout's chunks */
+	uint64_t flushed;       /* finite non-zero values the encoding flushed to zero (as
+	                           aps_quantize's stats count them): the daemon's precision
+	                           policy reads them */
 };
 
 /**

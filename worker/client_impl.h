@@ -136,7 +136,7 @@ struct aps_client {
 	bool policy_auto, error_feedback;
 	bool no_crc;                           /* the job's payloads travel without CRC32C */
 	char optimizer[APS_MSG_OPTIM_MAX + 1]; /* the job's, as WELCOME says; "": all-reduce */
-	struct aps_format downlink;            /* the job's, as WELCOME says */
+	struct aps_format downlink;            /* the job's, as WELCOME says (lock) */
 	bool downlink_fixed;                   /* false: results in each tensor's format */
 	char job_token[APS_MSG_TOKEN_MAX + 1]; /* "": none */
 	char rules[512];
@@ -300,9 +300,7 @@ size_t aps_request_chunk(const struct aps_request *r, uint32_t i, size_t *off, s
 /* Queues r unless the client already failed for good; on failure r is freed. */
 int aps_request_submit(struct aps_client *c, struct aps_request *r, aps_request **out);
 /* A data call's request, checked against the tensor table: buf the caller's floats
- * (results land there), data what the call reads (buf, or a codes call's codes),
- * count its elements (APS_REQUEST_TENSOR_COUNT: the tensor's, whatever they are). */
-#define APS_REQUEST_TENSOR_COUNT UINT64_MAX
+ * (results land there), data what the call reads (buf, or a codes call's codes). */
 int aps_request_data(struct aps_client *c, enum request_kind kind, uint32_t tensor_id, float *buf,
                      const void *data, uint64_t count, int32_t timeout_ms,
                      struct aps_request **out);

@@ -38,10 +38,27 @@ static void layout_of(const struct aps_format *f, uint64_t count, size_t per, si
 	        (uint64_t)(l->chunks - 1) * l->chunk_bytes + aps_codec_payload_size(f, last, block);
 }
 
-/* The format the daemon answers a tensor in f with: the job's downlink, or f. */
+/* The format the daemon answers a tensor in f with: the job's downlink, or f (lock). */
 static struct aps_format result_format(const struct aps_client *c, const struct aps_format *f)
 {
 	return c->downlink_fixed ? c->downlink : *f;
+}
+
+/* The tensor's count and the result format of f, or APS_EINVAL (not registered). */
+static int tensor_facts(struct aps_client *c, uint32_t tensor_id, uint64_t *count,
+                        struct aps_format *down)
+{
+	int ret = 0;
+
+	pthread_mutex_lock(&c->lock);
+	if (tensor_id >= c->n_tensors || c->tensors[tensor_id].count == 0) {
+		ret = aps_api_fail(APS_EINVAL, "tensor id %u is not registered", tensor_id);
+	} else {
+		*count = c->tensors[tensor_id].count;
+		*down = result_format(c, &c->tensors[tensor_id].format);
+	}
+	pthread_mutex_unlock(&c->lock);
+	return ret;
 }
 
 /* What codes calls need of the client itself: 0, or APS_EINVAL with the message. */
@@ -126,15 +143,12 @@ static int check_codes(const struct aps_request *r, const struct aps_codes_layou
 
 /* The call's buffers against the layouts of r's tensor at this step. */
 static int check_call(const struct aps_client *c, const struct aps_request *r,
-                      const struct aps_codes_call *call, struct aps_codes_layout *send,
-                      struct aps_codes_layout *result)
+                      const struct aps_codes_call *call, const struct aps_format *down,
+                      struct aps_codes_layout *send, struct aps_codes_layout *result)
 {
-	struct aps_format down = result_format(c, &r->fmt);
-
 	layout_of(&r->fmt, r->count, r->chunk_elems, aps_codec_payload_block(&r->fmt, c->block),
 	          send);
-	layout_of(&down, r->count, r->chunk_elems, aps_codec_payload_block(&down, c->block),
-	          result);
+	layout_of(down, r->count, r->chunk_elems, aps_codec_payload_block(down, c->block), result);
 	if (strcmp(call->format, send->format) != 0)
 		return aps_api_fail(APS_EMISMATCH,
 		                    "tensor '%.200s' travels in %s at this step, the codes are "
@@ -154,12 +168,16 @@ static int check_call(const struct aps_client *c, const struct aps_request *r,
 		                    result->chunks, (unsigned long long)call->result_len,
 		                    call->n_result_exps);
 	if (send->block != 0 ? call->scale_exp != 0
-	                     : call->scale_exp < -APS_CODEC_SCALE_MAX + 1 ||
+	                     : call->scale_exp < -APS_CODEC_SCALE_MAX ||
 	                               call->scale_exp > APS_CODEC_SCALE_MAX)
 		return aps_api_fail(APS_EINVAL,
 		                    "scale exponent %d: within +-%d (0 with block scaling, whose "
 		                    "exponents are in the codes)",
-		                    call->scale_exp, APS_CODEC_SCALE_MAX - 1);
+		                    call->scale_exp, APS_CODEC_SCALE_MAX);
+	if (call->flushed > r->count)
+		return aps_api_fail(APS_EINVAL, "tensor '%.200s': %llu values flushed of %llu",
+		                    r->name, (unsigned long long)call->flushed,
+		                    (unsigned long long)r->count);
 	return check_codes(r, send, call->codes);
 }
 
@@ -168,6 +186,8 @@ static int start_codes(aps_client *c, uint32_t tensor_id, const struct aps_codes
 {
 	struct aps_codes_layout send, result;
 	struct aps_request *r = NULL; /* set by aps_request_data when it returns 0 */
+	struct aps_format down;
+	uint64_t count = 0;
 	int ret = check_client(c);
 
 	if (ret < 0)
@@ -181,16 +201,19 @@ static int start_codes(aps_client *c, uint32_t tensor_id, const struct aps_codes
 		                                         "optimizer to step on the daemon"
 		                                       : "the job is in optimize mode: use "
 		                                         "aps_client_step_codes_start");
-	ret = aps_request_data(c, REQ_ALLREDUCE, tensor_id, NULL, call->codes,
-	                       APS_REQUEST_TENSOR_COUNT, timeout_ms, &r);
+	if ((ret = tensor_facts(c, tensor_id, &count, &down)) < 0)
+		return ret;
+	ret = aps_request_data(c, REQ_ALLREDUCE, tensor_id, NULL, call->codes, count, timeout_ms,
+	                       &r);
 	if (ret < 0)
 		return ret;
-	if ((ret = check_call(c, r, call, &send, &result)) < 0 ||
+	if ((ret = check_call(c, r, call, &down, &send, &result)) < 0 ||
 	    (ret = aps_request_alloc_codes(c, r)) < 0) {
 		aps_request_free(r);
 		return ret == APS_ENOMEM ? aps_api_fail(ret, "out of memory for the codes") : ret;
 	}
 	memcpy(r->codes->data, call->codes, send.bytes);
+	r->flushed[0] = call->flushed; /* the daemon's policy sums a step's chunks */
 	atomic_store_explicit(&r->encoded, send.chunks, memory_order_release);
 	r->scale_exp = call->scale_exp;
 	r->update = update;
@@ -198,7 +221,7 @@ static int start_codes(aps_client *c, uint32_t tensor_id, const struct aps_codes
 	r->out_codes = call->result;
 	r->out_len = call->result_len;
 	r->out_exps = call->result_exps;
-	r->out_fmt = result_format(c, &r->fmt);
+	r->out_fmt = down;
 	r->out_block = result.block;
 	return aps_request_submit(c, r, out);
 }

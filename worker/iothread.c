@@ -228,19 +228,23 @@ static bool chunk_of(const struct aps_request *r, const struct aps_msg *m, uint3
 	if (r->got == NULL || per == 0 || m->chunk_offset % per != 0)
 		return false;
 	*chunk = (uint32_t)(m->chunk_offset / per);
-	return *chunk < r->chunks;
+	/* Every chunk whole: a short one would leave the rest of it unwritten. */
+	return *chunk < r->chunks &&
+	       m->chunk_count ==
+	               (r->count - m->chunk_offset < per ? r->count - m->chunk_offset : per);
 }
 
 /* Chunk m of r's result into the caller's buffers: NULL, or why it does not fit. */
 static const char *store_result(const struct aps_client *c, struct aps_request *r,
                                 const struct aps_msg *m, uint32_t chunk)
 {
-	float *out = r->buf + m->chunk_offset;
+	float *out;
 
 	if (r->out_codes != NULL) /* a codes call: the caller decodes */
 		return aps_codes_take_result(r, m, chunk) < 0
 		               ? "a result chunk does not fit the codes call's result layout"
 		               : NULL;
+	out = r->buf + m->chunk_offset;
 	/* Optimize mode: the update is added, exactly as the daemon adds it to its view. */
 	if (aps_codec_decode_payload(&m->fmt, m->payload, m->payload_len, m->chunk_count,
 	                             m->scale_exp, m->block_size,
@@ -433,6 +437,10 @@ static void on_message(struct aps_client *c, const struct aps_msg *m)
 		break;
 	case APS_MSG_WELCOME:
 		aps_resume_welcomed(c, m);
+		pthread_mutex_lock(&c->lock); /* a restarted apsd may have another downlink */
+		c->downlink_fixed = m->format[0] != '\0';
+		c->downlink = m->fmt;
+		pthread_mutex_unlock(&c->lock);
 		if (m->flags & APS_MSG_FLAG_RESUMED)
 			aps_resume_calls(c);
 		else

@@ -261,8 +261,6 @@ static int tensor_of(struct aps_client *c, struct aps_request *r, const void *bu
 	if (r->tensor_id >= c->n_tensors || c->tensors[r->tensor_id].count == 0)
 		return aps_api_fail(APS_EINVAL, "tensor id %u is not registered", r->tensor_id);
 	t = &c->tensors[r->tensor_id];
-	if (count == APS_REQUEST_TENSOR_COUNT)
-		count = t->count;
 	if (buf == NULL || count != t->count)
 		return aps_api_fail(APS_EINVAL,
 		                    "tensor '%.200s' has %llu elements, the call passes %llu%s",

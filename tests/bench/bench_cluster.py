@@ -157,7 +157,8 @@ def apsd_config(cluster, geo, fmt, shards, a, logdir, port):
     argvs = [[str(a.build / "tests/bench/bench_allreduce"), "--endpoint", ",".join(endpoints),
               "--rank", str(r), "--world", str(WORLD), "--format", fmt, "--tensors",
               a.tensors, "--steps", str(a.steps), "--warmup", str(a.warmup),
-              "--partition-bytes", str(a.partition_bytes), "--timeout_ms", "120000"]
+              "--partition-bytes", str(a.partition_bytes), "--timeout_ms", "120000",
+              *(["--no-crc"] if not a.crc else [])]
              for r in range(WORLD)]
     try:
         out = run_ranks(cluster, range(WORLD), argvs, a.timeout, logdir, name)
@@ -347,6 +348,8 @@ def main():
                     "shards' chunk_bytes)")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--no-crc", dest="crc", action="store_false",
+                    help="apsd's payloads without CRC32C (the workers' no_payload_crc)")
     ap.add_argument("--no-gloo", dest="gloo", action="store_false")
     ap.add_argument("--gloo-buckets", default="0,25", metavar="MB,...",
                     help="gloo runs: 0 = one all_reduce per tensor, M = DDP's way, flat "

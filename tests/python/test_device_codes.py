@@ -241,3 +241,45 @@ def test_nonfinite_gradient_is_refused_or_sent_as_zeros(apsd):
         dc.codes_call(c, [("t", y)], [layouts], [stage], True).wait()
         stage.store()
         assert torch.equal(y, torch.full((300,), 0.5))
+
+
+def daemon(*args):
+    return aps.daemon.LocalDaemon(binary=str(APSD), extra_args=list(args)).start()
+
+
+def test_a_scheduled_format_change_is_followed(tmp_path):
+    """The daemon's schedule sends the first 2 steps in fp32, then the
+    client's e4m3: the layouts follow, and each step is the float path's bits."""
+    d = daemon("--schedule_steps", "2", "--chunk_bytes", "4k")
+    try:
+        with aps.Client(d.endpoint, 0, 1, format="e4m3", job="schedule") as c:
+            stage, formats = dc.DeviceStage(), []
+            for step in range(4):
+                x = grad(0, seed=step)
+                [layouts] = c.codes_layouts([("t", x.numel())])
+                formats.append(layouts[0].format)
+                got = x.clone()
+                dc.codes_call(c, [("t", got)], [layouts], [stage], False).wait()
+                stage.store()
+                want = x.clone()
+                c.allreduce("floats", want)
+                assert torch.equal(got.view(torch.int32), want.view(torch.int32)), step
+            assert formats == ["fp32", "fp32", "e4m3", "e4m3"]
+    finally:
+        assert d.stop() == 0
+
+
+def test_the_policy_sees_what_the_device_codec_flushed(apsd):
+    """policy="auto" moves a tensor whose small values e3m0 flushes up to a
+    wider format: step by step as it moves the host path's twin."""
+    x = torch.full((4096,), 1e-6)
+    x[0] = 1.0
+    with aps.Client(apsd, 0, 1, format="e3m0", policy="auto", job="flushed") as c:
+        stage, host, dev = dc.DeviceStage(), [], []
+        for step in range(6):
+            [hl, dl] = c.codes_layouts([("host", 4096), ("dev", 4096)])
+            host.append(hl[0].format)
+            dev.append(dl[0].format)
+            c.allreduce("host", x.clone())
+            dc.codes_call(c, [("dev", x.clone())], [dl], [stage], False).wait()
+        assert dev == host and host[0] == "e3m0" and host[-1] != "e3m0", host

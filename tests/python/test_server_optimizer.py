@@ -24,7 +24,9 @@ def batch(rank, step):
 
 
 def run_rank(endpoint, model, rank, world, fmt, steps, out, device_codec=False):
-    client = aps.Client(endpoint, rank, world, format=fmt, job=f"so-{fmt}-{device_codec}",
+    dtype = next(model.parameters()).dtype
+    client = aps.Client(endpoint, rank, world, format=fmt,
+                        job=f"so-{fmt}-{device_codec}-{dtype}",
                         optimizer=aps.torch.optimizer_spec("sgd", momentum=0.9, nesterov=1),
                         timeout_ms=20000)
     opt = aps.torch.ServerOptimizer(model, client, "sgd", lr=0.1, momentum=0.9, nesterov=1,
@@ -34,7 +36,7 @@ def run_rank(endpoint, model, rank, world, fmt, steps, out, device_codec=False):
     for step in range(steps):
         opt.zero_grad()
         x, y = batch(rank, step)
-        torch.nn.functional.cross_entropy(model(x), y).backward()
+        torch.nn.functional.cross_entropy(model(x.to(dtype)).float(), y).backward()
         out[rank]["grads"].append([p.grad.clone() for p in model.parameters()])
         opt.step(lr=0.1 / (1 + step))
     out[rank]["weights"] = [p.detach().clone() for p in model.parameters()]
@@ -42,10 +44,10 @@ def run_rank(endpoint, model, rank, world, fmt, steps, out, device_codec=False):
     client.close()
 
 
-def train(endpoint, fmt, world=2, steps=12, device_codec=False):
+def train(endpoint, fmt, world=2, steps=12, device_codec=False, dtype=torch.float32):
     out = {}
     # different on each rank: the broadcast aligns them (built here: the seed is global)
-    models = [make_model(seed=r) for r in range(world)]
+    models = [make_model(seed=r).to(dtype) for r in range(world)]
     threads = [threading.Thread(target=run_rank, args=(endpoint, models[r], r, world, fmt,
                                                         steps, out, device_codec))
                for r in range(world)]
@@ -84,13 +86,52 @@ def test_server_optimizer_stays_near_the_master_in_e4m3(apsd):
         assert torch.equal(a, b)
 
 
-def test_server_optimizer_device_codec_gives_the_host_paths_weights(apsd):
-    host, dev = train(apsd, "e4m3"), train(apsd, "e4m3", device_codec=True)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_server_optimizer_device_codec_gives_the_host_paths_weights(apsd, dtype):
+    host = train(apsd, "e4m3", dtype=dtype)
+    dev = train(apsd, "e4m3", device_codec=True, dtype=dtype)
     for rank in (0, 1):
         for a, b in zip(host[rank]["weights"], dev[rank]["weights"]):
-            assert torch.equal(a.view(torch.int32), b.view(torch.int32))
+            assert a.dtype == dtype and torch.equal(a, b)
     for name, master in host[0]["master"].items():
         assert torch.equal(master, dev[0]["master"][name])
+
+
+def two_groups_with_a_failure(endpoint, device_codec):
+    """One rank, two parameter groups; at step 1 the first group's gradient
+    holds NaN: that step raises APS_ENONFINITE, the second group's update is
+    applied all the same (the daemon applied it), and training goes on."""
+    model = make_model()
+    with aps.Client(endpoint, 0, 1, format="e4m3", job=f"so-fail-{device_codec}",
+                    optimizer="sgd") as client:
+        first, second = list(model[0].parameters()), list(model[2].parameters())
+        opt = aps.torch.ServerOptimizer(model, client, "sgd", lr=0.1,
+                                        device_codec=device_codec)
+        opt.param_groups[0]["params"] = first  # two groups: the first layer, the last
+        opt.add_param_group({"params": second, "lr": 0.05})
+        for step in range(3):
+            opt.zero_grad()
+            x, y = batch(0, step)
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            if step == 1:
+                first[0].grad[0, 0] = float("nan")
+                with pytest.raises(aps.Error, match="NaN") as e:
+                    opt.step()
+                assert e.value.name == "APS_ENONFINITE"
+            else:
+                opt.step()
+        return [p.detach().clone() for p in model.parameters()], opt.pull()
+
+
+def test_server_optimizer_applies_every_update_when_a_group_fails(apsd):
+    (host, host_master), (dev, dev_master) = \
+        [two_groups_with_a_failure(apsd, d) for d in (False, True)]
+    for a, b in zip(host, dev):
+        assert torch.equal(a, b)
+    for name in host_master:
+        assert torch.equal(host_master[name], dev_master[name])
+    for p, (name, master) in zip(dev, dev_master.items()):
+        assert (p - master).abs().max().item() < 0.02, name
 
 
 def test_server_optimizer_checks_its_arguments(apsd):

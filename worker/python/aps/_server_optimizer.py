@@ -121,6 +121,7 @@ class ServerOptimizer(torch.optim.Optimizer):
         self._started = False
         self.device_codec = use_device_codec(device_codec, client, list(model.parameters()))
         self._stages = {}  # wire name -> DeviceStage (device_codec)
+        self._device_weights = {}  # wire name -> fp32 weights on p's device (device_codec)
         super().__init__([p for _, p in named if p.requires_grad], {"lr": float(lr)})
         self.resumed_step = self._broadcast(self._params)
         self._started = True
@@ -216,23 +217,49 @@ class ServerOptimizer(torch.optim.Optimizer):
     # -- internals --------------------------------------------------------
 
     def _step_codes(self):
-        """step() with gradients coded on their device, one codes call per group."""
+        """step() with gradients coded on their device, one codes call per
+        group. Every call queued is waited for and its update applied, even
+        when another fails: the daemon applied it to its master weights."""
+        handles, error = [], None
         with torch.no_grad():
-            handles = []
-            for group in self.param_groups:
-                params = list(self._group_params(group))
-                if not params:
-                    continue
-                named = [(name, p.grad if p.grad is not None else torch.zeros_like(p))
-                         for name, p in params]
-                layouts = self.client.codes_layouts([(name, g.numel()) for name, g in named])
-                stages = [self._stages.setdefault(name, DeviceStage()) for name, _ in params]
-                handles.append((params, codes_call(self.client, named, layouts, stages, False,
-                                                   lr=group["lr"])))
-            for params, h in handles:
-                h.wait()
-                for name, p in params:
-                    self._stages[name].store(into=p.data, add=True)
+            try:
+                for group in self.param_groups:
+                    params = list(self._group_params(group))
+                    if not params:
+                        continue
+                    named = [(name, p.grad if p.grad is not None else torch.zeros_like(p))
+                             for name, p in params]
+                    layouts = self.client.codes_layouts([(name, g.numel())
+                                                         for name, g in named])
+                    stages = [self._stages.setdefault(name, DeviceStage())
+                              for name, _ in params]
+                    handles.append((params, codes_call(self.client, named, layouts, stages,
+                                                       False, lr=group["lr"])))
+            finally:
+                for params, h in handles:
+                    try:
+                        h.wait()
+                    except Exception as exc:  # the first is raised below
+                        error = error or exc
+                        continue
+                    for name, p in params:
+                        self._apply_update(name, p)
+        if error is not None:
+            raise error
+
+    def _apply_update(self, name, p):
+        """Adds the update of p's last codes call to p, in fp32 as the C client
+        adds it to its weights: on p itself when p is float32, else on an fp32
+        copy of the weights on p's device, which p then takes."""
+        if p.dtype == torch.float32:
+            self._stages[name].store(into=p.data, add=True)
+            return
+        master = self._device_weights.get(name)
+        if master is None:  # what the daemon believes this worker holds, in fp32
+            master = self._device_weights[name] = \
+                self._weights[name].to(device=p.device, dtype=torch.float32).view_as(p)
+        self._stages[name].store(into=master, add=True)
+        p.data.copy_(master)
 
     def _group_params(self, group):
         """(wire name, param) of group's parameters that are stepped."""

@@ -407,6 +407,16 @@ def quantize_blocks(t, fmt, block=32, stats=None):
     x = _flat_float32(t)
     if stats is not None and not isinstance(stats, dict):
         raise TypeError("stats must be a dict or None")
+    codes, exps, counts = quantize_blocks_into(x, f, block, stats is not None)
+    if stats is not None:
+        _report(stats, counts, x)
+    return codes, exps
+
+
+def quantize_blocks_into(x, f, block, count=False):
+    """quantize_blocks of x (flat float32) in format f (a _Format) without
+    waiting for the device: (codes, exps, the stats' counts as a tensor when
+    count, else None)."""
     n = x.numel()
     nb = -(-n // block)
     if nb * block > n:  # zeros fill the last block: they change neither max nor codes
@@ -414,22 +424,20 @@ def quantize_blocks(t, fmt, block=32, stats=None):
     need = (n * f.bits + 7) // 8
     codes = torch.empty(need, dtype=torch.uint8, device=x.device)
     exps = torch.empty(nb, dtype=torch.int8, device=x.device)
-    counts = torch.zeros(3, dtype=torch.int64, device=x.device)
+    counts = torch.zeros(3, dtype=torch.int64, device=x.device) if count else None
     step = _chunk(x.device) // block  # blocks per pass
     for b0 in range(0, nb, step):
         xb = x[b0 * block:(b0 + step) * block].view(-1, block)
         k = _block_exponents(f, xb)
         code, xa, over, q = _encode(xb.view(torch.int32), f, k[:, None])
-        if stats is not None:
+        if count:
             counts += _counts(xa, over, q)
         packed = _pack(code.reshape(-1), f.bits)  # a whole block is whole bytes
         lo = b0 * block * f.bits // 8
         hi = min(lo + packed.numel(), need)
         codes[lo:hi].copy_(packed[:hi - lo])
         exps[b0:b0 + k.numel()].copy_(k)
-    if stats is not None:
-        _report(stats, counts, x)
-    return codes, exps
+    return codes, exps, counts
 
 
 def dequantize_blocks(codes, exps, fmt, count, block=32, out=None):

@@ -17,6 +17,7 @@ passed by address and reduced in place: it must stay alive and untouched
 until its handle is done.
 """
 
+import collections
 import ctypes
 import logging
 import math
@@ -182,8 +183,7 @@ class Client:
         self._counts = {}  # name -> element count, as first used (calling side)
         self._ids = {}  # name -> (tensor id, packed bytes), once registered (I/O thread)
         self._in_flight = set()  # names of the tensors started and not yet waited for
-        self._layouts = {}  # name -> (send, result) CodesLayout of its next codes call
-        self._policy_auto = policy == "auto"
+        self._queued = collections.Counter()  # names of codes calls queued, not started
         self._c = None  # the C client, used on the I/O thread only
         self._closed = False
         self._io = IOThread(f"aps-io-rank{rank}")
@@ -271,30 +271,34 @@ class Client:
         list of (send, result) CodesLayout pairs (registering a tensor on first
         use): the caller encodes the tensor in send's layout (aps.quantize's
         codes chunk after chunk; block scaling: each chunk's codes, then its
-        int8 exponents) and finds the result in result's. Known layouts come
-        from a cache; with policy="auto" a tensor's format may change at every
-        step, and its layout is asked again after each call."""
+        int8 exponents) and finds the result in result's. A tensor's format
+        can change between steps (the daemon's policy or schedule): ask before
+        each call. Answered on the calling thread when every tensor is
+        registered and has no call queued or in flight, else once the I/O
+        thread has finished those."""
         calls = [self._prepare_count(name, n) for name, n in items]
         with self._lock:
-            known = [self._layouts.get(name) for name, _ in calls]
-        if all(known):
-            return known
+            if self._closed:
+                raise error_for(_APS_ECLOSED, "codes layouts: the client is closed")
+            if all(name in self._ids and name not in self._in_flight and
+                   not self._queued[name] for name, _ in calls):
+                return [self._layout_of(self._ids[name][0]) for name, _ in calls]
 
         def run():
             with self._lock:
                 busy = not self._in_flight.isdisjoint(name for name, _ in calls)
             if busy:
                 self._io.drain()
-            out = []
-            for name, n in calls:
-                send, result = _lib.CodesLayout(), _lib.CodesLayout()
-                check(lib.aps_client_codes_layout(self._c, self._tensor_id(name, n),
-                                                  ctypes.byref(send), ctypes.byref(result)))
-                out.append((CodesLayout.from_c(send), CodesLayout.from_c(result)))
-                with self._lock:
-                    self._layouts[name] = out[-1]
-            return out
+            return [self._layout_of(self._tensor_id(name, n)) for name, n in calls]
         return self._submit(run, "codes layouts", overlap=True).wait()
+
+    def _layout_of(self, tensor_id):
+        """(send, result) CodesLayout of a registered tensor (any thread: the C
+        call only reads the client's table under its lock)."""
+        send, result = _lib.CodesLayout(), _lib.CodesLayout()
+        check(lib.aps_client_codes_layout(self._c, tensor_id, ctypes.byref(send),
+                                          ctypes.byref(result)))
+        return CodesLayout.from_c(send), CodesLayout.from_c(result)
 
     def allreduce_codes_async(self, items, timeout_ms=None, before=None):
         """All-reduces tensors whose codes the caller made, all in flight
@@ -303,16 +307,19 @@ class Client:
         codes_layouts (format its format, scale_exp their APS exponent),
         result (uint8, writable) and result_exps (int32, one per chunk) of the
         result layout: chunk i of the mean is its codes times
-        2^-result_exps[i]. Buffers are numpy arrays or CPU torch tensors and
-        must stay alive until the handle is done. Codes of NaN or inf are
-        refused (aps.Error APS_ENONFINITE).
+        2^-result_exps[i]; a seventh element, if there, counts the finite
+        values the encoding flushed to zero (the daemon's policy reads it).
+        Buffers are numpy arrays or CPU torch tensors and must stay alive until
+        the handle is done; the codes are copied when the call starts
+        (handle.started() returns), and may change after that. Codes of NaN
+        or inf are refused (aps.Error APS_ENONFINITE).
 
         before(), if given, runs on the I/O thread just before the calls
-        start, once the caller's device has made the codes: it returns the
-        items' scale exponents (a list, or None: as given) and the names the
-        caller sent as zeros because they held NaN or inf, which the handle's
-        started() and wait() return (as allreduce_many_async's with
-        nonfinite="zero"); an exception it raises fails the call."""
+        start, once the caller's device has made the codes: it returns a
+        (scale exponent, flushed) pair per item (or None: as given) and the
+        names the caller sent as zeros because they held NaN or inf, which
+        the handle's started() and wait() return (as allreduce_many_async's
+        with nonfinite="zero"); an exception it raises fails the call."""
         return self._codes_calls(items, None, timeout_ms, before)
 
     def step_codes_async(self, items, lr, timeout_ms=None, before=None):
@@ -400,8 +407,9 @@ class Client:
     # -- internals --------------------------------------------------------
 
     def _free(self):
-        lib.aps_client_close(self._c)
-        self._c = None
+        with self._lock:  # codes_layouts may use the C client on another thread
+            c, self._c = self._c, None
+        lib.aps_client_close(c)
 
     def _connect(self, opts):
         ptr = ctypes.c_void_p()
@@ -465,8 +473,9 @@ class Client:
     def _codes_calls(self, items, lr, timeout_ms, before):
         """Queues the codes calls of items (lr: None for all-reduces, else steps)."""
         calls = []
-        for name, fmt, codes, scale_exp, result, result_exps in items:
+        for name, fmt, codes, scale_exp, result, result_exps, *flushed in items:
             call = CodesCall()
+            call.flushed = _check_int(flushed[0] if flushed else 0, f"flushed of {name!r}")
             call.format = _check_str(fmt, f"format of {name!r}")
             call.codes, call.codes_len = raw_buffer(codes, np.uint8, f"codes of {name!r}",
                                                     writable=False)
@@ -484,11 +493,13 @@ class Client:
         def start():
             with self._lock:
                 busy = not self._in_flight.isdisjoint(name for name, _, _ in calls)
+                self._queued.subtract(name for name, _, _ in calls)
             if busy:
                 self._io.drain()
-            scale_exps, zeroed = before() if before is not None else (None, [])
-            for (name, call, _), k in zip(calls, scale_exps or ()):
+            settings, zeroed = before() if before is not None else (None, [])
+            for (name, call, _), (k, flushed) in zip(calls, settings or ()):
                 call.scale_exp = _check_int(k, f"scale exponent of {name!r}")
+                call.flushed = _check_int(flushed, f"flushed of {name!r}")
             requests, error = [], None
             for name, call, _ in calls:
                 req = ctypes.c_void_p()
@@ -509,7 +520,14 @@ class Client:
             return Deferred(zeroed, lambda: self._finish_codes(requests, error, calls) or zeroed)
         what = f"codes call of {', '.join(repr(c[0]) for c in calls[:3])}" + \
             (f" and {len(calls) - 3} more" if len(calls) > 3 else "")
-        return self._submit(start, what, overlap=True)
+        with self._lock:
+            self._queued.update(name for name, _, _ in calls)
+        try:
+            return self._submit(start, what, overlap=True)
+        except BaseException:
+            with self._lock:
+                self._queued.subtract(name for name, _, _ in calls)
+            raise
 
     def _finish_codes(self, requests, error, _buffers):
         """Waits for every request of a codes call (its buffers, kept alive until then)."""
@@ -517,8 +535,6 @@ class Client:
             ret = lib.aps_request_wait(req)
             with self._lock:
                 self._in_flight.discard(name)
-                if self._policy_auto:
-                    self._layouts.pop(name, None)  # the format may change at the next step
             if ret < 0 and error is None:
                 error = last_error(ret)
         if error is not None:

@@ -1,0 +1,150 @@
+"""The client against a daemon that lies: a stand-in apsd written by hand
+(peers.py's envelopes on a ROUTER socket) welcomes the client, registers its
+tensor and then answers each step's chunks with a result that does not fit
+them: another format, a chunk cut short, a payload of the wrong length. Each
+call fails with an error that says so (or its deadline), never a crash or a
+write past the caller's buffers; an honest answer from the same stand-in is
+taken, so the lies are what fails."""
+
+import threading
+
+import numpy as np
+import pytest
+import zmq
+
+import aps
+from conftest import free_port
+from peers import (HELLO, PUSH, REGISTER, REGISTERED, RESULT, WELCOME, crc32c, decode,
+                   envelope)
+
+N, CHUNK = 3000, 1024  # three chunks, the last of 952
+
+
+class RogueDaemon:
+    """Answers HELLO, REGISTER and PUSH; each step's results come from
+    self.answer(chunk index, offset, count, payload) -> (fields, payload)."""
+
+    def __init__(self):
+        self.endpoint = f"tcp://127.0.0.1:{free_port()}"
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.bind(self.endpoint)
+        self.answer = honest
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def send(self, peer, payload=None, **fields):
+        fields.setdefault("version_major", 1)
+        fields.setdefault("version_minor", 8)
+        if payload is None:
+            self.sock.send_multipart([peer, envelope(**fields)])
+        else:
+            fields.setdefault("payload_len", len(payload))
+            fields.setdefault("payload_crc32c", crc32c(payload))
+            self.sock.send_multipart([peer, envelope(**fields), payload])
+
+    def run(self):
+        pushed = {}
+        while not self.stop.is_set():
+            if not self.sock.poll(50):
+                continue
+            peer, *frames = self.sock.recv_multipart()
+            m = decode(frames[0])
+            ident = {k: m[k] for k in ("job", "rank", "world_size") if k in m}
+            if m["type"] == HELLO:
+                self.send(peer, type=WELCOME, keepalive_ms=60000, session=m.get("session", b""),
+                          **ident)
+            elif m["type"] == REGISTER:
+                self.send(peer, type=REGISTERED, tensor_id=0, tensor_name=m["tensor_name"],
+                          total_count=N, chunk_count=CHUNK, format=m.get("format", "e4m3"),
+                          step=0, **ident)
+            elif m["type"] == PUSH:
+                pushed[m.get("chunk_offset", 0)] = (m, frames[1])
+                if len(pushed) < -(-N // CHUNK):
+                    continue
+                for i, off in enumerate(sorted(pushed)):
+                    push, data = pushed[off]
+                    fields = dict(type=RESULT, tensor_id=0, step=push.get("step", 0),
+                                  total_count=N, chunk_offset=off,
+                                  chunk_count=push["chunk_count"], format=push["format"],
+                                  scale_exp=push.get("scale_exp", 0), **ident)
+                    fields, payload = self.answer(i, fields, data)
+                    self.send(peer, payload, **fields)
+                pushed.clear()
+
+    def close(self):
+        self.stop.set()
+        self.thread.join(5)
+        self.sock.close()
+        self.ctx.term()
+
+
+def honest(_i, fields, data):
+    return fields, data  # one rank: the mean is the push itself
+
+
+@pytest.fixture
+def rogue():
+    d = RogueDaemon()
+    try:
+        yield d
+    finally:
+        d.close()
+
+
+def codes_call(c, x):
+    [(send, result)] = c.codes_layouts([("t", N)])
+    k = aps.aps_exponent(x, "e4m3", mode="local")
+    codes = aps.quantize(x, "e4m3", scale_exp=k)
+    out = np.full(result.bytes + 64, 0xAB, np.uint8)  # 64 guard bytes past the result
+    exps = np.zeros(result.chunks + 4, np.int32)
+    handle = c.allreduce_codes_async([("t", "e4m3", codes, k, out[:result.bytes], exps)])
+    return handle, codes, out, k
+
+
+def lie_format(i, fields, data):
+    if i == 1:
+        fields["format"] = "e5m2"
+    return fields, data
+
+
+def lie_short(i, fields, data):
+    if i == 0:  # the first chunk, half of it
+        fields["chunk_count"] = CHUNK // 2
+        data = data[:CHUNK // 2]
+    return fields, data
+
+
+def lie_length(i, fields, data):
+    if i == 2:
+        data = data + b"\0" * 16
+    return fields, data
+
+
+@pytest.mark.parametrize("lie,says", [(lie_format, "does not fit"),
+                                      (lie_short, "does not match its tensor"),
+                                      (lie_length, None)])
+def test_a_lying_result_fails_the_codes_call(rogue, lie, says):
+    x = np.linspace(-1, 1, N).astype(np.float32)
+    with aps.Client(rogue.endpoint, 0, 1, format="e4m3", job="rogue", timeout_ms=1500) as c:
+        handle, codes, out, _ = codes_call(c, x)
+        assert handle.wait() == []
+        assert np.array_equal(out[:len(codes)], codes)  # the honest answer is taken
+        rogue.answer = lie
+        handle, _, out, _ = codes_call(c, x)
+        with pytest.raises(aps.Error) as e:
+            handle.wait()
+        assert e.value.name in ("APS_EPROTO", "APS_ETIMEDOUT"), e.value
+        if says is not None:
+            assert says in str(e.value) and e.value.name == "APS_EPROTO"
+        assert np.all(out[-64:] == 0xAB)  # nothing written past the result
+
+
+def test_a_short_chunk_fails_the_float_call(rogue):
+    rogue.answer = lie_short
+    with aps.Client(rogue.endpoint, 0, 1, format="e4m3", job="rogue", timeout_ms=1500) as c:
+        with pytest.raises(aps.Error, match="does not match its tensor") as e:
+            c.allreduce("t", np.ones(N, np.float32))
+        assert e.value.name == "APS_EPROTO"
