@@ -441,26 +441,15 @@ class Client:
 
     def _prepare(self, name, x):
         """Checks name and x on the calling thread: (name, address, count)."""
-        raw = _check_str(name, "tensor name")
-        if not 0 < len(raw) <= _NAME_MAX:
-            raise ValueError(f"tensor name must have 1 to {_NAME_MAX} bytes, {name!r} has "
-                             f"{len(raw)}")
+        _check_name(name)
         addr, n = float32_buffer(x, f"tensor {name!r}")
-        if n == 0:
-            raise ValueError(f"tensor {name!r} is empty")
-        with self._lock:
-            known = self._counts.setdefault(name, n)
-        if known != n:
-            raise ValueError(f"tensor {name!r} has {n} elements but was registered with "
-                             f"{known}")
+        name, n = self._prepare_count(name, n)
         return name, addr, n
 
     def _prepare_count(self, name, n):
-        """Checks name and the count n of a tensor passed as codes: (name, n)."""
-        raw = _check_str(name, "tensor name")
-        if not 0 < len(raw) <= _NAME_MAX:
-            raise ValueError(f"tensor name must have 1 to {_NAME_MAX} bytes, {name!r} has "
-                             f"{len(raw)}")
+        """Checks name and the count n of its tensor (registered with the count
+        it was first used with): (name, n)."""
+        _check_name(name)
         if _check_int(n, f"count of {name!r}") <= 0:
             raise ValueError(f"tensor {name!r} is empty")
         with self._lock:
@@ -517,7 +506,7 @@ class Client:
                 self.bytes_pushed += call.codes_len
             with self._lock:
                 self._in_flight.update(name for name, _ in requests)
-            return Deferred(zeroed, lambda: self._finish_codes(requests, error, calls) or zeroed)
+            return Deferred(zeroed, lambda: self._wait_all(requests, error, calls) or zeroed)
         what = f"codes call of {', '.join(repr(c[0]) for c in calls[:3])}" + \
             (f" and {len(calls) - 3} more" if len(calls) > 3 else "")
         with self._lock:
@@ -529,8 +518,10 @@ class Client:
                 self._queued.subtract(name for name, _, _ in calls)
             raise
 
-    def _finish_codes(self, requests, error, _buffers):
-        """Waits for every request of a codes call (its buffers, kept alive until then)."""
+    def _wait_all(self, requests, error, _buffers=None):
+        """Waits for every started request, (name, request), of one batch (the
+        buffers they use are kept alive until then); raises error, or the first
+        request's error when error is None."""
         for name, req in requests:  # every started request must be waited for
             ret = lib.aps_request_wait(req)
             with self._lock:
@@ -579,15 +570,7 @@ class Client:
             self._in_flight.update(name for name, _ in requests)
 
         def finish():
-            first = error
-            for name, req in requests:  # every started request must be waited for
-                ret = lib.aps_request_wait(req)
-                with self._lock:
-                    self._in_flight.discard(name)
-                if ret < 0 and first is None:
-                    first = last_error(ret)
-            if first is not None:
-                raise first
+            self._wait_all(requests, error)
             return bad
         return Deferred(bad, finish)
 
@@ -609,6 +592,14 @@ class Client:
                 error = last_error(ret)
         if error is not None:
             raise error
+
+
+def _check_name(name):
+    """A tensor name of 1 to _NAME_MAX bytes, or ValueError (TypeError: not a str)."""
+    raw = _check_str(name, "tensor name")
+    if not 0 < len(raw) <= _NAME_MAX:
+        raise ValueError(f"tensor name must have 1 to {_NAME_MAX} bytes, {name!r} has "
+                         f"{len(raw)}")
 
 
 def _endpoint_list(endpoint):
