@@ -308,3 +308,27 @@ def test_broadcast_parameters_copies_rank_0(apsd):
     w0, w1 = run_ranks(rank_broadcast_params, 2, apsd)
     for k, v in weights(mlp(seed=0)).items():
         assert np.array_equal(w0[k], v) and np.array_equal(w1[k], v)
+
+
+@pytest.mark.skipif(not hasattr(torch, "compile"),
+                    reason="torch.compile is torch 2.x's (Debian 12 has torch 1.13)")
+def test_torch_compile_keeps_the_gradient_hooks(apsd):
+    """A model run through torch.compile (AOTAutograd, the part that rebuilds
+    backward) still fires DistributedOptimizer's hooks: every bucket is queued
+    by the time backward returns, and one rank in fp32 steps as torch's own
+    SGD on the same batches."""
+    with aps.Client(apsd, 0, 1, format="fp32", job="compile") as c:
+        model, ref = mlp(), mlp()
+        opt = wrap(model, c, bucket_bytes=64)
+        ref_opt = torch.optim.SGD(ref.parameters(), lr=LR, momentum=0.9)
+        compiled = torch.compile(model, backend="aot_eager")
+        for step in range(3):
+            x, y = batch(step, 0)
+            for m, o in ((compiled, opt), (ref, ref_opt)):
+                o.zero_grad()
+                torch.nn.functional.cross_entropy(m(x), y).backward()
+                if o is opt:  # the hooks queued every bucket during backward
+                    assert all(b.handle is not None for b in opt._buckets)
+                o.step()
+        for k, v in weights(ref).items():
+            np.testing.assert_allclose(weights(model)[k], v, rtol=1e-6, atol=1e-7)
