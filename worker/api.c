@@ -11,6 +11,7 @@
 #include "worker/api_error.h"
 #include "worker/sharded.h"
 
+#include <math.h>
 #include <string.h>
 
 struct client_ops {
@@ -20,6 +21,10 @@ struct client_ops {
 	int (*broadcast_start)(aps_client *c, uint32_t tensor_id, float *buf, uint64_t count,
 	                       int32_t timeout_ms, aps_request **out);
 	int (*barrier)(aps_client *c, int32_t timeout_ms);
+	int (*codes_layout)(aps_client *c, uint32_t tensor_id, struct aps_codes_layout *send,
+	                    struct aps_codes_layout *result);
+	int (*codes_start)(aps_client *c, uint32_t tensor_id, const struct aps_codes_call *call,
+	                   bool update, float lr, int32_t timeout_ms, aps_request **out);
 	int (*wait)(struct aps_request *r);
 	int (*done)(const struct aps_request *r);
 	int (*close)(aps_client *c);
@@ -46,6 +51,8 @@ static const struct client_ops one_connection = {
 	.allreduce_start = conn_allreduce_start,
 	.broadcast_start = aps_conn_broadcast_start,
 	.barrier = aps_conn_barrier,
+	.codes_layout = aps_conn_codes_layout,
+	.codes_start = aps_conn_codes_start,
 	.wait = conn_wait,
 	.done = aps_conn_done,
 	.close = aps_conn_close,
@@ -56,6 +63,8 @@ static const struct client_ops shards = {
 	.allreduce_start = aps_sharded_allreduce_start,
 	.broadcast_start = aps_sharded_broadcast_start,
 	.barrier = aps_sharded_barrier,
+	.codes_layout = aps_sharded_codes_layout,
+	.codes_start = aps_sharded_codes_start,
 	.wait = aps_sharded_wait,
 	.done = aps_sharded_done,
 	.close = aps_sharded_close,
@@ -140,6 +149,29 @@ int aps_client_barrier(aps_client *c, int32_t timeout_ms)
 	int ret = aps_client_check(c);
 
 	return ret < 0 ? ret : ops_of(c)->barrier(c, timeout_ms);
+}
+
+int aps_client_codes_layout(aps_client *c, uint32_t tensor_id, struct aps_codes_layout *send,
+                            struct aps_codes_layout *result)
+{
+	return ops_of(c)->codes_layout(c, tensor_id, send, result);
+}
+
+int aps_client_allreduce_codes_start(aps_client *c, uint32_t tensor_id,
+                                     const struct aps_codes_call *call, int32_t timeout_ms,
+                                     aps_request **req)
+{
+	return ops_of(c)->codes_start(c, tensor_id, call, false, 0, timeout_ms, req);
+}
+
+int aps_client_step_codes_start(aps_client *c, uint32_t tensor_id,
+                                const struct aps_codes_call *call, float lr, int32_t timeout_ms,
+                                aps_request **req)
+{
+	if (!isfinite(lr) || lr < 0)
+		return aps_api_fail(APS_EINVAL, "learning rate %g is not finite and >= 0",
+		                    (double)lr);
+	return ops_of(c)->codes_start(c, tensor_id, call, true, lr, timeout_ms, req);
 }
 
 int aps_client_tensor_updates(aps_client *c, uint32_t tensor_id, uint64_t *updates)

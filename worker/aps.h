@@ -349,9 +349,12 @@ int aps_client_tensor_updates(aps_client *c, uint32_t tensor_id, uint64_t *updat
  * The caller encodes the tensor in the layout aps_client_codes_layout gives
  * (the codes of aps_quantize, chunk after chunk; block scaling: each chunk's
  * codes followed by its int8 block exponents, as aps_quantize_blocks gives
- * them for that chunk), and decodes each result chunk itself. One daemon (no
- * shards); not with global scaling (the exponent is exchanged before encoding)
- * nor error_feedback (the caller keeps the residual of the codes it made).
+ * them for that chunk), and decodes each result chunk itself. With shards, the
+ * partitions' chunks follow each other (partition_bytes a multiple of the
+ * daemons' chunk_bytes, every shard in the same formats), and the whole tensor
+ * has one exponent. Not with global scaling (the exponent is exchanged before
+ * encoding) nor error_feedback (the caller keeps the residual of the codes it
+ * made).
  */
 
 /** Where a tensor's codes lie, chunk after chunk (aps_client_codes_layout). */
@@ -371,8 +374,9 @@ struct aps_codes_layout {
  * where its result lands (result; the downlink format). Either may be NULL.
  * The format can change between calls (the daemon's precision policy, its
  * schedule, a restart): ask before each. Unlike the other calls it may be
- * made from any thread, also while another thread uses the client. Returns 0, APS_EINVAL (not
- * registered, shards) or APS_EBUSY (the tensor has a call in flight).
+ * made from any thread, also while another thread uses the client. Returns
+ * 0, APS_EINVAL (not registered; shards whose partitions are not whole chunks
+ * or differ in format) or APS_EBUSY (the tensor has a call in flight).
  */
 int aps_client_codes_layout(aps_client *c, uint32_t tensor_id, struct aps_codes_layout *send,
                             struct aps_codes_layout *result);
@@ -382,15 +386,17 @@ struct aps_codes_call {
 	const char *format;   /* the send layout's format: a stale one is APS_EMISMATCH */
 	const uint8_t *codes; /* the send layout's bytes (copied before the start returns) */
 	uint64_t codes_len;
-	int32_t scale_exp;      /* the codes hold x * 2^scale_exp (0 with block scaling) */
-	uint8_t *result;        /* the result layout's bytes, written as chunks arrive */
-	uint64_t result_len;    /* at least the result layout's bytes */
-	int32_t *result_exps;   /* chunk i's values are its codes times 2^-result_exps[i]
-	                           (block scaling: 0, the exponents are in the codes) */
-	uint32_t n_result_exps; /* at least the result layout's chunks */
-	uint64_t flushed;       /* finite non-zero values the encoding flushed to zero (as
-	                           aps_quantize's stats count them): the daemon's precision
-	                           policy reads them */
+	int32_t scale_exp;       /* the codes hold x * 2^scale_exp (0 with block scaling) */
+	uint8_t *result;         /* the result layout's bytes, written as chunks arrive */
+	uint64_t result_len;     /* at least the result layout's bytes */
+	int32_t *result_exps;    /* chunk i's values are its codes times 2^-result_exps[i]
+	                            (block scaling: 0, the exponents are in the codes) */
+	uint32_t n_result_exps;  /* at least the result layout's chunks */
+	const uint64_t *flushed; /* per chunk of the send layout, from the first: the finite
+	                            non-zero values its encoding flushed to zero (as
+	                            aps_quantize's stats count them), which the daemon's
+	                            precision policy reads; NULL: none counted */
+	uint32_t n_flushed;      /* entries of flushed, at most the send layout's chunks */
 };
 
 /**
@@ -399,7 +405,8 @@ struct aps_codes_call {
  * call->result. Codes of inf or NaN are refused before anything is sent
  * (APS_ENONFINITE). Errors as aps_client_allreduce_start, plus APS_EINVAL
  * (bad buffers or lengths, a scale exponent beyond +-320 or a block exponent
- * beyond +-127, shards, global scaling, error feedback, optimize mode) and
+ * beyond +-127, global scaling, error feedback, optimize mode, shards whose
+ * partitions are not whole chunks) and
  * APS_EMISMATCH (call->format is not the tensor's format at this step).
  */
 int aps_client_allreduce_codes_start(aps_client *c, uint32_t tensor_id,

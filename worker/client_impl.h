@@ -309,6 +309,12 @@ int aps_request_alloc_codes(struct aps_client *c, struct aps_request *r);
 /* The job steps an optimizer on the daemon. */
 bool aps_client_optimize_mode(const struct aps_client *c);
 
+/* codes.c: aps_client_codes_layout and the codes calls (update: a step, with lr) of
+ * one connection. */
+int aps_conn_codes_layout(aps_client *c, uint32_t tensor_id, struct aps_codes_layout *send,
+                          struct aps_codes_layout *result);
+int aps_conn_codes_start(aps_client *c, uint32_t tensor_id, const struct aps_codes_call *call,
+                         bool update, float lr, int32_t timeout_ms, aps_request **out);
 /* codes.c: chunk of a codes call's result into the caller's buffers; APS_EPROTO when
  * it does not fit the call's result layout. */
 int aps_codes_take_result(struct aps_request *r, const struct aps_msg *m, uint32_t chunk);

@@ -14,7 +14,6 @@
 #include "common/scale.h"
 #include "worker/api_error.h"
 
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -68,9 +67,6 @@ static int check_client(const struct aps_client *c)
 
 	if (ret < 0)
 		return ret;
-	if (c->sharded != NULL)
-		return aps_api_fail(APS_EINVAL, "codes calls take one daemon; this client has "
-		                                "several endpoints (shards)");
 	if (c->scaling == APS_SCALING_GLOBAL)
 		return aps_api_fail(APS_EINVAL, "codes calls do not take global scaling: its "
 		                                "exponent is agreed before the tensor is encoded");
@@ -80,8 +76,8 @@ static int check_client(const struct aps_client *c)
 	return 0;
 }
 
-int aps_client_codes_layout(aps_client *c, uint32_t tensor_id, struct aps_codes_layout *send,
-                            struct aps_codes_layout *result)
+int aps_conn_codes_layout(aps_client *c, uint32_t tensor_id, struct aps_codes_layout *send,
+                          struct aps_codes_layout *result)
 {
 	struct client_tensor *t;
 	int ret = check_client(c);
@@ -174,15 +170,24 @@ static int check_call(const struct aps_client *c, const struct aps_request *r,
 		                    "scale exponent %d: within +-%d (0 with block scaling, whose "
 		                    "exponents are in the codes)",
 		                    call->scale_exp, APS_CODEC_SCALE_MAX);
-	if (call->flushed > r->count)
-		return aps_api_fail(APS_EINVAL, "tensor '%.200s': %llu values flushed of %llu",
-		                    r->name, (unsigned long long)call->flushed,
-		                    (unsigned long long)r->count);
+	if (call->n_flushed > send->chunks || (call->n_flushed > 0 && call->flushed == NULL))
+		return aps_api_fail(APS_EINVAL,
+		                    "tensor '%.200s': %u flushed counts for %u chunks%s", r->name,
+		                    call->n_flushed, send->chunks,
+		                    call->flushed == NULL ? " and no array" : "");
+	for (uint32_t i = 0; i < call->n_flushed; i++) {
+		if (call->flushed[i] > send->chunk_elems)
+			return aps_api_fail(APS_EINVAL,
+			                    "tensor '%.200s': chunk %u has %llu values flushed of "
+			                    "%llu",
+			                    r->name, i, (unsigned long long)call->flushed[i],
+			                    (unsigned long long)send->chunk_elems);
+	}
 	return check_codes(r, send, call->codes);
 }
 
-static int start_codes(aps_client *c, uint32_t tensor_id, const struct aps_codes_call *call,
-                       bool update, float lr, int32_t timeout_ms, aps_request **out)
+int aps_conn_codes_start(aps_client *c, uint32_t tensor_id, const struct aps_codes_call *call,
+                         bool update, float lr, int32_t timeout_ms, aps_request **out)
 {
 	struct aps_codes_layout send, result;
 	struct aps_request *r = NULL; /* set by aps_request_data when it returns 0 */
@@ -213,7 +218,8 @@ static int start_codes(aps_client *c, uint32_t tensor_id, const struct aps_codes
 		return ret == APS_ENOMEM ? aps_api_fail(ret, "out of memory for the codes") : ret;
 	}
 	memcpy(r->codes->data, call->codes, send.bytes);
-	r->flushed[0] = call->flushed; /* the daemon's policy sums a step's chunks */
+	for (uint32_t i = 0; i < call->n_flushed; i++)
+		r->flushed[i] = call->flushed[i];
 	atomic_store_explicit(&r->encoded, send.chunks, memory_order_release);
 	r->scale_exp = call->scale_exp;
 	r->update = update;
@@ -224,23 +230,6 @@ static int start_codes(aps_client *c, uint32_t tensor_id, const struct aps_codes
 	r->out_fmt = down;
 	r->out_block = result.block;
 	return aps_request_submit(c, r, out);
-}
-
-int aps_client_allreduce_codes_start(aps_client *c, uint32_t tensor_id,
-                                     const struct aps_codes_call *call, int32_t timeout_ms,
-                                     aps_request **req)
-{
-	return start_codes(c, tensor_id, call, false, 0, timeout_ms, req);
-}
-
-int aps_client_step_codes_start(aps_client *c, uint32_t tensor_id,
-                                const struct aps_codes_call *call, float lr, int32_t timeout_ms,
-                                aps_request **req)
-{
-	if (!isfinite(lr) || lr < 0)
-		return aps_api_fail(APS_EINVAL, "learning rate %g is not finite and >= 0",
-		                    (double)lr);
-	return start_codes(c, tensor_id, call, true, lr, timeout_ms, req);
 }
 
 int aps_codes_take_result(struct aps_request *r, const struct aps_msg *m, uint32_t chunk)

@@ -362,6 +362,172 @@ int aps_sharded_broadcast_start(aps_client *c, uint32_t tensor_id, float *buf, u
 	return start_parts(c, t, buf, timeout_ms, NULL, out);
 }
 
+/* Codes calls: the partitions of a tensor have their own chunks on their
+ * shards; put end to end they are the tensor's layout when every partition but
+ * the last is whole chunks of one size and every shard answers in one format. */
+struct parts_layout {
+	struct aps_codes_layout send, result; /* the whole tensor's */
+	struct aps_codes_layout *part_send, *part_result;
+	uint32_t *first_chunk; /* each part's first chunk in the whole */
+};
+
+static bool alike(const struct aps_codes_layout *a, const struct aps_codes_layout *b)
+{
+	return strcmp(a->format, b->format) == 0 && a->chunk_elems == b->chunk_elems &&
+	       a->block == b->block;
+}
+
+/* Adds part i's layout p to the whole w (the first part starts it). */
+static bool append(struct aps_codes_layout *w, const struct aps_codes_layout *p, uint32_t i,
+                   uint32_t n)
+{
+	bool last = i + 1 == n;
+
+	if (i == 0) {
+		*w = *p;
+		w->count = w->chunks = w->bytes = 0;
+	} else if (!(alike(w, p) || (last && p->chunks == 1 && p->count <= w->chunk_elems &&
+	                             strcmp(w->format, p->format) == 0 && w->block == p->block))) {
+		return false;
+	}
+	if (!last && p->count % w->chunk_elems != 0)
+		return false;
+	w->count += p->count;
+	w->chunks += p->chunks;
+	w->bytes += p->bytes;
+	return true;
+}
+
+static void free_layout(struct parts_layout *l)
+{
+	free(l->part_send);
+	free(l->part_result);
+	free(l->first_chunk);
+}
+
+static int parts_layout(struct aps_sharded *sh, uint32_t tensor_id, struct parts_layout *l)
+{
+	const struct sharded_tensor *t;
+	int ret;
+
+	memset(l, 0, sizeof(*l));
+	if (tensor_id >= sh->n_tensors)
+		return aps_api_fail(APS_EINVAL, "tensor id %u is not registered", tensor_id);
+	t = &sh->tensors[tensor_id];
+	l->part_send = calloc(t->n_parts, sizeof(*l->part_send));
+	l->part_result = calloc(t->n_parts, sizeof(*l->part_result));
+	l->first_chunk = calloc(t->n_parts, sizeof(*l->first_chunk));
+	if (l->part_send == NULL || l->part_result == NULL || l->first_chunk == NULL)
+		return aps_api_fail(APS_ENOMEM, "out of memory");
+	for (uint32_t i = 0; i < t->n_parts; i++) {
+		const struct aps_shard_part *p = &sh->parts[t->first + i];
+		ret = aps_conn_codes_layout(sh->shard[p->shard], sh->part_ids[t->first + i],
+		                            &l->part_send[i], &l->part_result[i]);
+		if (ret < 0)
+			return refail(ret, "a shard: ");
+		l->first_chunk[i] = l->send.chunks;
+		if (!append(&l->send, &l->part_send[i], i, t->n_parts) ||
+		    !append(&l->result, &l->part_result[i], i, t->n_parts))
+			return aps_api_fail(
+			        APS_EINVAL,
+			        "tensor '%.200s': its partitions are not whole chunks of "
+			        "one format on every shard (codes calls need "
+			        "partition_bytes a multiple of the daemons' chunk_bytes, "
+			        "and the shards alike)",
+			        t->name);
+	}
+	return 0;
+}
+
+int aps_sharded_codes_layout(aps_client *c, uint32_t tensor_id, struct aps_codes_layout *send,
+                             struct aps_codes_layout *result)
+{
+	struct parts_layout l;
+	int ret = parts_layout(c->sharded, tensor_id, &l);
+
+	if (ret == 0) {
+		if (send != NULL)
+			*send = l.send;
+		if (result != NULL)
+			*result = l.result;
+	}
+	free_layout(&l);
+	return ret < 0 ? ret : aps_api_ok();
+}
+
+/* Part i's slice of call, as one connection's codes call. */
+static struct aps_codes_call part_call(const struct aps_codes_call *call,
+                                       const struct parts_layout *l, uint32_t i)
+{
+	struct aps_codes_call p = *call;
+	uint32_t first = l->first_chunk[i];
+
+	p.codes = call->codes + (uint64_t)first * l->send.chunk_bytes;
+	p.codes_len = l->part_send[i].bytes;
+	p.result = call->result + (uint64_t)first * l->result.chunk_bytes;
+	p.result_len = l->part_result[i].bytes;
+	p.result_exps = call->result_exps + first;
+	p.n_result_exps = l->part_result[i].chunks;
+	p.flushed = call->n_flushed > first ? call->flushed + first : NULL;
+	p.n_flushed = call->n_flushed > first ? call->n_flushed - first : 0;
+	if (p.n_flushed > l->part_send[i].chunks)
+		p.n_flushed = l->part_send[i].chunks;
+	return p;
+}
+
+int aps_sharded_codes_start(aps_client *c, uint32_t tensor_id, const struct aps_codes_call *call,
+                            bool update, float lr, int32_t timeout_ms, aps_request **out)
+{
+	struct aps_sharded *sh = c->sharded;
+	const struct sharded_tensor *t;
+	struct aps_request *r = NULL;
+	struct parts_layout l;
+	int ret;
+
+	(void)lr;
+	if (out == NULL || call == NULL || call->codes == NULL || call->result == NULL ||
+	    call->result_exps == NULL || (call->n_flushed > 0 && call->flushed == NULL))
+		return aps_api_fail(APS_EINVAL, "request, call or one of its buffers is NULL");
+	if (update)
+		return aps_api_fail(APS_EINVAL,
+		                    "optimize mode serves one daemon, not several shards");
+	if ((ret = parts_layout(sh, tensor_id, &l)) < 0)
+		goto out;
+	/* The whole call's lengths first: the parts are slices of its buffers. */
+	if (call->codes_len != l.send.bytes || call->result_len < l.result.bytes ||
+	    call->n_result_exps < l.result.chunks || call->n_flushed > l.send.chunks) {
+		ret = aps_api_fail(APS_EINVAL,
+		                   "tensor '%.200s' takes %llu bytes of codes and answers in %llu "
+		                   "bytes and %u exponents; the call passes %llu, %llu and %u",
+		                   sh->tensors[tensor_id].name, (unsigned long long)l.send.bytes,
+		                   (unsigned long long)l.result.bytes, l.result.chunks,
+		                   (unsigned long long)call->codes_len,
+		                   (unsigned long long)call->result_len, call->n_result_exps);
+		goto out;
+	}
+	t = &sh->tensors[tensor_id];
+	if ((r = new_parent(c, t->n_parts)) == NULL) {
+		ret = aps_api_fail(APS_ENOMEM, "out of memory");
+		goto out;
+	}
+	for (uint32_t i = 0; i < t->n_parts; i++) {
+		const struct aps_shard_part *p = &sh->parts[t->first + i];
+		struct aps_codes_call part = part_call(call, &l, i);
+		ret = aps_conn_codes_start(sh->shard[p->shard], sh->part_ids[t->first + i], &part,
+		                           false, 0, timeout_ms, &r->parts[i]);
+		if (ret < 0) {
+			ret = abandon(r, ret);
+			goto out;
+		}
+		r->n_parts = i + 1;
+	}
+	*out = r;
+	ret = aps_api_ok();
+out:
+	free_layout(&l);
+	return ret;
+}
+
 int aps_sharded_barrier(aps_client *c, int32_t timeout_ms)
 {
 	struct aps_sharded *sh = c->sharded;

@@ -8,6 +8,8 @@
 
 #include "worker/aps.h"
 
+#include <stdbool.h>
+
 struct aps_request;
 
 /* aps_client_new for a comma-separated endpoint list: joins the job on every shard. */
@@ -23,6 +25,14 @@ int aps_sharded_allreduce_start(aps_client *c, uint32_t tensor_id, float *buf, u
 /* aps_client_broadcast_start, partitioned like the all-reduce. */
 int aps_sharded_broadcast_start(aps_client *c, uint32_t tensor_id, float *buf, uint64_t count,
                                 int32_t timeout_ms, aps_request **req);
+
+/* aps_client_codes_layout: the partitions' layouts end to end (whole chunks, alike). */
+int aps_sharded_codes_layout(aps_client *c, uint32_t tensor_id, struct aps_codes_layout *send,
+                             struct aps_codes_layout *result);
+
+/* aps_client_allreduce_codes_start: each partition's slice of the buffers on its shard. */
+int aps_sharded_codes_start(aps_client *c, uint32_t tensor_id, const struct aps_codes_call *call,
+                            bool update, float lr, int32_t timeout_ms, aps_request **req);
 
 /* aps_client_barrier: a barrier on every shard at once. */
 int aps_sharded_barrier(aps_client *c, int32_t timeout_ms);

@@ -283,3 +283,37 @@ def test_the_policy_sees_what_the_device_codec_flushed(apsd):
             c.allreduce("host", x.clone())
             dc.codes_call(c, [("dev", x.clone())], [dl], [stage], False).wait()
         assert dev == host and host[0] == "e3m0" and host[-1] != "e3m0", host
+
+
+def rank_shards(rank, world, endpoints, fmt, scaling, partition_bytes):
+    import_torch()
+    with aps.Client(endpoints, rank, world, format=fmt, scaling=scaling, job="shards",
+                    partition_bytes=partition_bytes) as c:
+        x = grad(rank, n=10000)
+        [layouts] = c.codes_layouts([("t", x.numel())])
+        got, stage = x.clone(), dc.DeviceStage()
+        dc.codes_call(c, [("t", got)], [layouts], [stage], False).wait()
+        stage.store()
+        want = x.clone()
+        c.allreduce("floats", want)
+        return got.numpy(), want.numpy(), layouts
+
+
+@pytest.mark.parametrize("fmt,scaling", [("e4m3", "local"), ("fp4", "block")])
+def test_codes_calls_over_shards_give_the_bits_of_the_float_path(fmt, scaling):
+    """Two shards, tensors cut into partitions of 4 chunks: the partitions'
+    chunks end to end are the layout, and the result is the float path's."""
+    shards = [daemon("--chunk_bytes", "4k") for _ in range(2)]
+    try:
+        endpoints = [d.endpoint for d in shards]
+        for got, want, (send, result) in run_ranks(rank_shards, 2, endpoints, fmt, scaling,
+                                                   16384, timeout=60):
+            assert send.chunks == 10 and send.chunk_elems == 1024 and send.count == 10000
+            assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+        with aps.Client(endpoints, 0, 1, format=fmt, scaling=scaling, job="odd",
+                        partition_bytes=6000) as c:  # partitions of 1500: not whole chunks
+            with pytest.raises(aps.ArgumentError, match="not whole chunks"):
+                c.codes_layouts([("t", 10000)])
+    finally:
+        for d in shards:
+            assert d.stop() == 0

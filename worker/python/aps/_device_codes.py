@@ -22,8 +22,6 @@ APS_ENONFINITE = -6
 
 def reason_not_served(client):
     """None when client's codes calls can serve a tensor, else why not."""
-    if "," in client.endpoint:
-        return "several endpoints (shards)"
     if client.scaling == "global":
         return "global scaling (its exponent is agreed before the tensor is encoded)"
     if client.error_feedback:
@@ -45,25 +43,27 @@ def use_device_codec(choice, client, params):
 
 def encode(x, layout, scaling, out):
     """x (flat float32) in layout (aps._codes.CodesLayout) into out (uint8, on
-    x's device), without waiting for the device. Returns two int64 tensors of
-    one element on x's device: the scale exponent (0 with block scaling) and
-    the finite non-zero values flushed to zero (aps.quantize's stats)."""
+    x's device), without waiting for the device. Returns two int64 tensors on
+    x's device: the scale exponent (one element; 0 with block scaling) and
+    each chunk's finite non-zero values flushed to zero (aps.quantize's stats)."""
     f = codec._spec(layout.format, 0)
-    if layout.block:
-        codes, exps, counts = codec.quantize_blocks_into(x, f, layout.block, count=True)
-        for i in range(layout.chunks):
-            start, n, at, nbytes = layout.chunk(i)
-            lo, size = start * f.bits // 8, (n * f.bits + 7) // 8
-            out[at:at + size].copy_(codes[lo:lo + size])
-            b0 = start // layout.block
-            out[at + size:at + nbytes].copy_(exps[b0:b0 - (-n // layout.block)].view(torch.uint8))
-        return torch.zeros(1, dtype=torch.int64, device=x.device), counts[2:]
-    if scaling == "none" or layout.format == "fp32":
+    if layout.block or scaling == "none" or layout.format == "fp32":
         k = torch.zeros(1, dtype=torch.int32, device=x.device)
     else:
         k = codec.local_exponents(f, codec._maxabs(x).reshape(1))
-    counts = codec.quantize_into(x, f, k, out, count=True)
-    return k.to(torch.int64), counts[2:]
+    flushed = []
+    for i in range(layout.chunks):
+        start, n, at, nbytes = layout.chunk(i)
+        part = x[start:start + n]
+        if layout.block:
+            codes, exps, counts = codec.quantize_blocks_into(part, f, layout.block, count=True)
+            size = codes.numel()
+            out[at:at + size].copy_(codes)
+            out[at + size:at + nbytes].copy_(exps.view(torch.uint8))
+        else:
+            counts = codec.quantize_into(part, f, k, out[at:at + nbytes], count=True)
+        flushed.append(counts[2:])
+    return k.to(torch.int64), torch.cat(flushed)
 
 
 def decode(codes, exps, layout, out):
@@ -112,11 +112,12 @@ class DeviceStage:
         k, flushed = encode(x, send, scaling, self._made)
         finite = torch.isfinite(x).all().reshape(1).to(torch.int64)
         self._codes = _buffer(self._codes, send.bytes, torch.uint8, "cpu", pin)
-        self._scalars = _buffer(self._scalars, 3, torch.int64, "cpu", pin)
+        # the exponent, the finiteness flag, then each chunk's flushed count
+        self._scalars = _buffer(self._scalars, 2 + send.chunks, torch.int64, "cpu", pin)
         self._codes.copy_(self._made, non_blocking=pin)
         self._scalars[0:1].copy_(k, non_blocking=pin)
-        self._scalars[1:2].copy_(flushed, non_blocking=pin)
-        self._scalars[2:3].copy_(finite, non_blocking=pin)
+        self._scalars[1:2].copy_(finite, non_blocking=pin)
+        self._scalars[2:].copy_(flushed, non_blocking=pin)
         self._event = None
         if pin:
             self._event = torch.cuda.Event()
@@ -128,20 +129,20 @@ class DeviceStage:
 
     def ready(self, zero_nonfinite):
         """Waits until load()'s codes are in host memory (the client's I/O
-        thread, before the call starts); returns ((scale exponent, values
-        flushed to zero), whether the tensor held NaN or inf and goes as
-        zeros). Without zero_nonfinite such a tensor raises aps.Error
-        APS_ENONFINITE."""
+        thread, before the call starts); returns ((scale exponent, each
+        chunk's values flushed to zero), whether the tensor held NaN or inf
+        and goes as zeros). Without zero_nonfinite such a tensor raises
+        aps.Error APS_ENONFINITE."""
         if self._event is not None:
             self._event.synchronize()
-        k, flushed, finite = self._scalars.tolist()
+        k, finite, *flushed = self._scalars.tolist()
         if finite:
             return (k, flushed), False
         if not zero_nonfinite:
             raise error_for(APS_ENONFINITE, f"tensor {self._name!r} holds NaN or inf values; "
                                             "nothing was sent")
         self._codes.zero_()  # zeros in every format and layout: all-zero bytes
-        return (0, 0), True
+        return (0, []), True
 
     def store(self, into=None, add=False):
         """Decodes the result into into (default: the tensor load() encoded),

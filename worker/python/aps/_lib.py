@@ -114,7 +114,8 @@ class CodesCall(ctypes.Structure):
         ("result_len", ctypes.c_uint64),
         ("result_exps", ctypes.c_void_p),
         ("n_result_exps", ctypes.c_uint32),
-        ("flushed", ctypes.c_uint64),
+        ("flushed", ctypes.c_void_p),
+        ("n_flushed", ctypes.c_uint32),
     ]
 
 

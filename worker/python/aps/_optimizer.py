@@ -142,8 +142,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
     is not supported: it would unscale gradients still being all-reduced.
 
     device_codec: None (default) codes gradients on their GPU when the model
-    is on one and the client serves codes calls (one daemon, local, none or
-    block scaling, no error_feedback); True always (CPU tensors too: the same
+    is on one and the client serves codes calls (local, none or block
+    scaling, no error_feedback; with shards, partition_bytes a multiple of
+    the daemons' chunk_bytes); True always (CPU tensors too: the same
     results), False never (every gradient is staged to host memory as fp32).
     """
 

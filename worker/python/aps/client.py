@@ -308,7 +308,8 @@ class Client:
         result (uint8, writable) and result_exps (int32, one per chunk) of the
         result layout: chunk i of the mean is its codes times
         2^-result_exps[i]; a seventh element, if there, counts the finite
-        values the encoding flushed to zero (the daemon's policy reads it).
+        values the encoding flushed to zero (an int, or one count per chunk;
+        the daemon's policy reads them).
         Buffers are numpy arrays or CPU torch tensors and must stay alive until
         the handle is done; the codes are copied when the call starts
         (handle.started() returns), and may change after that. Codes of NaN
@@ -316,7 +317,7 @@ class Client:
 
         before(), if given, runs on the I/O thread just before the calls
         start, once the caller's device has made the codes: it returns a
-        (scale exponent, flushed) pair per item (or None: as given) and the
+        (scale exponent, flushed counts) pair per item (or None: as given) and the
         names the caller sent as zeros because they held NaN or inf, which
         the handle's started() and wait() return (as allreduce_many_async's
         with nonfinite="zero"); an exception it raises fails the call."""
@@ -464,7 +465,7 @@ class Client:
         calls = []
         for name, fmt, codes, scale_exp, result, result_exps, *flushed in items:
             call = CodesCall()
-            call.flushed = _check_int(flushed[0] if flushed else 0, f"flushed of {name!r}")
+            counts = _flushed_counts(call, flushed[0] if flushed else (), name)
             call.format = _check_str(fmt, f"format of {name!r}")
             call.codes, call.codes_len = raw_buffer(codes, np.uint8, f"codes of {name!r}",
                                                     writable=False)
@@ -476,7 +477,7 @@ class Client:
             with self._lock:
                 if name not in self._ids:
                     raise ValueError(f"tensor {name!r}: ask codes_layouts first")
-            calls.append((name, call, (codes, result, result_exps)))
+            calls.append((name, call, [codes, result, result_exps, counts]))
         timeout = self._call_timeout(timeout_ms)
 
         def start():
@@ -486,9 +487,9 @@ class Client:
             if busy:
                 self._io.drain()
             settings, zeroed = before() if before is not None else (None, [])
-            for (name, call, _), (k, flushed) in zip(calls, settings or ()):
+            for (name, call, keep), (k, flushed) in zip(calls, settings or ()):
                 call.scale_exp = _check_int(k, f"scale exponent of {name!r}")
-                call.flushed = _check_int(flushed, f"flushed of {name!r}")
+                keep[3] = _flushed_counts(call, flushed, name)
             requests, error = [], None
             for name, call, _ in calls:
                 req = ctypes.c_void_p()
@@ -592,6 +593,19 @@ class Client:
                 error = last_error(ret)
         if error is not None:
             raise error
+
+
+def _flushed_counts(call, flushed, name):
+    """Sets call's flushed counts from flushed (an int: the whole tensor's,
+    counted with its first chunk; or one count per chunk) and returns the
+    array that holds them (to keep alive with the call)."""
+    counts = np.atleast_1d(np.asarray(flushed, dtype=np.int64))
+    if counts.ndim != 1 or np.any(counts < 0):
+        raise ValueError(f"flushed counts of {name!r} must be non-negative integers")
+    counts = np.ascontiguousarray(counts.astype(np.uint64))
+    call.flushed = counts.ctypes.data if counts.size else None
+    call.n_flushed = counts.size
+    return counts
 
 
 def _check_name(name):

@@ -23,8 +23,8 @@ and load_state_dict(), zero_grad() and add_param_group() work on them.
 
 Tensors that are not contiguous CPU float32 (CUDA, fp16, bf16) are staged
 through host buffers (aps._staging), but for GPU gradients of a client whose
-codes calls serve them (one daemon; local, none or block scaling; no
-error_feedback): those are coded on the GPU and only their codes cross to
+codes calls serve them (local, none or block scaling; no error_feedback;
+with shards, partitions of whole chunks): those are coded on the GPU and only their codes cross to
 host memory and back (aps._device_codes; device_codec=, codes_hook).
 
 quantize, dequantize, aps_exponent, quantize_blocks and dequantize_blocks
