@@ -80,6 +80,21 @@ def _same(a, b):
     return a.keys() == b.keys() and all(f32(a[k]) == f32(b[k]) for k in a)
 
 
+def _wait_every(handles):
+    """Waits for every handle, also after one fails: each call the daemon took
+    is applied there, and its update must reach the weights here. Returns
+    (whether each succeeded, the first error or None)."""
+    done, error = [], None
+    for h in handles:
+        try:
+            h.wait()
+            done.append(True)
+        except Exception as exc:
+            done.append(False)
+            error = error or exc
+    return done, error
+
+
 class ServerOptimizer(torch.optim.Optimizer):
     """Steps model's parameters with the optimizer the daemon runs for client's
     job. optimizer and the keyword settings (momentum=..., betas=..., ...)
@@ -165,22 +180,8 @@ class ServerOptimizer(torch.optim.Optimizer):
                 loss = closure()
         if lr is not None:
             self.lr = lr
-        if self.device_codec:
-            self._step_codes()
-            self.steps += 1
-            return loss
         with torch.no_grad():
-            handles = []
-            for group in self.param_groups:
-                items = [(name, self._grad_memory(name, p), self._weights[name])
-                         for name, p in self._group_params(group)]
-                if items:
-                    handles.append(self.client.step_many_async(items, group["lr"]))
-            for h in handles:
-                h.wait()
-            for name, p in self._params:
-                if self._weights[name] is not p.data:
-                    p.data.copy_(self._weights[name].view_as(p))
+            (self._step_codes if self.device_codec else self._step_host)()
         self.steps += 1
         return loss
 
@@ -216,34 +217,44 @@ class ServerOptimizer(torch.optim.Optimizer):
 
     # -- internals --------------------------------------------------------
 
+    def _step_host(self):
+        """step() with gradients staged to host memory as fp32; the updates
+        land in self._weights, which the parameters then take."""
+        handles = []
+        try:
+            for group in self.param_groups:
+                items = [(name, self._grad_memory(name, p), self._weights[name])
+                         for name, p in self._group_params(group)]
+                if items:
+                    handles.append(self.client.step_many_async(items, group["lr"]))
+        finally:
+            _, error = _wait_every(handles)
+            for name, p in self._params:
+                if self._weights[name] is not p.data:
+                    p.data.copy_(self._weights[name].view_as(p))
+        if error is not None:
+            raise error
+
     def _step_codes(self):
         """step() with gradients coded on their device, one codes call per
-        group. Every call queued is waited for and its update applied, even
-        when another fails: the daemon applied it to its master weights."""
-        handles, error = [], None
-        with torch.no_grad():
-            try:
-                for group in self.param_groups:
-                    params = list(self._group_params(group))
-                    if not params:
-                        continue
-                    named = [(name, p.grad if p.grad is not None else torch.zeros_like(p))
-                             for name, p in params]
-                    layouts = self.client.codes_layouts([(name, g.numel())
-                                                         for name, g in named])
-                    stages = [self._stages.setdefault(name, DeviceStage())
-                              for name, _ in params]
-                    handles.append((params, codes_call(self.client, named, layouts, stages,
-                                                       False, lr=group["lr"])))
-            finally:
-                for params, h in handles:
-                    try:
-                        h.wait()
-                    except Exception as exc:  # the first is raised below
-                        error = error or exc
-                        continue
-                    for name, p in params:
-                        self._apply_update(name, p)
+        group; each group's update is added once its call is done."""
+        handles = []
+        try:
+            for group in self.param_groups:
+                params = list(self._group_params(group))
+                if not params:
+                    continue
+                named = [(name, p.grad if p.grad is not None else torch.zeros_like(p))
+                         for name, p in params]
+                layouts = self.client.codes_layouts([(name, g.numel()) for name, g in named])
+                stages = [self._stages.setdefault(name, DeviceStage()) for name, _ in params]
+                handles.append((params, codes_call(self.client, named, layouts, stages, False,
+                                                   lr=group["lr"])))
+        finally:
+            done, error = _wait_every([h for _, h in handles])
+            for (params, _), ok in zip(handles, done):
+                for name, p in params if ok else ():
+                    self._apply_update(name, p)
         if error is not None:
             raise error
 
