@@ -332,3 +332,29 @@ def test_torch_compile_keeps_the_gradient_hooks(apsd):
                 o.step()
         for k, v in weights(ref).items():
             np.testing.assert_allclose(weights(model)[k], v, rtol=1e-6, atol=1e-7)
+
+
+def test_a_failed_bucket_leaves_no_call_in_flight(apsd):
+    """Without check_finite a NaN gradient fails its bucket's all-reduce; step()
+    raises only once every other bucket is done (none writes into a gradient
+    later), and the next step works."""
+    with aps.Client(apsd, 0, 1, format="fp32", job="failed-bucket") as c:
+        model = mlp(layers=(6,) + (5,) * 6 + (3,))
+        opt = wrap(model, c, bucket_bytes=64, check_finite=False)
+        x, y = batch(0, 0)
+        opt.zero_grad()
+        last = list(model.parameters())[-1]  # its bucket is sent first
+        hook = last.register_hook(lambda g: torch.full_like(g, float("nan")))
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        hook.remove()
+        handles = [b.handle for b in opt._buckets]  # every bucket was queued by backward
+        assert len(handles) > 2 and all(handles)
+        with pytest.raises(aps.Error, match="NaN or inf") as e:
+            opt.step()
+        assert e.value.name == "APS_ENONFINITE"
+        assert all(h.done() for h in handles) and not c._in_flight
+        before = weights(model)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        assert any(not np.array_equal(v, before[k]) for k, v in weights(model).items())

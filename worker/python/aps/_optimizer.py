@@ -253,11 +253,21 @@ class DistributedOptimizer(torch.optim.Optimizer):
         try:
             flag = self._flag.reduce_after([b.handle for b in self._buckets]) \
                 if self._flag else None
+            # Every bucket is waited for, also after one failed: none may write
+            # into a gradient once this returns.
+            error = None
             for b in self._buckets:
-                b.handle.wait()
+                try:
+                    b.handle.wait()
+                except Exception as exc:
+                    error = error or exc
+                    continue
                 for _, _, stage in b.entries:
                     stage.store()
-            return not (flag and flag.wait())
+            skip = flag is not None and flag.wait()
+            if error is not None:
+                raise error
+            return not skip
         finally:
             self._reset()
 
