@@ -242,6 +242,9 @@ def test_a_job_started_again_right_after_its_ranks_were_killed(daemon_factory):
     for p in old:
         p.send_signal(signal.SIGKILL)
         p.wait()
+    # both sessions closed, as the test's premise says (waiting for rank 1's
+    # alone let a new rank 0 meet the old rank 0's session still open)
+    daemon.wait_for_log("connection closed job=default rank=0")
     daemon.wait_for_log("connection closed job=default rank=1")
     results = run_workers(daemon.endpoint, 2, [4097, 7], steps=3, timeout=30)
     for code, out in results:
