@@ -37,6 +37,17 @@ static void layout_of(const struct aps_format *f, uint64_t count, size_t per, si
 	        (uint64_t)(l->chunks - 1) * l->chunk_bytes + aps_codec_payload_size(f, last, block);
 }
 
+/* A tensor's send layout in f and result layout in down (either out may be NULL). */
+static void layouts_of(const struct aps_client *c, const struct aps_format *f,
+                       const struct aps_format *down, uint64_t count, size_t per,
+                       struct aps_codes_layout *send, struct aps_codes_layout *result)
+{
+	if (send != NULL)
+		layout_of(f, count, per, aps_codec_payload_block(f, c->block), send);
+	if (result != NULL)
+		layout_of(down, count, per, aps_codec_payload_block(down, c->block), result);
+}
+
 /* The format the daemon answers a tensor in f with: the job's downlink, or f (lock). */
 static struct aps_format result_format(const struct aps_client *c, const struct aps_format *f)
 {
@@ -95,12 +106,7 @@ int aps_conn_codes_layout(aps_client *c, uint32_t tensor_id, struct aps_codes_la
 		                   t->name);
 	} else {
 		struct aps_format down = result_format(c, &t->format);
-		if (send != NULL)
-			layout_of(&t->format, t->count, t->chunk_elems,
-			          aps_codec_payload_block(&t->format, c->block), send);
-		if (result != NULL)
-			layout_of(&down, t->count, t->chunk_elems,
-			          aps_codec_payload_block(&down, c->block), result);
+		layouts_of(c, &t->format, &down, t->count, t->chunk_elems, send, result);
 	}
 	pthread_mutex_unlock(&c->lock);
 	return ret < 0 ? ret : aps_api_ok();
@@ -142,9 +148,7 @@ static int check_call(const struct aps_client *c, const struct aps_request *r,
                       const struct aps_codes_call *call, const struct aps_format *down,
                       struct aps_codes_layout *send, struct aps_codes_layout *result)
 {
-	layout_of(&r->fmt, r->count, r->chunk_elems, aps_codec_payload_block(&r->fmt, c->block),
-	          send);
-	layout_of(down, r->count, r->chunk_elems, aps_codec_payload_block(down, c->block), result);
+	layouts_of(c, &r->fmt, down, r->count, r->chunk_elems, send, result);
 	if (strcmp(call->format, send->format) != 0)
 		return aps_api_fail(APS_EMISMATCH,
 		                    "tensor '%.200s' travels in %s at this step, the codes are "
