@@ -160,6 +160,7 @@ def test_a_job_that_lost_a_rank_refuses_new_ranks(daemon):
     first = [start_worker(daemon.endpoint, r, 2, [7], steps=1,
                           sleep_ms=(30000 if r == 0 else 0), timeout_ms=30000)
              for r in range(2)]
+    daemon.wait_for_log("hello job=default rank=0")
     daemon.wait_for_log("hello job=default rank=1")
     time.sleep(0.3)
     first[1].kill()

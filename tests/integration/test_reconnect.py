@@ -238,6 +238,9 @@ def test_a_job_started_again_right_after_its_ranks_were_killed(daemon_factory):
     daemon = daemon_factory()
     old = [start_worker(daemon.endpoint, r, 2, [8], steps=1, sleep_ms=30000,
                         timeout_ms=20000) for r in range(2)]
+    # both ranks in the job before they die (a rank killed before its hello
+    # never had a session to close)
+    daemon.wait_for_log("hello job=default rank=0")
     daemon.wait_for_log("hello job=default rank=1")
     for p in old:
         p.send_signal(signal.SIGKILL)
