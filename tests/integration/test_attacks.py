@@ -118,11 +118,16 @@ def test_takeovers_leak_no_descriptor_and_no_memory(daemon_factory):
         stranger_heartbeat(p)
         p.recv()
         p.close()
-    base_fds, base_rss = open_fds(pid), rss_kib(pid)
+    base_fds = open_fds(pid)
+
+    # Memory: a connection that reused the live id is parked by libzmq and holds
+    # its pipes (about 8 KiB) until the listener resets, at most RESET_INTERVAL_MS
+    # (10 s) later (zbridge.c); after that reset all of it goes back.
+    base_rss = rss_kib(pid)
     x = rid()
     old = Peer(d.endpoint, x)
     stranger_heartbeat(old)
-    for _ in range(300):
+    for _ in range(600):
         new = Peer(d.endpoint, x)
         stranger_heartbeat(new)
         time.sleep(0.002)
@@ -133,8 +138,15 @@ def test_takeovers_leak_no_descriptor_and_no_memory(daemon_factory):
     alive(d)
     fds = settle(lambda: open_fds(pid), base_fds, timeout=20, slack=3)
     assert fds <= base_fds + 3, (base_fds, fds)
-    rss = rss_kib(pid)
-    assert SANITIZED or rss <= base_rss * 1.05 + 512, (base_rss, rss)
+    held = rss_kib(pid)
+    resets = d.counter("listener_resets")
+    deadline = time.monotonic() + 15
+    while d.counter("listener_resets") == resets and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert d.counter("listener_resets") > resets, "the parked connections were never cleared"
+    if not SANITIZED:
+        rss = settle(lambda: rss_kib(pid), base_rss, timeout=5, slack=512)
+        assert rss <= base_rss + 512, (base_rss, held, rss)
 
 
 @pytest.mark.parametrize("transport", ["tcp", "ipc"])
