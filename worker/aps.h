@@ -148,7 +148,12 @@ int aps_exponent(const char *fmt, const float *x, uint64_t n, int32_t nworkers, 
 /** A connection to apsd as one rank of one job. Not thread-safe: one thread at a time. */
 typedef struct aps_client aps_client;
 
-/** Optional sink for the client's diagnostics (the library never prints). */
+/**
+ * Optional sink for the client's diagnostics (the library never prints). It is
+ * called from the client's I/O thread, or from a thread inside a client call
+ * that does the I/O thread's work (a call that starts sends itself when the
+ * I/O thread is idle; aps_request_wait); it must not call the client.
+ */
 typedef void (*aps_log_fn)(void *ctx, int level, const char *line);
 
 /** Options of aps_client_new; aps_client_opts_init sets the defaults. */
@@ -296,7 +301,10 @@ int aps_client_broadcast_start(aps_client *c, uint32_t tensor_id, float *buf, ui
 
 /**
  * Waits until req is complete, frees it and returns its result: 0 or the
- * APS_E* code of the call (aps_last_error() says why, on this thread).
+ * APS_E* code of the call (aps_last_error() says why, on this thread). When
+ * req is the client's only call in flight, the waiting thread sends and
+ * receives it itself instead of through the I/O thread (the same messages,
+ * two thread hand-offs fewer: a small call's latency).
  */
 int aps_request_wait(aps_request *req);
 

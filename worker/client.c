@@ -159,6 +159,7 @@ static int start_io(struct aps_client *c)
 		return aps_api_fail(APS_ESYS, "eventfd failed");
 	pthread_mutex_init(&c->lock, NULL);
 	pthread_cond_init(&c->done_cv, NULL);
+	pthread_mutex_init(&c->io_role, NULL);
 	if (pthread_create(&c->io, NULL, aps_client_io_main, c) != 0)
 		return aps_api_fail(APS_ESYS, "cannot start the client's I/O thread");
 	c->io_started = true;
@@ -254,6 +255,7 @@ int aps_conn_close(aps_client *c)
 	c->tr = NULL;
 	pthread_mutex_destroy(&c->lock);
 	pthread_cond_destroy(&c->done_cv);
+	pthread_mutex_destroy(&c->io_role);
 	free_client(c);
 	return 0;
 }

@@ -98,7 +98,7 @@ int aps_client_wake(struct aps_client *c)
 	return write(c->wake_fd, &one, sizeof(one)) < 0 ? APS_ESYS : 0;
 }
 
-int aps_client_enqueue(struct aps_client *c, struct aps_request *r)
+void aps_client_enqueue(struct aps_client *c, struct aps_request *r)
 {
 	struct aps_request **tail = &c->queue;
 
@@ -106,7 +106,7 @@ int aps_client_enqueue(struct aps_client *c, struct aps_request *r)
 	while (*tail != NULL)
 		tail = &(*tail)->next;
 	*tail = r;
-	return aps_client_wake(c);
+	c->calls++;
 }
 
 void aps_request_finish_locked(struct aps_client *c, struct aps_request *r, int result,
@@ -114,6 +114,8 @@ void aps_request_finish_locked(struct aps_client *c, struct aps_request *r, int 
 {
 	r->result = result;
 	snprintf(r->error, sizeof(r->error), "%s", text != NULL ? text : "");
+	if (!r->done)
+		c->calls--;
 	r->done = true;
 	if (r->kind == REQ_ALLREDUCE || r->kind == REQ_BROADCAST || r->kind == REQ_PULL) {
 		struct client_tensor *t = &c->tensors[r->tensor_id];
@@ -184,6 +186,7 @@ int aps_conn_wait(struct aps_request *r, uint32_t *tensor_id, uint64_t *updates)
 	c = r->owner;
 	if (c->pid != getpid())
 		return aps_api_fail(APS_ECLOSED, "the request belongs to process %d", (int)c->pid);
+	aps_client_drive(c, r);
 	pthread_mutex_lock(&c->lock);
 	while (!r->done)
 		pthread_cond_wait(&c->done_cv, &c->lock);

@@ -7,7 +7,10 @@
  *
  * Locking: c->lock guards the queue of new requests, the tensor table, every
  * request's done/result/error and c->fatal. Everything else of an active
- * request belongs to the I/O thread.
+ * request, and the socket, belongs to whoever holds c->io_role: the I/O
+ * thread, except while it waits for the socket, or a caller that sends what it
+ * queued or waits for its lone call (iothread.c: aps_client_kick,
+ * aps_client_drive). io_role is taken before c->lock.
  */
 #ifndef APS_WORKER_CLIENT_IMPL_H
 #define APS_WORKER_CLIENT_IMPL_H
@@ -149,9 +152,12 @@ struct aps_client {
 	atomic_bool coded;
 	pthread_mutex_t lock;
 	pthread_cond_t done_cv;
-	struct aps_request *queue; /* new requests, oldest first (lock) */
-	bool stopping;             /* (lock) */
-	int fatal;                 /* a failure for good: every later call fails too (lock) */
+	pthread_mutex_t io_role;    /* the socket and the active requests (see the top) */
+	int64_t io_sleeps_until_ms; /* the I/O thread waits until then; 0: it does not (io_role) */
+	struct aps_request *queue;  /* new requests, oldest first (lock) */
+	uint32_t calls;             /* requests queued or in flight, not done (lock) */
+	bool stopping;              /* (lock) */
+	int fatal;                  /* a failure for good: every later call fails too (lock) */
 	char fatal_text[APS_CLIENT_ERROR_MAX];
 	int pending; /* a job-wide error no call was waiting for: the next call's */
 	char pending_text[APS_CLIENT_ERROR_MAX];
@@ -214,8 +220,8 @@ void aps_client_msg(const struct aps_client *c, struct aps_msg *m, enum aps_msg_
 int aps_client_send(struct aps_client *c, struct aps_msg *m, struct aps_sbuf *buf,
                     const uint8_t *data, size_t len);
 
-/* Queues a request for the I/O thread (takes ownership) and wakes it. */
-int aps_client_enqueue(struct aps_client *c, struct aps_request *r);
+/* Queues a request (takes ownership; lock held); aps_client_kick then sends it. */
+void aps_client_enqueue(struct aps_client *c, struct aps_request *r);
 /* Wakes the I/O thread: a request was queued, or chunks of one were coded. */
 int aps_client_wake(struct aps_client *c);
 
@@ -245,6 +251,18 @@ int aps_conn_tensor_updates(aps_client *c, uint32_t tensor_id, uint64_t *updates
 
 /* The I/O thread's body. */
 void *aps_client_io_main(void *arg);
+/*
+ * A caller that queued a call (lock not held): when the I/O thread waits, the
+ * caller sends what is queued itself; when it is at work, it is woken to.
+ */
+void aps_client_kick(struct aps_client *c);
+/*
+ * A caller about to wait for r: while r is the only call queued or in flight,
+ * the caller takes the I/O role and does the I/O thread's work itself until r
+ * is done (its reply skips two thread hand-offs). Returns at once, having done
+ * nothing, when r is not alone.
+ */
+void aps_client_drive(struct aps_client *c, struct aps_request *r);
 
 /* aps_client_register asking for format (NULL: the client's rules decide). */
 int aps_client_register_as(aps_client *c, const char *name, uint64_t count, const char *format,

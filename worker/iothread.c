@@ -1,10 +1,12 @@
 /*
  * The client's I/O thread: the only user of the socket once the client has
- * joined. It takes new requests from the queue and sends them (a tensor in
- * chunks of the daemon's size; global-mode exponents batched into one
- * EXPONENTS per wake-up), matches every reply to its request, decodes
- * results into the caller's buffer chunk by chunk, heartbeats for requests
- * that wait, and fails those whose deadline passed without progress.
+ * joined, but for a caller that waits for its lone call and does the thread's
+ * work itself meanwhile (aps_client_drive: the I/O role). It takes new
+ * requests from the queue and sends them (a tensor in chunks of the daemon's
+ * size; global-mode exponents batched into one EXPONENTS per wake-up), matches
+ * every reply to its request, decodes results into the caller's buffer chunk
+ * by chunk, heartbeats for requests that wait, and fails those whose deadline
+ * passed without progress.
  */
 #include "worker/client_impl.h"
 
@@ -12,6 +14,8 @@
 #include "common/err.h"
 #include "common/rules.h"
 
+#include <errno.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -542,32 +546,148 @@ static int run_timers(struct aps_client *c)
 	return next > now ? (int)(next - now) : 0;
 }
 
+/*
+ * What a poll of the socket found; false once the loop must end. A wake-up is
+ * read here: *woken says so (one meant for the I/O thread, when a caller read it).
+ */
+static bool handle(struct aps_client *c, int ready, bool *woken)
+{
+	uint64_t wakeups;
+
+	if (ready < 0) {
+		aps_client_fail_for_good(c, APS_ECONN, "the connection to apsd failed");
+		return false;
+	}
+	if (ready & APS_TRANSPORT_WOKEN && read(c->wake_fd, &wakeups, sizeof(wakeups)) == 8)
+		*woken = true;
+	if (ready & APS_TRANSPORT_REFUSED) {
+		aps_client_fail_for_good(c, APS_EACCES, aps_transport_refusal(c->tr));
+		return true;
+	}
+	/* What arrived before the close is read before the socket goes: apsd's
+	 * BYE when it stops, results sent just before a reset. */
+	if (ready & (APS_TRANSPORT_READABLE | APS_TRANSPORT_LOST | APS_TRANSPORT_NOCONN))
+		receive_all(c);
+	if (ready & APS_TRANSPORT_LOST)
+		aps_resume_lost(c, "the connection to apsd closed");
+	else if (ready & APS_TRANSPORT_NOCONN)
+		aps_resume_lost(c, "apsd cannot be reached");
+	return true;
+}
+
+/*
+ * The I/O thread's wait, outside the role so that a caller may take it
+ * meanwhile: the socket is used only with the role held, while waiting only
+ * its descriptors are watched. When they signal while a caller holds the role,
+ * the thread waits for the caller to give it back (give_back_role).
+ */
+static int wait_released(struct aps_client *c, int timeout_ms)
+{
+	struct pollfd fds[3];
+	int ready = aps_transport_poll(c->tr, c->wake_fd, 0), n;
+	int64_t until = aps_client_now_ms() + timeout_ms;
+
+	if (ready != 0 || timeout_ms == 0)
+		return ready;
+	n = aps_transport_pollfds(c->tr, c->wake_fd, fds);
+	c->io_sleeps_until_ms = until;
+	pthread_mutex_unlock(&c->io_role);
+	while (poll(fds, (nfds_t)n, timeout_ms) < 0 && errno == EINTR)
+		;
+	pthread_mutex_lock(&c->io_role);
+	c->io_sleeps_until_ms = 0;
+	return aps_transport_poll(c->tr, c->wake_fd, 0);
+}
+
+/*
+ * A caller gives the role back: what the socket holds now is read, and the
+ * waiting I/O thread is woken where it must look again (a wake-up meant for it
+ * was read, or a timer of the calls sent meanwhile is due before it wakes).
+ */
+static void give_back_role(struct aps_client *c, bool woken)
+{
+	int ready = aps_transport_poll(c->tr, c->wake_fd, 0);
+	bool wake = woken;
+
+	if (ready != 0 && !handle(c, ready, &wake))
+		wake = true;
+	if (c->io_sleeps_until_ms != 0 &&
+	    aps_client_now_ms() + run_timers(c) < c->io_sleeps_until_ms)
+		wake = true;
+	pthread_mutex_unlock(&c->io_role);
+	if (wake)
+		aps_client_wake(c);
+}
+
+/*
+ * One turn of the I/O loop: what callers queued, what is due, then what came
+ * (waiting for it up to the next timer); false once the loop ends. by_caller:
+ * a waiting caller's turn, which holds the role throughout; *woken as handle's.
+ */
+static bool io_turn(struct aps_client *c, bool by_caller, bool *woken)
+{
+	int ready, timeout_ms;
+
+	if (!start_new(c))
+		return false;
+	timeout_ms = run_timers(c);
+	ready = by_caller ? aps_transport_poll(c->tr, c->wake_fd, timeout_ms)
+	                  : wait_released(c, timeout_ms);
+	return handle(c, ready, woken);
+}
+
 void *aps_client_io_main(void *arg)
 {
 	struct aps_client *c = arg;
-	uint64_t wakeups;
+	bool woken = false;
 
-	while (start_new(c)) {
-		int ready = aps_transport_poll(c->tr, c->wake_fd, run_timers(c));
-		if (ready < 0) {
-			aps_client_fail_for_good(c, APS_ECONN, "the connection to apsd failed");
-			break;
-		}
-		if (ready & APS_TRANSPORT_WOKEN && read(c->wake_fd, &wakeups, sizeof(wakeups)) < 0)
-			wakeups = 0;
-		if (ready & APS_TRANSPORT_REFUSED) {
-			aps_client_fail_for_good(c, APS_EACCES, aps_transport_refusal(c->tr));
-			continue;
-		}
-		/* What arrived before the close is read before the socket goes: apsd's
-		 * BYE when it stops, results sent just before a reset. */
-		if (ready & (APS_TRANSPORT_READABLE | APS_TRANSPORT_LOST | APS_TRANSPORT_NOCONN))
-			receive_all(c);
-		if (ready & APS_TRANSPORT_LOST)
-			aps_resume_lost(c, "the connection to apsd closed");
-		else if (ready & APS_TRANSPORT_NOCONN)
-			aps_resume_lost(c, "apsd cannot be reached");
-	}
+	pthread_mutex_lock(&c->io_role);
+	while (io_turn(c, false, &woken))
+		;
 	aps_client_fail_for_good(c, APS_ECLOSED, "the client was closed");
+	pthread_mutex_unlock(&c->io_role);
 	return NULL;
+}
+
+void aps_client_kick(struct aps_client *c)
+{
+	if (pthread_mutex_trylock(&c->io_role) != 0) {
+		aps_client_wake(c); /* the I/O thread is at work: it sends them */
+		return;
+	}
+	if (!start_new(c)) {
+		pthread_mutex_unlock(&c->io_role);
+		aps_client_wake(c);
+		return;
+	}
+	give_back_role(c, false);
+}
+
+/* r is not done and is the only call queued or in flight (lock). */
+static bool lone(const struct aps_client *c, const struct aps_request *r)
+{
+	return !r->done && !r->coding && !c->rejoining && !c->stopping && c->calls == 1;
+}
+
+void aps_client_drive(struct aps_client *c, struct aps_request *r)
+{
+	bool go, woken = false;
+
+	pthread_mutex_lock(&c->lock);
+	go = lone(c, r);
+	pthread_mutex_unlock(&c->lock);
+	if (!go)
+		return;
+	/* The I/O thread gives the role up as soon as it waits for the socket. */
+	pthread_mutex_lock(&c->io_role);
+	while (go) {
+		pthread_mutex_lock(&c->lock);
+		go = lone(c, r);
+		pthread_mutex_unlock(&c->lock);
+		if (go && !io_turn(c, true, &woken)) {
+			go = false;
+			woken = true; /* closing: the I/O thread ends the loop */
+		}
+	}
+	give_back_role(c, woken);
 }

@@ -37,6 +37,7 @@ static struct aps_request *new_request(struct aps_client *c, enum request_kind k
 int aps_request_submit(struct aps_client *c, struct aps_request *r, aps_request **out)
 {
 	int ret = 0;
+	bool alone = false;
 
 	pthread_mutex_lock(&c->lock);
 	if (c->fatal < 0) {
@@ -48,12 +49,19 @@ int aps_request_submit(struct aps_client *c, struct aps_request *r, aps_request 
 		if (r->kind == REQ_ALLREDUCE || r->kind == REQ_BROADCAST || r->kind == REQ_PULL)
 			c->tensors[r->tensor_id].busy = r;
 		aps_client_enqueue(c, r);
+		alone = c->calls == 1;
 	}
 	pthread_mutex_unlock(&c->lock);
 	if (ret < 0) {
 		aps_request_free(r);
 		return ret;
 	}
+	/* A lone call goes from this thread when the I/O thread is idle; with
+	 * others in flight the I/O thread sends it, while this thread codes on. */
+	if (alone)
+		aps_client_kick(c);
+	else
+		aps_client_wake(c);
 	*out = r;
 	return aps_api_ok();
 }

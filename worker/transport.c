@@ -447,6 +447,21 @@ int aps_transport_poll(struct aps_transport *t, int wake_fd, int timeout_ms)
 	       ((items[2].revents & ZMQ_POLLIN) ? read_events(t) : 0);
 }
 
+int aps_transport_pollfds(struct aps_transport *t, int wake_fd, struct pollfd *fds)
+{
+	void *socks[2] = { t->sock, t->monitor };
+	int n = 0;
+
+	fds[n++] = (struct pollfd){ .fd = wake_fd, .events = POLLIN };
+	for (int i = 0; t->sock != NULL && i < 2; i++) {
+		int fd;
+		size_t len = sizeof(fd);
+		if (zmq_getsockopt(socks[i], ZMQ_FD, &fd, &len) == 0)
+			fds[n++] = (struct pollfd){ .fd = fd, .events = POLLIN };
+	}
+	return n;
+}
+
 /* Reads every frame of a waiting message, keeping the first MAX_FRAMES. */
 static size_t read_frames(struct aps_transport *t)
 {

@@ -14,6 +14,7 @@
 #ifndef APS_WORKER_TRANSPORT_H
 #define APS_WORKER_TRANSPORT_H
 
+#include <poll.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -128,6 +129,13 @@ int aps_transport_recv(struct aps_transport *t, int timeout_ms, struct aps_rxmsg
 #define APS_TRANSPORT_REFUSED  8
 #define APS_TRANSPORT_NOCONN   16
 int aps_transport_poll(struct aps_transport *t, int wake_fd, int timeout_ms);
+/*
+ * What aps_transport_poll waits on, as plain descriptors (fds[3]; returns how
+ * many): wake_fd, then the socket's and its monitor's ZMQ_FD. Those two only
+ * say that the socket may have changed: aps_transport_poll with no wait tells.
+ * For waiting while another thread may use the socket.
+ */
+int aps_transport_pollfds(struct aps_transport *t, int wake_fd, struct pollfd *fds);
 
 /* zmq_strerror of the last failure of this thread. */
 const char *aps_transport_strerror(void);
