@@ -176,34 +176,6 @@ void aps_request_free(struct aps_request *r)
 	free(r);
 }
 
-int aps_conn_wait(struct aps_request *r, uint32_t *tensor_id, uint64_t *updates)
-{
-	struct aps_client *c;
-	int result;
-
-	if (r == NULL)
-		return aps_api_fail(APS_EINVAL, "request is NULL");
-	c = r->owner;
-	if (c->pid != getpid())
-		return aps_api_fail(APS_ECLOSED, "the request belongs to process %d", (int)c->pid);
-	aps_client_drive(c, r);
-	pthread_mutex_lock(&c->lock);
-	while (!r->done)
-		pthread_cond_wait(&c->done_cv, &c->lock);
-	pthread_mutex_unlock(&c->lock);
-	result = r->result;
-	if (result < 0)
-		aps_api_fail(result, "%s", r->error);
-	else
-		aps_api_ok();
-	if (result == 0 && tensor_id != NULL)
-		*tensor_id = r->tensor_id;
-	if (result == 0 && updates != NULL)
-		*updates = r->step; /* a pull: the update count of the weights it brought */
-	aps_request_free(r);
-	return result;
-}
-
 int aps_conn_done(const struct aps_request *r)
 {
 	bool done;

@@ -1,9 +1,9 @@
 /*
- * The client's state, shared by client.c (joining, leaving, waiting for a
- * request), request.c (starting calls on the caller's thread), iothread.c
- * (the one thread that owns the socket) with its recovery (resume.c,
- * rejoin.c), and what they all build on: client_core.c (log, send, queue,
- * end calls) and outbox.c (a call's messages).
+ * The client's state, shared by client.c (joining, leaving), request.c
+ * (starting calls and waiting for them on the caller's thread), iothread.c
+ * (the I/O thread and the I/O role) with its recovery (resume.c, rejoin.c),
+ * and what they all build on: outbox.c (a call's messages), chunks.c (a call's
+ * chunks and their codes) and client_core.c (log, send, queue, end calls).
  *
  * Locking: c->lock guards the queue of new requests, the tensor table, every
  * request's done/result/error and c->fatal. Everything else of an active
@@ -305,16 +305,6 @@ bool aps_resume_refused(struct aps_client *c, const struct aps_msg *m);
 /* resume.c: what a WELCOME says of the session: its token and apsd's limits. */
 void aps_resume_welcomed(struct aps_client *c, const struct aps_msg *welcome);
 
-/* Chunks of r in the daemon's size: at least one, even for an empty tensor. */
-uint32_t aps_request_chunks(const struct aps_request *r);
-
-/*
- * Chunk i of r: its elements [*off, *off + *n), and where its payload starts
- * in r->codes (returned) and how long it is (*len).
- */
-size_t aps_request_chunk(const struct aps_request *r, uint32_t i, size_t *off, size_t *n,
-                         size_t *len);
-
 /* Queues r unless the client already failed for good; on failure r is freed. */
 int aps_request_submit(struct aps_client *c, struct aps_request *r, aps_request **out);
 /* A data call's request, checked against the tensor table: buf the caller's floats
@@ -322,8 +312,6 @@ int aps_request_submit(struct aps_client *c, struct aps_request *r, aps_request 
 int aps_request_data(struct aps_client *c, enum request_kind kind, uint32_t tensor_id, float *buf,
                      const void *data, uint64_t count, int32_t timeout_ms,
                      struct aps_request **out);
-/* The buffer of r's codes and its per-chunk counts; no chunk coded yet. */
-int aps_request_alloc_codes(struct aps_client *c, struct aps_request *r);
 /* The job steps an optimizer on the daemon. */
 bool aps_client_optimize_mode(const struct aps_client *c);
 
@@ -333,13 +321,25 @@ int aps_conn_codes_layout(aps_client *c, uint32_t tensor_id, struct aps_codes_la
                           struct aps_codes_layout *result);
 int aps_conn_codes_start(aps_client *c, uint32_t tensor_id, const struct aps_codes_call *call,
                          bool update, float lr, int32_t timeout_ms, aps_request **out);
-/* codes.c: chunk of a codes call's result into the caller's buffers; APS_EPROTO when
- * it does not fit the call's result layout. */
-int aps_codes_take_result(struct aps_request *r, const struct aps_msg *m, uint32_t chunk);
-
-/* Encodes r's data for the wire once its scale exponent is known. */
+/* chunks.c: chunks of r in the daemon's size: at least one, even for an empty tensor. */
+uint32_t aps_request_chunks(const struct aps_request *r);
+/*
+ * chunks.c: chunk i of r: its elements [*off, *off + *n), and where its payload
+ * starts in r->codes (returned) and how long it is (*len).
+ */
+size_t aps_request_chunk(const struct aps_request *r, uint32_t i, size_t *off, size_t *n,
+                         size_t *len);
+/* chunks.c: the buffer of r's codes and its per-chunk counts; no chunk coded yet. */
+int aps_request_alloc_codes(struct aps_client *c, struct aps_request *r);
+/* chunks.c: chunk i's codes (block-scaled codes travel with each chunk's exponents),
+ * and with error feedback its residual; returns its flushed count. */
+uint64_t aps_request_encode_chunk(struct aps_request *r, uint32_t i);
+/* chunks.c: encodes r's data for the wire once its scale exponent is known. */
 int aps_request_encode(struct aps_client *c, struct aps_request *r);
-/* True when chunks of r are coded and not yet sent (the I/O thread). */
+/* chunks.c: true when chunks of r are coded and not yet sent (the I/O thread). */
 bool aps_request_unsent(const struct aps_request *r);
+/* chunks.c: chunk of a codes call's result into the caller's buffers; APS_EPROTO when
+ * it does not fit the call's result layout. */
+int aps_request_take_codes(struct aps_request *r, const struct aps_msg *m, uint32_t chunk);
 
 #endif

@@ -235,17 +235,3 @@ int aps_conn_codes_start(aps_client *c, uint32_t tensor_id, const struct aps_cod
 	r->out_block = result.block;
 	return aps_request_submit(c, r, out);
 }
-
-int aps_codes_take_result(struct aps_request *r, const struct aps_msg *m, uint32_t chunk)
-{
-	size_t per = r->chunk_elems ? r->chunk_elems : r->count;
-	size_t len = aps_codec_payload_size(&r->out_fmt, m->chunk_count, r->out_block);
-	uint64_t at = (uint64_t)chunk * aps_codec_payload_size(&r->out_fmt, per, r->out_block);
-
-	if (strcmp(m->fmt.name, r->out_fmt.name) != 0 || m->block_size != r->out_block ||
-	    (m->flags & APS_MSG_FLAG_LOWP_SUM) || m->payload_len != len || at + len > r->out_len)
-		return APS_EPROTO;
-	memcpy(r->out_codes + at, m->payload, len);
-	r->out_exps[chunk] = m->scale_exp;
-	return 0;
-}

@@ -245,7 +245,7 @@ static const char *store_result(const struct aps_client *c, struct aps_request *
 	float *out;
 
 	if (r->out_codes != NULL) /* a codes call: the caller decodes */
-		return aps_codes_take_result(r, m, chunk) < 0
+		return aps_request_take_codes(r, m, chunk) < 0
 		               ? "a result chunk does not fit the codes call's result layout"
 		               : NULL;
 	out = r->buf + m->chunk_offset;

@@ -1,8 +1,10 @@
 /*
  * Starting calls, on the caller's thread: checks, the APS exponent and the
  * quantization of the caller's buffer (or, in global mode, the local half of
- * the exponent exchange), then the request goes to the I/O thread. The
- * blocking calls are a start and a wait.
+ * the exponent exchange), then the request is sent (iothread.c: by this thread
+ * when it is the only call, else by the I/O thread). Waiting for a call, which
+ * a lone call's caller spends doing the I/O thread's work. The blocking calls
+ * are a start and a wait.
  */
 #include "worker/client_impl.h"
 
@@ -15,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static int call_timeout(const struct aps_client *c, int32_t timeout_ms)
 {
@@ -66,37 +69,32 @@ int aps_request_submit(struct aps_client *c, struct aps_request *r, aps_request 
 	return aps_api_ok();
 }
 
-size_t aps_request_chunk(const struct aps_request *r, uint32_t i, size_t *off, size_t *n,
-                         size_t *len)
+int aps_conn_wait(struct aps_request *r, uint32_t *tensor_id, uint64_t *updates)
 {
-	size_t per = r->chunk_elems ? r->chunk_elems : r->count;
+	struct aps_client *c;
+	int result;
 
-	*off = (size_t)i * per;
-	*n = r->count - *off < per ? r->count - *off : per;
-	*len = aps_codec_payload_size(&r->fmt, *n, r->block);
-	/* Every chunk before this one has per elements (a multiple of 8: whole bytes). */
-	return (size_t)i * aps_codec_payload_size(&r->fmt, per, r->block);
-}
-
-uint32_t aps_request_chunks(const struct aps_request *r)
-{
-	size_t per = r->chunk_elems ? r->chunk_elems : r->count;
-
-	return per == 0 ? 1 : (uint32_t)((r->count + per - 1) / per);
-}
-
-/* Error feedback: the residual is what chunk i's quantization lost, for the next step. */
-static void keep_residual(struct aps_request *r, uint32_t i)
-{
-	size_t off, n, len;
-	size_t at = aps_request_chunk(r, i, &off, &n, &len);
-	float *residual = r->residual + off;
-	const float *sent = r->corrected + off;
-
-	aps_codec_decode_payload(&r->fmt, r->codes->data + at, len, n, r->scale_exp, r->block,
-	                         residual, false);
-	for (size_t k = 0; k < n; k++)
-		residual[k] = sent[k] - residual[k];
+	if (r == NULL)
+		return aps_api_fail(APS_EINVAL, "request is NULL");
+	c = r->owner;
+	if (c->pid != getpid())
+		return aps_api_fail(APS_ECLOSED, "the request belongs to process %d", (int)c->pid);
+	aps_client_drive(c, r);
+	pthread_mutex_lock(&c->lock);
+	while (!r->done)
+		pthread_cond_wait(&c->done_cv, &c->lock);
+	pthread_mutex_unlock(&c->lock);
+	result = r->result;
+	if (result < 0)
+		aps_api_fail(result, "%s", r->error);
+	else
+		aps_api_ok();
+	if (result == 0 && tensor_id != NULL)
+		*tensor_id = r->tensor_id;
+	if (result == 0 && updates != NULL)
+		*updates = r->step; /* a pull: the update count of the weights it brought */
+	aps_request_free(r);
+	return result;
 }
 
 /* Error feedback: quantize buf plus what the last step lost (the tensor is ours: busy). */
@@ -117,89 +115,6 @@ static int add_residual(struct aps_client *c, struct aps_request *r)
 		r->corrected[i] = r->buf[i] + r->residual[i];
 	r->src = r->corrected;
 	return 0;
-}
-
-/* Chunk i's codes (block-scaled codes travel with each chunk's exponents), and with
- * error feedback its residual; returns its flushed count. */
-static uint64_t encode_chunk(struct aps_request *r, uint32_t i)
-{
-	struct aps_quant_opts o = { .scale_exp = r->scale_exp };
-	struct aps_codec_stats st;
-	size_t off, n, len;
-	size_t at = aps_request_chunk(r, i, &off, &n, &len);
-
-	o.index0 = off;
-	aps_codec_encode_payload(&r->fmt, r->src + off, n, r->block, &o, r->codes->data + at, len,
-	                         &st);
-	if (r->corrected != NULL)
-		keep_residual(r, i);
-	return st.flushed;
-}
-
-/* codec_threads: chunks in parts over the client's pool, the caller's thread too. */
-struct encode_parts {
-	struct aps_request *r;
-	uint32_t chunks, parts;
-};
-
-static void encode_part(void *ctx, size_t part)
-{
-	struct encode_parts *e = ctx;
-
-	for (uint32_t i = (uint32_t)part; i < e->chunks; i += e->parts)
-		e->r->flushed[i] = encode_chunk(e->r, i);
-}
-
-int aps_request_alloc_codes(struct aps_client *c, struct aps_request *r)
-{
-	uint32_t chunks = aps_request_chunks(r);
-	size_t off, n, len, at;
-	struct aps_sbuf *spare;
-
-	r->block = (uint32_t)aps_codec_payload_block(&r->fmt, c->block);
-	at = aps_request_chunk(r, chunks - 1, &off, &n, &len);
-	pthread_mutex_lock(&c->lock);
-	spare = c->tensors[r->tensor_id].spare;
-	c->tensors[r->tensor_id].spare = NULL;
-	pthread_mutex_unlock(&c->lock);
-	/* The last call's codes, unless ZeroMQ still holds a chunk of them. */
-	if (spare != NULL && spare->len == at + len &&
-	    atomic_load_explicit(&spare->refs, memory_order_acquire) == 1) {
-		r->codes = spare;
-	} else {
-		aps_sbuf_unref(spare);
-		r->codes = aps_sbuf_new(at + len);
-	}
-	r->flushed = calloc(chunks, sizeof(*r->flushed));
-	atomic_store_explicit(&r->encoded, 0, memory_order_relaxed);
-	return r->codes != NULL && r->flushed != NULL ? 0 : APS_ENOMEM;
-}
-
-int aps_request_encode(struct aps_client *c, struct aps_request *r)
-{
-	uint32_t chunks = aps_request_chunks(r);
-	uint64_t t0 = c->trace != NULL ? aps_trace_now() : 0;
-
-	if (aps_request_alloc_codes(c, r) < 0)
-		return APS_ENOMEM;
-	if (c->pool != NULL && chunks > 1) {
-		struct encode_parts e = { r, chunks,
-			                  chunks < c->codec_threads ? chunks : c->codec_threads };
-		aps_pool_run(c->pool, e.parts, encode_part, &e);
-	} else {
-		for (uint32_t i = 0; i < chunks; i++)
-			r->flushed[i] = encode_chunk(r, i);
-	}
-	atomic_store_explicit(&r->encoded, chunks, memory_order_release);
-	aps_trace_stage(c->trace, "quantize", t0,
-	                &(struct aps_trace_at){ c->job, r->name, r->step, 0 });
-	return 0;
-}
-
-bool aps_request_unsent(const struct aps_request *r)
-{
-	return r->codes != NULL &&
-	       atomic_load_explicit(&r->encoded, memory_order_acquire) > r->sent;
 }
 
 /* codec_threads: the scan in ranges over the client's pool. */
@@ -349,7 +264,7 @@ static int stream(struct aps_client *c, struct aps_request *r, aps_request **out
 	if ((ret = aps_request_submit(c, r, out)) < 0)
 		return ret;
 	for (uint32_t i = 0; i < chunks; i++) {
-		r->flushed[i] = encode_chunk(r, i);
+		r->flushed[i] = aps_request_encode_chunk(r, i);
 		atomic_store_explicit(&r->encoded, i + 1, memory_order_release);
 		if ((i + 1) % stride == 0 || i + 1 == chunks) {
 			atomic_store_explicit(&c->coded, true, memory_order_release);
