@@ -12,7 +12,7 @@ import pytest
 import aps
 from conftest import SANITIZED, run_workers
 from peers import (BYE, EACCES, ENOSESSION, ERROR, ETIMEDOUT, FLAG_ALIVE, FLAG_RESUME,
-                   HEARTBEAT, HELLO, PUSH, REGISTER, REGISTERED, RESULT, WELCOME, Peer,
+                   HEARTBEAT, PUSH, REGISTER, REGISTERED, RESULT, WELCOME, Peer,
                    open_fds, rss_kib, settle)
 from test_daemon import assert_all_ok
 

@@ -5,7 +5,6 @@ quantized difference to the new master weights, never more than half a
 quantization step away from them; checkpoints survive SIGTERM, kill -9,
 truncation and corruption."""
 
-import concurrent.futures
 import os
 import re
 import signal

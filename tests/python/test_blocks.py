@@ -172,7 +172,7 @@ def test_optimize_mode_sends_block_scaled_updates(apsd):
     """SGD on apsd with fp4 block-scaled gradients up and updates down: every
     worker holds its previous weights plus the block-quantized difference to
     the daemon's new master weights, bit for bit (the daemon keeps that view)."""
-    world, n, rng = 2, 1000, np.random.default_rng(3)
+    world, n = 2, 1000
     cs = [aps.Client(apsd, r, world, format="fp4", scaling="block", optimizer="sgd,momentum=0.9",
                      job="opt-blocks", timeout_ms=20000) for r in range(world)]
     try:

@@ -113,9 +113,10 @@ class ServerOptimizer(torch.optim.Optimizer):
     def __init__(self, model, client, optimizer=None, lr=0.01, prefix="param.",
                  device_codec=None, **hyper):
         if not client.optimizer:
+            spec = optimizer_spec(optimizer or 'sgd', **hyper)
             raise ValueError("the client is in all-reduce mode: open it with "
                              "optimizer=aps.torch.optimizer_spec(...), e.g. "
-                             f"aps.Client.from_env(optimizer={optimizer_spec(optimizer or 'sgd', **hyper)!r})")
+                             f"aps.Client.from_env(optimizer={spec!r})")
         job_name, job_settings = _parse_spec(client.optimizer)
         if optimizer is not None:
             if optimizer != job_name or not _same(_settings(optimizer, hyper), job_settings):

@@ -69,10 +69,11 @@ class Client:
     scaling "local" (APS, the default), "global" (the paper), "none", or
     "block" (an APS exponent per block of block_size elements, 16, 32 by
     default or 64: one int8 more per block on the wire, for formats of 4-6
-    bits; fp32 travels as it is), downlink the format of results (None: the uplink format). timeout_ms
-    bounds each call without progress. connect_timeout_ms bounds how long
-    joining tries to connect (again every second at most while nothing
-    listens, so that a daemon started a little later is joined; default 10000,
+    bits; fp32 travels as it is), downlink the format of results (None: the
+    uplink format). timeout_ms bounds each call without progress.
+    connect_timeout_ms bounds how long joining tries to connect (again every
+    second at most while nothing listens, so that a daemon started a little
+    later is joined; default 10000,
     $APS_CONNECT_TIMEOUT_MS with from_env; 0: timeout_ms alone); a daemon that
     took the connection is waited for up to timeout_ms. codec_threads (0-64):
     threads that scan and encode a tensor of several chunks together, the
