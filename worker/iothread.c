@@ -558,7 +558,8 @@ static bool handle(struct aps_client *c, int ready, bool *woken)
 		aps_client_fail_for_good(c, APS_ECONN, "the connection to apsd failed");
 		return false;
 	}
-	if (ready & APS_TRANSPORT_WOKEN && read(c->wake_fd, &wakeups, sizeof(wakeups)) == 8)
+	if (ready & APS_TRANSPORT_WOKEN &&
+	    read(c->wake_fd, &wakeups, sizeof(wakeups)) == (ssize_t)sizeof(wakeups))
 		*woken = true;
 	if (ready & APS_TRANSPORT_REFUSED) {
 		aps_client_fail_for_good(c, APS_EACCES, aps_transport_refusal(c->tr));
@@ -585,12 +586,11 @@ static int wait_released(struct aps_client *c, int timeout_ms)
 {
 	struct pollfd fds[3];
 	int ready = aps_transport_poll(c->tr, c->wake_fd, 0), n;
-	int64_t until = aps_client_now_ms() + timeout_ms;
 
 	if (ready != 0 || timeout_ms == 0)
 		return ready;
 	n = aps_transport_pollfds(c->tr, c->wake_fd, fds);
-	c->io_sleeps_until_ms = until;
+	c->io_sleeps_until_ms = aps_client_now_ms() + timeout_ms;
 	pthread_mutex_unlock(&c->io_role);
 	while (poll(fds, (nfds_t)n, timeout_ms) < 0 && errno == EINTR)
 		;
@@ -655,12 +655,7 @@ void aps_client_kick(struct aps_client *c)
 		aps_client_wake(c); /* the I/O thread is at work: it sends them */
 		return;
 	}
-	if (!start_new(c)) {
-		pthread_mutex_unlock(&c->io_role);
-		aps_client_wake(c);
-		return;
-	}
-	give_back_role(c, false);
+	give_back_role(c, !start_new(c)); /* closing: the I/O thread ends the loop */
 }
 
 /* r is not done and is the only call queued or in flight (lock). */
