@@ -165,6 +165,10 @@ struct aps_client {
 	uint32_t n_tensors;
 	uint64_t barrier_step;      /* (I/O thread) */
 	struct aps_request *active; /* sent, waiting for replies (I/O thread) */
+	/* Messages dropped since the last line that said so (I/O thread, drop_noted):
+	 * a peer that floods the socket gets a line a second, not one a message. */
+	uint64_t dropped;
+	int64_t dropped_next_log_ms;
 	/* Joining again after apsd restarted (rejoin.c; I/O thread but rejoining: lock). */
 	bool rejoin;            /* the option */
 	bool rejoining;         /* HELLO sent again, queued calls wait */

@@ -16,12 +16,16 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #define MAX_WAIT_MS 1000
+/* Messages read per turn of the loop, and batches read before a close. */
+#define RECV_BATCH    256
+#define CLOSE_BATCHES 16
 
 static void describe(const struct aps_request *r, char *buf, size_t len)
 {
@@ -260,6 +264,32 @@ static const char *store_result(const struct aps_client *c, struct aps_request *
 	return NULL;
 }
 
+/*
+ * A message from apsd that is dropped (bad, or for no call): the first says so
+ * at once, then one line a second at most counts the others.
+ */
+static void drop_noted(struct aps_client *c, int level, const char *fmt, ...)
+{
+	int64_t now = aps_client_now_ms();
+	char line[256];
+	va_list ap;
+
+	c->dropped++;
+	if (now < c->dropped_next_log_ms)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(line, sizeof(line), fmt, ap);
+	va_end(ap);
+	if (c->dropped > 1) /* a line was logged at dropped_next_log_ms - 1000 */
+		aps_client_log(c, level, "%s (one of %llu messages dropped in %lld ms)", line,
+		               (unsigned long long)c->dropped,
+		               (long long)(now - c->dropped_next_log_ms + 1000));
+	else
+		aps_client_log(c, level, "%s", line);
+	c->dropped = 0;
+	c->dropped_next_log_ms = now + 1000;
+}
+
 /* One chunk of a RESULT (or of a broadcast) into the caller's buffer. */
 static void on_result(struct aps_client *c, const struct aps_msg *m)
 {
@@ -269,8 +299,8 @@ static void on_result(struct aps_client *c, const struct aps_msg *m)
 	uint32_t chunk;
 
 	if (r == NULL) {
-		aps_client_log(c, 3, "ignored a result for tensor %u step %llu", m->tensor_id,
-		               (unsigned long long)m->step);
+		drop_noted(c, 3, "ignored a result for tensor %u step %llu", m->tensor_id,
+		           (unsigned long long)m->step);
 		return;
 	}
 	if (m->total_count != r->count || m->chunk_offset + m->chunk_count > r->count ||
@@ -456,33 +486,38 @@ static void on_message(struct aps_client *c, const struct aps_msg *m)
 	}
 }
 
-static void receive_all(struct aps_client *c)
+/*
+ * Reads what the socket holds, at most RECV_BATCH messages, so that a peer
+ * that floods it cannot keep the loop from its timers (a call's deadline);
+ * true if messages may be left.
+ */
+static bool receive_some(struct aps_client *c)
 {
 	struct aps_msg_fault fault;
 	struct aps_rxmsg rx;
 	struct aps_msg m;
+	int got, n = 0;
 
-	int got;
-
-	while ((got = aps_transport_recv(c->tr, 0, &rx)) > 0) {
+	while (n++ < RECV_BATCH && (got = aps_transport_recv(c->tr, 0, &rx)) > 0) {
 		if (got == APS_TRANSPORT_RECV_LOST || got == APS_TRANSPORT_RECV_NOCONN) {
 			aps_resume_lost(c, got == APS_TRANSPORT_RECV_LOST
 			                           ? "the connection to apsd closed"
 			                           : "apsd cannot be reached");
-			return;
+			return false;
 		}
 		if (got == APS_TRANSPORT_RECV_REFUSED) {
 			aps_client_fail_for_good(c, APS_EACCES, aps_transport_refusal(c->tr));
-			return;
+			return false;
 		}
 		c->last_recv_ms = aps_client_now_ms();
 		if (aps_msg_parse(&c->limits, rx.hdr, rx.hdr_len, rx.payload, rx.payload_len,
 		                  rx.payload != NULL, &m, &fault) < 0) {
-			aps_client_log(c, 1, "bad message from apsd: %s", fault.text);
+			drop_noted(c, 1, "bad message from apsd: %s", fault.text);
 			continue;
 		}
 		on_message(c, &m);
 	}
+	return n > RECV_BATCH;
 }
 
 static void timed_out(struct aps_client *c, struct aps_request *r)
@@ -547,8 +582,10 @@ static int run_timers(struct aps_client *c)
 }
 
 /*
- * What a poll of the socket found; false once the loop must end. A wake-up is
- * read here: *woken says so (one meant for the I/O thread, when a caller read it).
+ * What a poll of the socket found; false once the loop must end. *woken: the
+ * I/O thread must look again when a caller holds the role (a wake-up meant for
+ * it was read here, or messages are left on the socket, which its descriptor
+ * does not signal again).
  */
 static bool handle(struct aps_client *c, int ready, bool *woken)
 {
@@ -566,9 +603,16 @@ static bool handle(struct aps_client *c, int ready, bool *woken)
 		return true;
 	}
 	/* What arrived before the close is read before the socket goes: apsd's
-	 * BYE when it stops, results sent just before a reset. */
-	if (ready & (APS_TRANSPORT_READABLE | APS_TRANSPORT_LOST | APS_TRANSPORT_NOCONN))
-		receive_all(c);
+	 * BYE when it stops, results sent just before a reset (the receive
+	 * queue holds at most ZeroMQ's RCVHWM of 1000 messages). */
+	if (ready & (APS_TRANSPORT_READABLE | APS_TRANSPORT_LOST | APS_TRANSPORT_NOCONN)) {
+		int batches =
+		        ready & (APS_TRANSPORT_LOST | APS_TRANSPORT_NOCONN) ? CLOSE_BATCHES : 1;
+		bool more;
+		while ((more = receive_some(c)) && --batches > 0)
+			;
+		*woken = *woken || more;
+	}
 	if (ready & APS_TRANSPORT_LOST)
 		aps_resume_lost(c, "the connection to apsd closed");
 	else if (ready & APS_TRANSPORT_NOCONN)
