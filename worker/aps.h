@@ -308,7 +308,12 @@ int aps_client_broadcast_start(aps_client *c, uint32_t tensor_id, float *buf, ui
  */
 int aps_request_wait(aps_request *req);
 
-/** 1 when req is complete (aps_request_wait will not block), 0 when not. */
+/**
+ * 1 when req is complete (aps_request_wait will not block), 0 when not. Reads
+ * the replies that wait on the socket first, unless another thread is at it: a
+ * lone call's replies are read by whoever waits for it, this call, or the I/O
+ * thread's next look (within 50 ms).
+ */
 int aps_request_done(const aps_request *req);
 
 /** Broadcast from rank 0: every rank's buf[0..count) receives rank 0's values. */

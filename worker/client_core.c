@@ -185,6 +185,7 @@ int aps_conn_done(const struct aps_request *r)
 	if (r->owner->pid != getpid())
 		return aps_api_fail(APS_ECLOSED, "the request belongs to process %d",
 		                    (int)r->owner->pid);
+	aps_client_look(r->owner);
 	pthread_mutex_lock(&r->owner->lock);
 	done = r->done;
 	pthread_mutex_unlock(&r->owner->lock);

@@ -154,10 +154,13 @@ struct aps_client {
 	pthread_cond_t done_cv;
 	pthread_mutex_t io_role;    /* the socket and the active requests (see the top) */
 	int64_t io_sleeps_until_ms; /* the I/O thread waits until then; 0: it does not (io_role) */
-	struct aps_request *queue;  /* new requests, oldest first (lock) */
-	uint32_t calls;             /* requests queued or in flight, not done (lock) */
-	bool stopping;              /* (lock) */
-	int fatal;                  /* a failure for good: every later call fails too (lock) */
+	/* The I/O thread waits without watching the socket's messages (no call in
+	 * flight when it began: iothread.c wait_released). Set with io_role held. */
+	atomic_bool io_quiet;
+	struct aps_request *queue; /* new requests, oldest first (lock) */
+	uint32_t calls;            /* requests queued or in flight, not done (lock) */
+	bool stopping;             /* (lock) */
+	int fatal;                 /* a failure for good: every later call fails too (lock) */
 	char fatal_text[APS_CLIENT_ERROR_MAX];
 	int pending; /* a job-wide error no call was waiting for: the next call's */
 	char pending_text[APS_CLIENT_ERROR_MAX];
@@ -267,6 +270,9 @@ void aps_client_kick(struct aps_client *c);
  * nothing, when r is not alone.
  */
 void aps_client_drive(struct aps_client *c, struct aps_request *r);
+/* A caller asking whether a call is done: what the socket holds is read now
+ * unless another thread does the I/O. */
+void aps_client_look(struct aps_client *c);
 
 /* aps_client_register asking for format (NULL: the client's rules decide). */
 int aps_client_register_as(aps_client *c, const char *name, uint64_t count, const char *format,

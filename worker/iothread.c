@@ -621,6 +621,35 @@ static bool handle(struct aps_client *c, int ready, bool *woken)
 }
 
 /*
+ * The I/O thread's wait is quiet when the connection is settled and no call in
+ * flight needs it to watch the socket: none, or one lone call that its caller
+ * sent and waits for itself (aps_client_drive). It then watches its wake-up
+ * and the monitor (the connection's events) but not the socket's messages,
+ * and looks at them at least this often: a lone call's reply wakes only its
+ * caller. What the socket holds meanwhile (a BYE, a job's error, keepalive
+ * answers, the reply of a lone call whose caller computes before it waits) is
+ * read at the next look, by a caller, or by aps_request_done.
+ */
+#define QUIET_LOOK_MS 50
+
+static bool quiet(struct aps_client *c)
+{
+	const struct aps_request *r = c->active;
+	bool lone_sent;
+
+	if (!c->has_session || c->resuming || c->rejoining || c->renew_due_ms != 0)
+		return false;
+	if (r == NULL)
+		return true;
+	if (r->next != NULL || r->state != REQ_SENT)
+		return false;
+	pthread_mutex_lock(&c->lock);
+	lone_sent = !r->coding && c->calls == 1;
+	pthread_mutex_unlock(&c->lock);
+	return lone_sent;
+}
+
+/*
  * The I/O thread's wait, outside the role so that a caller may take it
  * meanwhile: the socket is used only with the role held, while waiting only
  * its descriptors are watched. When they signal while a caller holds the role,
@@ -630,33 +659,44 @@ static int wait_released(struct aps_client *c, int timeout_ms)
 {
 	struct pollfd fds[3];
 	int ready = aps_transport_poll(c->tr, c->wake_fd, 0), n;
+	bool quietly;
 
 	if (ready != 0 || timeout_ms == 0)
 		return ready;
-	n = aps_transport_pollfds(c->tr, c->wake_fd, fds);
+	quietly = quiet(c);
+	n = aps_transport_pollfds(c->tr, c->wake_fd, !quietly, fds);
+	if (quietly && timeout_ms > QUIET_LOOK_MS)
+		timeout_ms = QUIET_LOOK_MS;
 	c->io_sleeps_until_ms = aps_client_now_ms() + timeout_ms;
+	atomic_store_explicit(&c->io_quiet, quietly, memory_order_relaxed);
 	pthread_mutex_unlock(&c->io_role);
 	while (poll(fds, (nfds_t)n, timeout_ms) < 0 && errno == EINTR)
 		;
 	pthread_mutex_lock(&c->io_role);
+	atomic_store_explicit(&c->io_quiet, false, memory_order_relaxed);
 	c->io_sleeps_until_ms = 0;
 	return aps_transport_poll(c->tr, c->wake_fd, 0);
 }
 
 /*
- * A caller gives the role back: what the socket holds now is read, and the
- * waiting I/O thread is woken where it must look again (a wake-up meant for it
- * was read, or a timer of the calls sent meanwhile is due before it wakes).
+ * A caller gives the role back. An I/O thread asleep on the socket's
+ * descriptors would not see what they signalled while the caller used the
+ * socket: that is read now (a quiet one looks itself, an awake one reads
+ * before it sleeps). The I/O thread is woken where it must look again (a
+ * wake-up meant for it was read, a timer of the calls sent meanwhile is due
+ * before it wakes, or it waits quietly and must not: a global exponent
+ * exchange, a second call, a connection to renew).
  */
 static void give_back_role(struct aps_client *c, bool woken)
 {
-	int ready = aps_transport_poll(c->tr, c->wake_fd, 0);
-	bool wake = woken;
+	bool asleep = c->io_sleeps_until_ms != 0, wake = woken;
+	bool quietly = asleep && atomic_load_explicit(&c->io_quiet, memory_order_relaxed);
+	int ready = asleep && !quietly ? aps_transport_poll(c->tr, c->wake_fd, 0) : 0;
 
 	if (ready != 0 && !handle(c, ready, &wake))
 		wake = true;
-	if (c->io_sleeps_until_ms != 0 &&
-	    aps_client_now_ms() + run_timers(c) < c->io_sleeps_until_ms)
+	if (asleep &&
+	    (aps_client_now_ms() + run_timers(c) < c->io_sleeps_until_ms || (quietly && !quiet(c))))
 		wake = true;
 	pthread_mutex_unlock(&c->io_role);
 	if (wake)
@@ -710,13 +750,17 @@ static bool lone(const struct aps_client *c, const struct aps_request *r)
 
 void aps_client_drive(struct aps_client *c, struct aps_request *r)
 {
-	bool go, woken = false;
+	bool go, unwatched, woken = false;
 
 	pthread_mutex_lock(&c->lock);
 	go = lone(c, r);
+	unwatched = !go && !r->done;
 	pthread_mutex_unlock(&c->lock);
-	if (!go)
+	if (!go) { /* r's replies are the I/O thread's: a quiet one must watch for them */
+		if (unwatched && atomic_load_explicit(&c->io_quiet, memory_order_relaxed))
+			aps_client_wake(c);
 		return;
+	}
 	/* The I/O thread gives the role up as soon as it waits for the socket. */
 	pthread_mutex_lock(&c->io_role);
 	while (go) {
@@ -728,5 +772,20 @@ void aps_client_drive(struct aps_client *c, struct aps_request *r)
 			woken = true; /* closing: the I/O thread ends the loop */
 		}
 	}
+	give_back_role(c, woken);
+}
+
+void aps_client_look(struct aps_client *c)
+{
+	bool woken = false;
+	int ready;
+
+	if (pthread_mutex_trylock(&c->io_role) != 0)
+		return; /* another thread does the I/O */
+	if (!start_new(c))
+		woken = true; /* closing: the I/O thread ends the loop */
+	else if ((ready = aps_transport_poll(c->tr, c->wake_fd, 0)) != 0 &&
+	         !handle(c, ready, &woken))
+		woken = true;
 	give_back_role(c, woken);
 }

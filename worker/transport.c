@@ -48,6 +48,10 @@ struct aps_transport {
 	struct aps_transport_tally tally; /* every socket's connects so far */
 	zmq_msg_t frame[MAX_FRAMES];
 	size_t nkept;
+	/* The monitor's events read when its socket was opened, reported by the
+	 * next receive or poll. The monitor is always read to its last event
+	 * (read_events), so that its ZMQ_FD signals the next one. */
+	int held;
 };
 
 static int set_int(void *sock, int opt, int value)
@@ -121,6 +125,7 @@ static void close_socket(struct aps_transport *t, int linger_ms)
 		zmq_socket_monitor(t->sock, NULL, 0);
 		zmq_close(t->monitor);
 		t->monitor = NULL;
+		t->held = 0;
 	}
 	if (t->sock != NULL) {
 		set_int(t->sock, ZMQ_LINGER, linger_ms);
@@ -128,6 +133,8 @@ static void close_socket(struct aps_transport *t, int linger_ms)
 		t->sock = NULL;
 	}
 }
+
+static int read_events(struct aps_transport *t);
 
 static int open_socket(struct aps_transport *t)
 {
@@ -151,6 +158,8 @@ static int open_socket(struct aps_transport *t)
 		ret = APS_ECONN;
 	if (ret < 0)
 		close_socket(t, 0);
+	else /* a new socket's ZMQ_FD signals nothing until it was read once */
+		t->held = read_events(t);
 	return ret;
 }
 
@@ -428,32 +437,77 @@ static int read_events(struct aps_transport *t)
 	}
 }
 
-int aps_transport_poll(struct aps_transport *t, int wake_fd, int timeout_ms)
+static int64_t monotonic_ms(void)
 {
-	zmq_pollitem_t items[3] = { { .fd = wake_fd, .events = ZMQ_POLLIN },
-		                    { .socket = t->sock, .events = ZMQ_POLLIN },
-		                    { .socket = t->monitor, .events = ZMQ_POLLIN } };
-	int n;
+	struct timespec now;
 
-	do { /* without a socket (a new one is due) only the wake-up and the timer */
-		n = zmq_poll(items, t->sock != NULL ? 3 : 1, timeout_ms);
-	} while (n < 0 && errno == EINTR);
-	if (n < 0)
-		return APS_ECONN;
-	if (t->sock == NULL)
-		return (items[0].revents & ZMQ_POLLIN) ? APS_TRANSPORT_WOKEN : 0;
-	return ((items[1].revents & ZMQ_POLLIN) ? APS_TRANSPORT_READABLE : 0) |
-	       ((items[0].revents & ZMQ_POLLIN) ? APS_TRANSPORT_WOKEN : 0) |
-	       ((items[2].revents & ZMQ_POLLIN) ? read_events(t) : 0);
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	return now.tv_sec * 1000 + now.tv_nsec / 1000000;
 }
 
-int aps_transport_pollfds(struct aps_transport *t, int wake_fd, struct pollfd *fds)
+/* The monitor's events held and, with read, those it holds now. */
+static int take_events(struct aps_transport *t, bool read)
 {
-	void *socks[2] = { t->sock, t->monitor };
+	int what = t->held | (read ? read_events(t) : 0);
+
+	t->held = 0;
+	return what;
+}
+
+/* Whether a message waits (ZMQ_EVENTS, which processes the socket's commands). */
+static bool sock_readable(struct aps_transport *t)
+{
+	int events = 0;
+	size_t len = sizeof(events);
+
+	return zmq_getsockopt(t->sock, ZMQ_EVENTS, &events, &len) == 0 && (events & ZMQ_POLLIN);
+}
+
+/*
+ * zmq_poll's loop for one socket, without its first pass and with the monitor
+ * as a plain descriptor (what a poll costs is most of a small call's): the
+ * monitor is drained to its last event whenever it is read (read_events), so
+ * its ZMQ_FD signals every later one.
+ */
+int aps_transport_poll(struct aps_transport *t, int wake_fd, int timeout_ms)
+{
+	struct pollfd fds[3];
+	int n = aps_transport_pollfds(t, wake_fd, true, fds);
+	int64_t deadline_ms = monotonic_ms() + timeout_ms;
+
+	for (;;) {
+		int ready = 0, got;
+
+		/* a message first: the wake-up and the monitor's descriptors stay
+		 * readable until they are read, the next poll sees them */
+		if (t->sock != NULL && sock_readable(t))
+			return APS_TRANSPORT_READABLE | take_events(t, false);
+		if (t->held != 0)
+			return take_events(t, false);
+		got = poll(fds, (nfds_t)n, timeout_ms);
+		if (got < 0 && errno != EINTR)
+			return APS_ECONN;
+		if (got > 0 && (fds[0].revents & POLLIN))
+			ready |= APS_TRANSPORT_WOKEN;
+		if (got > 0 && n > 1 && (fds[1].revents & POLLIN))
+			ready |= take_events(t, true);
+		if (ready != 0)
+			return ready;
+		/* the socket's descriptor said it may have changed, or a signal came */
+		if (timeout_ms > 0 && (timeout_ms = (int)(deadline_ms - monotonic_ms())) < 0)
+			timeout_ms = 0;
+		if (got == 0 && timeout_ms == 0)
+			return 0;
+	}
+}
+
+int aps_transport_pollfds(struct aps_transport *t, int wake_fd, bool messages, struct pollfd *fds)
+{
+	void *socks[2] = { t->monitor, t->sock };
 	int n = 0;
 
 	fds[n++] = (struct pollfd){ .fd = wake_fd, .events = POLLIN };
-	for (int i = 0; t->sock != NULL && i < 2; i++) {
+	for (int i = 0; t->sock != NULL && i < (messages ? 2 : 1); i++) {
 		int fd;
 		size_t len = sizeof(fd);
 		if (zmq_getsockopt(socks[i], ZMQ_FD, &fd, &len) == 0)
@@ -462,8 +516,9 @@ int aps_transport_pollfds(struct aps_transport *t, int wake_fd, struct pollfd *f
 	return n;
 }
 
-/* Reads every frame of a waiting message, keeping the first MAX_FRAMES. */
-static size_t read_frames(struct aps_transport *t)
+/* Reads every frame of a waiting message, keeping the first MAX_FRAMES; 0 when
+ * none waits (flags ZMQ_DONTWAIT). The frames of a message come together. */
+static size_t read_frames(struct aps_transport *t, int flags)
 {
 	size_t total = 0;
 	int more = 1;
@@ -471,7 +526,7 @@ static size_t read_frames(struct aps_transport *t)
 	while (more) {
 		zmq_msg_t extra, *m = t->nkept < MAX_FRAMES ? &t->frame[t->nkept] : &extra;
 		zmq_msg_init(m);
-		if (zmq_msg_recv(m, t->sock, 0) < 0) {
+		if (zmq_msg_recv(m, t->sock, total == 0 ? flags : 0) < 0) {
 			zmq_msg_close(m);
 			break;
 		}
@@ -485,45 +540,51 @@ static size_t read_frames(struct aps_transport *t)
 	return total;
 }
 
-int aps_transport_recv(struct aps_transport *t, int timeout_ms, struct aps_rxmsg *out)
+/* The message read_frames kept, in out (returns 1). */
+static int received(struct aps_transport *t, struct aps_rxmsg *out)
 {
-	zmq_pollitem_t items[2] = { { .socket = t->sock, .events = ZMQ_POLLIN },
-		                    { .socket = t->monitor, .events = ZMQ_POLLIN } };
-	struct timespec now;
-	int64_t deadline_ms;
-	int n;
-
-	drop_frames(t);
-	if (t->sock == NULL)
-		return 0;
-	clock_gettime(CLOCK_MONOTONIC, &now);
-	deadline_ms = now.tv_sec * 1000 + now.tv_nsec / 1000000 + timeout_ms;
-	for (;;) {
-		n = zmq_poll(items, 2, timeout_ms);
-		if (n < 0 && errno != EINTR)
-			return APS_ECONN;
-		if (n > 0 && (items[0].revents & ZMQ_POLLIN))
-			break;
-		if (n > 0 && (items[1].revents & ZMQ_POLLIN)) {
-			int what = read_events(t);
-			if (what & APS_TRANSPORT_REFUSED)
-				return APS_TRANSPORT_RECV_REFUSED;
-			if (what & APS_TRANSPORT_LOST)
-				return APS_TRANSPORT_RECV_LOST;
-			if (what & APS_TRANSPORT_NOCONN)
-				return APS_TRANSPORT_RECV_NOCONN;
-		}
-		clock_gettime(CLOCK_MONOTONIC, &now);
-		timeout_ms = (int)(deadline_ms - (now.tv_sec * 1000 + now.tv_nsec / 1000000));
-		if (timeout_ms <= 0)
-			return 0;
-	}
-	out->nframes = read_frames(t);
 	out->hdr = t->nkept > 0 ? zmq_msg_data(&t->frame[0]) : NULL;
 	out->hdr_len = t->nkept > 0 ? zmq_msg_size(&t->frame[0]) : 0;
 	out->payload = t->nkept > 1 ? zmq_msg_data(&t->frame[1]) : NULL;
 	out->payload_len = t->nkept > 1 ? zmq_msg_size(&t->frame[1]) : 0;
 	return 1;
+}
+
+/* What the monitor's events (read_events) mean for a receive: 0 or why it ends. */
+static int what_closed(int what)
+{
+	if (what & APS_TRANSPORT_REFUSED)
+		return APS_TRANSPORT_RECV_REFUSED;
+	if (what & APS_TRANSPORT_LOST)
+		return APS_TRANSPORT_RECV_LOST;
+	if (what & APS_TRANSPORT_NOCONN)
+		return APS_TRANSPORT_RECV_NOCONN;
+	return 0;
+}
+
+int aps_transport_recv(struct aps_transport *t, int timeout_ms, struct aps_rxmsg *out)
+{
+	zmq_pollitem_t items[2] = { { .socket = t->sock, .events = ZMQ_POLLIN },
+		                    { .socket = t->monitor, .events = ZMQ_POLLIN } };
+	int64_t deadline_ms = monotonic_ms() + timeout_ms;
+	int closed;
+
+	drop_frames(t);
+	if (t->sock == NULL)
+		return 0;
+	/* What waits first (no poll for it): a message, then the monitor's events. */
+	while ((out->nframes = read_frames(t, ZMQ_DONTWAIT)) == 0) {
+		if ((closed = what_closed(take_events(t, true))) != 0)
+			return closed;
+		if (timeout_ms <= 0)
+			return 0;
+		if (zmq_poll(items, 2, timeout_ms) < 0 && errno != EINTR)
+			return APS_ECONN;
+		timeout_ms = (int)(deadline_ms - monotonic_ms());
+		if (timeout_ms < 0)
+			timeout_ms = 0; /* a last look */
+	}
+	return received(t, out);
 }
 
 const char *aps_transport_strerror(void)

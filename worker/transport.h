@@ -131,11 +131,12 @@ int aps_transport_recv(struct aps_transport *t, int timeout_ms, struct aps_rxmsg
 int aps_transport_poll(struct aps_transport *t, int wake_fd, int timeout_ms);
 /*
  * What aps_transport_poll waits on, as plain descriptors (fds[3]; returns how
- * many): wake_fd, then the socket's and its monitor's ZMQ_FD. Those two only
- * say that the socket may have changed: aps_transport_poll with no wait tells.
- * For waiting while another thread may use the socket.
+ * many): wake_fd, then the monitor's ZMQ_FD and, with messages true, the
+ * socket's. Those two only say that the socket may have changed:
+ * aps_transport_poll with no wait tells. For waiting while another thread may
+ * use the socket.
  */
-int aps_transport_pollfds(struct aps_transport *t, int wake_fd, struct pollfd *fds);
+int aps_transport_pollfds(struct aps_transport *t, int wake_fd, bool messages, struct pollfd *fds);
 
 /* zmq_strerror of the last failure of this thread. */
 const char *aps_transport_strerror(void);
