@@ -625,12 +625,14 @@ static bool handle(struct aps_client *c, int ready, bool *woken)
  * flight needs it to watch the socket: none, or one lone call that its caller
  * sent and waits for itself (aps_client_drive). It then watches its wake-up
  * and the monitor (the connection's events) but not the socket's messages,
- * and looks at them at least this often: a lone call's reply wakes only its
- * caller. What the socket holds meanwhile (a BYE, a job's error, keepalive
- * answers, the reply of a lone call whose caller computes before it waits) is
- * read at the next look, by a caller, or by aps_request_done.
+ * and looks at them at least this often (with a lone call, without): a lone
+ * call's reply wakes only its caller. What the socket holds meanwhile (a BYE,
+ * a job's error, keepalive answers, the reply of a lone call whose caller
+ * computes before it waits) is read at the next look, by a caller, or by
+ * aps_request_done.
  */
-#define QUIET_LOOK_MS 50
+#define QUIET_LOOK_MS      50
+#define QUIET_IDLE_LOOK_MS 250
 
 static bool quiet(struct aps_client *c)
 {
@@ -665,8 +667,10 @@ static int wait_released(struct aps_client *c, int timeout_ms)
 		return ready;
 	quietly = quiet(c);
 	n = aps_transport_pollfds(c->tr, c->wake_fd, !quietly, fds);
-	if (quietly && timeout_ms > QUIET_LOOK_MS)
-		timeout_ms = QUIET_LOOK_MS;
+	if (quietly) {
+		int look_ms = c->active != NULL ? QUIET_LOOK_MS : QUIET_IDLE_LOOK_MS;
+		timeout_ms = timeout_ms < look_ms ? timeout_ms : look_ms;
+	}
 	c->io_sleeps_until_ms = aps_client_now_ms() + timeout_ms;
 	atomic_store_explicit(&c->io_quiet, quietly, memory_order_relaxed);
 	pthread_mutex_unlock(&c->io_role);
