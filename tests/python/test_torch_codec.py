@@ -91,7 +91,8 @@ def format_random(fmt, k, n, seed):
     finite (some of them subnormal or out of the fp32 range, clipped)."""
     info = aps.format_info(fmt)
     rng = np.random.default_rng(seed)
-    lo = 127 + (1 - info["emax"] if info["layout"] == "ieee" else 2 - info["emax"]) - info["man_bits"] - 3
+    emin = 1 - info["emax"] if info["layout"] == "ieee" else 2 - info["emax"]
+    lo = 127 + emin - info["man_bits"] - 3
     e = rng.integers(lo - k, 127 + info["emax"] + 3 - k, n).clip(0, 255).astype(np.uint64)
     sign = rng.integers(0, 2, n, dtype=np.uint64) << 31
     u = sign | (e << 23) | rng.integers(0, 1 << 23, n, dtype=np.uint64)

@@ -366,7 +366,8 @@ def main(argv=None):
         return main_hybrid(args, preset_name, out_dir)
     if args.blocks:
         return main_blocks(args, preset_name, out_dir)
-    plot_path = pathlib.Path(args.plot or out_dir / f"fashion_mnist{'_long' if args.long else ''}.png")
+    plot_name = f"fashion_mnist{'_long' if args.long else ''}.png"
+    plot_path = pathlib.Path(args.plot or out_dir / plot_name)
     apsd = None if args.endpoint else daemon.LocalDaemon(extra_args=args.apsd_arg).start()
     endpoint = args.endpoint or apsd.endpoint
     print(f"demo: apsd at {endpoint}, {args.workers} workers, preset {preset_name}: "
