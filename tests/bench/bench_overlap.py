@@ -522,7 +522,8 @@ def main():
             raw.append(cfg)
             print(f"# run {run + 1}, {world} workers: {m['tensors']} tensors, "
                   f"{m['params'] / 1e6:.2f} M parameters, {m['buckets']} buckets; "
-                  f"step {m['step']:.1f} ms, ratio {m['ratio']:.2f}; run {cfg['wall_s']:.0f} s, machine busy "
+                  f"step {m['step']:.1f} ms, ratio {m['ratio']:.2f}; "
+                  f"run {cfg['wall_s']:.0f} s, machine busy "
                   f"{cfg['machine_busy_s'] / cfg['wall_s']:.2f} cores on average, of which "
                   f"{m['others_cores']:.2f} not ours, "
                   f"load average now {os.getloadavg()[0]:.2f}", flush=True)
