@@ -175,19 +175,3 @@ void aps_request_free(struct aps_request *r)
 	free(r->corrected);
 	free(r);
 }
-
-int aps_conn_done(const struct aps_request *r)
-{
-	bool done;
-
-	if (r == NULL)
-		return aps_api_fail(APS_EINVAL, "request is NULL");
-	if (r->owner->pid != getpid())
-		return aps_api_fail(APS_ECLOSED, "the request belongs to process %d",
-		                    (int)r->owner->pid);
-	aps_client_look(r->owner);
-	pthread_mutex_lock(&r->owner->lock);
-	done = r->done;
-	pthread_mutex_unlock(&r->owner->lock);
-	return done ? 1 : 0;
-}

@@ -97,6 +97,22 @@ int aps_conn_wait(struct aps_request *r, uint32_t *tensor_id, uint64_t *updates)
 	return result;
 }
 
+int aps_conn_done(const struct aps_request *r)
+{
+	bool done;
+
+	if (r == NULL)
+		return aps_api_fail(APS_EINVAL, "request is NULL");
+	if (r->owner->pid != getpid())
+		return aps_api_fail(APS_ECLOSED, "the request belongs to process %d",
+		                    (int)r->owner->pid);
+	aps_client_look(r->owner);
+	pthread_mutex_lock(&r->owner->lock);
+	done = r->done;
+	pthread_mutex_unlock(&r->owner->lock);
+	return done ? 1 : 0;
+}
+
 /* Error feedback: quantize buf plus what the last step lost (the tensor is ours: busy). */
 static int add_residual(struct aps_client *c, struct aps_request *r)
 {

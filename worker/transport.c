@@ -1,6 +1,7 @@
 /*
- * DEALER socket I/O for the blocking client: send a multipart message, wait
- * for one with zmq_poll. Frames of the last received message are kept here
+ * DEALER socket I/O for the client: send a multipart message, wait for one
+ * (the socket's ZMQ_EVENTS, then a plain poll of its descriptors: see
+ * aps_transport_poll). Frames of the last received message are kept here
  * until the next receive, so that the caller reads the payload in place.
  *
  * Each socket has a random routing id of its own and lives for one
