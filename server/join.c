@@ -359,6 +359,7 @@ static bool let_in(struct aps_server *srv, struct aps_session *s, const struct a
 {
 	const struct aps_job *job = aps_jobs_find(&srv->jobs, m->job);
 	const char *why = NULL;
+	char later[160] = "";
 
 	if (!key_may_join(srv, s->user, m->job))
 		why = "its CURVE key may not join this job (curve_allow_file)";
@@ -367,9 +368,17 @@ static bool let_in(struct aps_server *srv, struct aps_session *s, const struct a
 		                              : "the job token differs";
 	if (why == NULL)
 		return true;
+	/* A new run of a job whose old ranks just left: their places are kept for
+	 * a reconnect (a blip must not let a stranger end the job), then freed. */
+	if (job != NULL && abandoned(job))
+		snprintf(later, sizeof(later),
+		         " (every rank of the job holding the name has left: it ends within "
+		         "reconnect_grace_ms = %d ms, then a new job of that name may start)",
+		         srv->opts.reconnect_grace_ms);
 	srv->counters.refused_token++;
 	log_refusal(srv, s, m, why);
-	aps_outbox_error(srv, &s->peer, APS_EACCES, m, "not allowed in job '%s': %s", m->job, why);
+	aps_outbox_error(srv, &s->peer, APS_EACCES, m, "not allowed in job '%s': %s%s", m->job, why,
+	                 later);
 	return false;
 }
 

@@ -234,6 +234,8 @@ def test_a_wrong_token_does_not_end_a_job_whose_ranks_wait_to_reconnect(daemon_f
     s = Peer(d.endpoint)
     reply = s.hello("v", 0, 1, job_token="x")
     assert reply["type"] == ERROR and reply["error_code"] == EACCES, reply
+    # a new run of the job (a new token) is told when it may start
+    assert "it ends within reconnect_grace_ms = 3000 ms" in reply["error_text"], reply
     reply = s.hello("v", 0, 1, flags=FLAG_RESUME, session=os.urandom(16))
     assert reply["type"] == ERROR and reply["error_code"] == ENOSESSION, reply
     jobs = d.ask("jobs")["jobs"]
