@@ -709,18 +709,28 @@ static void give_back_role(struct aps_client *c, bool woken)
 
 /*
  * One turn of the I/O loop: what callers queued, what is due, then what came
- * (waiting for it up to the next timer); false once the loop ends. by_caller:
- * a waiting caller's turn, which holds the role throughout; *woken as handle's.
+ * (waiting for it up to the next timer); false once the loop ends. mine: the
+ * call of a waiting caller whose turn it is (it holds the role throughout), no
+ * wait once that call is done; NULL: the I/O thread's. *woken as handle's.
  */
-static bool io_turn(struct aps_client *c, bool by_caller, bool *woken)
+static bool io_turn(struct aps_client *c, struct aps_request *mine, bool *woken)
 {
 	int ready, timeout_ms;
+	bool done;
 
 	if (!start_new(c))
 		return false;
 	timeout_ms = run_timers(c);
-	ready = by_caller ? aps_transport_poll(c->tr, c->wake_fd, timeout_ms)
-	                  : wait_released(c, timeout_ms);
+	if (mine == NULL) {
+		ready = wait_released(c, timeout_ms);
+	} else {
+		pthread_mutex_lock(&c->lock);
+		done = mine->done; /* its deadline may have passed just now */
+		pthread_mutex_unlock(&c->lock);
+		if (done)
+			return true;
+		ready = aps_transport_poll(c->tr, c->wake_fd, timeout_ms);
+	}
 	return handle(c, ready, woken);
 }
 
@@ -730,7 +740,7 @@ void *aps_client_io_main(void *arg)
 	bool woken = false;
 
 	pthread_mutex_lock(&c->io_role);
-	while (io_turn(c, false, &woken))
+	while (io_turn(c, NULL, &woken))
 		;
 	aps_client_fail_for_good(c, APS_ECLOSED, "the client was closed");
 	pthread_mutex_unlock(&c->io_role);
@@ -771,7 +781,7 @@ void aps_client_drive(struct aps_client *c, struct aps_request *r)
 		pthread_mutex_lock(&c->lock);
 		go = lone(c, r);
 		pthread_mutex_unlock(&c->lock);
-		if (go && !io_turn(c, true, &woken)) {
+		if (go && !io_turn(c, r, &woken)) {
 			go = false;
 			woken = true; /* closing: the I/O thread ends the loop */
 		}

@@ -28,6 +28,7 @@ static void finish_rejoin(struct aps_client *c)
 {
 	pthread_mutex_lock(&c->lock);
 	c->rejoining = false;
+	pthread_cond_broadcast(&c->done_cv); /* a waiting caller may drive its call again */
 	pthread_mutex_unlock(&c->lock);
 	aps_client_log(c, 2, "joined job '%s' again as rank %u", c->job, c->rank);
 	/* Wake the loop: queued calls go now. */

@@ -81,8 +81,17 @@ int aps_conn_wait(struct aps_request *r, uint32_t *tensor_id, uint64_t *updates)
 		return aps_api_fail(APS_ECLOSED, "the request belongs to process %d", (int)c->pid);
 	aps_client_drive(c, r);
 	pthread_mutex_lock(&c->lock);
-	while (!r->done)
+	while (!r->done) {
 		pthread_cond_wait(&c->done_cv, &c->lock);
+		/* Another call ended or the client joined again: r alone now is this
+		 * thread's to drive (a quiet I/O thread leaves a lone call's replies to
+		 * its caller). */
+		if (!r->done && c->calls == 1) {
+			pthread_mutex_unlock(&c->lock);
+			aps_client_drive(c, r);
+			pthread_mutex_lock(&c->lock);
+		}
+	}
 	pthread_mutex_unlock(&c->lock);
 	result = r->result;
 	if (result < 0)
