@@ -69,16 +69,25 @@ int aps_request_submit(struct aps_client *c, struct aps_request *r, aps_request 
 	return aps_api_ok();
 }
 
+/* 0, or why r cannot be waited for or asked about here. */
+static int check_request(const struct aps_request *r)
+{
+	if (r == NULL)
+		return aps_api_fail(APS_EINVAL, "request is NULL");
+	if (r->owner->pid != getpid())
+		return aps_api_fail(APS_ECLOSED, "the request belongs to process %d",
+		                    (int)r->owner->pid);
+	return 0;
+}
+
 int aps_conn_wait(struct aps_request *r, uint32_t *tensor_id, uint64_t *updates)
 {
 	struct aps_client *c;
-	int result;
+	int result = check_request(r);
 
-	if (r == NULL)
-		return aps_api_fail(APS_EINVAL, "request is NULL");
+	if (result < 0)
+		return result;
 	c = r->owner;
-	if (c->pid != getpid())
-		return aps_api_fail(APS_ECLOSED, "the request belongs to process %d", (int)c->pid);
 	aps_client_drive(c, r);
 	pthread_mutex_lock(&c->lock);
 	while (!r->done) {
@@ -108,13 +117,11 @@ int aps_conn_wait(struct aps_request *r, uint32_t *tensor_id, uint64_t *updates)
 
 int aps_conn_done(const struct aps_request *r)
 {
+	int ret = check_request(r);
 	bool done;
 
-	if (r == NULL)
-		return aps_api_fail(APS_EINVAL, "request is NULL");
-	if (r->owner->pid != getpid())
-		return aps_api_fail(APS_ECLOSED, "the request belongs to process %d",
-		                    (int)r->owner->pid);
+	if (ret < 0)
+		return ret;
 	aps_client_look(r->owner);
 	pthread_mutex_lock(&r->owner->lock);
 	done = r->done;
