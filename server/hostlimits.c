@@ -1,6 +1,7 @@
 /* Limits from the machine: descriptors, memory and cores (hostlimits.h). */
 #include "server/hostlimits.h"
 
+#include <malloc.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -80,4 +81,14 @@ unsigned aps_hostlimits_cpus(void)
 		return 1;
 	n = CPU_COUNT(&set);
 	return n > 0 ? (unsigned)n : 1;
+}
+
+#define MMAP_THRESHOLD (16u << 20)
+#define TRIM_THRESHOLD (512u << 10)
+
+void aps_hostlimits_malloc_policy(void)
+{
+	/* Setting either stops glibc's sliding thresholds; both are set so both are known. */
+	mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD);
+	mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD);
 }

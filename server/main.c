@@ -255,6 +255,7 @@ int main(int argc, char **argv)
 	uv_loop_t *loop;
 	int watchdog_ms;
 
+	aps_hostlimits_malloc_policy();
 	aps_config_defaults(&d.cfg);
 	if (aps_config_parse_args(&d.cfg, argc, argv, &err, &exit_now) < 0) {
 		fprintf(stderr, "apsd: %s\n", err.message);
