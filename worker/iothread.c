@@ -351,26 +351,49 @@ static void on_weights(struct aps_client *c, const struct aps_msg *m)
 		finish(c, r, 0, NULL);
 }
 
-/* Global mode: the shared exponents; each waiting tensor encodes and sends. */
+/*
+ * Global mode: the shared exponents; each waiting tensor encodes and sends. A
+ * call that goes again after a rejoin (rejoin.c) sends the codes it has: the
+ * ranks' maxima are those of the first exchange, so the exponent is too, and
+ * its buffer may hold results already; another exponent means the ranks are
+ * not at one step any more.
+ */
 static void on_scales(struct aps_client *c, const struct aps_msg *m)
 {
+	char text[APS_CLIENT_ERROR_MAX];
+
 	for (uint32_t i = 0; i < m->n_tensor_ids; i++) {
 		struct aps_request *r = c->active;
+		int scale_exp;
 		while (r != NULL && !(r->state == REQ_EXCHANGE && r->tensor_id == m->tensor_ids[i]))
 			r = r->next;
 		if (r == NULL)
 			continue;
-		r->scale_exp = m->exponents[i] == WIRE_ZERO_EXPONENT
-		                       ? 0
-		                       : aps_scale_from_global_exponent(&r->fmt, m->exponents[i]);
+		scale_exp = m->exponents[i] == WIRE_ZERO_EXPONENT
+		                    ? 0
+		                    : aps_scale_from_global_exponent(&r->fmt, m->exponents[i]);
 		r->state = REQ_SENT;
 		r->deadline_ms = aps_client_now_ms() + r->timeout_ms;
-		if (r->reexchange)
-			r->reexchange = false; /* codes of the first exchange: the same k */
-		else if (aps_request_encode(c, r) < 0)
-			finish(c, r, APS_ENOMEM, "out of memory for the codes");
-		else if (aps_outbox_chunks(c, r) < 0)
+		if (!r->reexchange) {
+			r->scale_exp = scale_exp;
+			if (aps_request_encode(c, r) < 0)
+				finish(c, r, APS_ENOMEM, "out of memory for the codes");
+			else if (aps_outbox_chunks(c, r) < 0)
+				finish(c, r, APS_ECONN, "send to the daemon failed");
+			continue;
+		}
+		r->reexchange = false;
+		if (scale_exp != r->scale_exp) {
+			snprintf(
+			        text, sizeof(text),
+			        "joined again, the job's ranks agreed on scale exponent %d for '%.100s' "
+			        "step %llu where they had agreed on %d: they are not at one step any "
+			        "more; start the job again",
+			        scale_exp, r->name, (unsigned long long)r->step, r->scale_exp);
+			finish(c, r, APS_EMISMATCH, text);
+		} else if (aps_outbox_chunks(c, r) < 0) {
 			finish(c, r, APS_ECONN, "send to the daemon failed");
+		}
 	}
 }
 

@@ -64,6 +64,57 @@ def test_workers_go_on_or_stop_clearly_after_apsd_is_killed(tmp_path):
             (code == 3 and "APS_EMISMATCH" in out and "start the job again" in out), out
 
 
+def test_a_global_mode_call_whose_codes_reached_a_killed_apsd_goes_again(tmp_path):
+    # Before: the call agreed on its exponent again with the new daemon and was never
+    # sent again: APS_ETIMEDOUT, "apsd still waits for ranks 0, 1"
+    import threading
+
+    import numpy as np
+
+    import aps
+    from peers import rss_kib
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    log = open(tmp_path / "apsd.log", "w")
+    daemon = start_apsd(endpoint, log)
+    base = rss_kib(daemon.pid)
+    n = 16 << 20  # 16 MiB of e4m3 codes per rank: apsd holds them while it sums
+    clients, results = [None, None], [None, None]
+
+    def rank(r):
+        clients[r] = aps.Client(endpoint, r, 2, format="e4m3", scaling="global",
+                                rejoin=True, timeout_ms=20000)
+        try:
+            results[r] = clients[r].allreduce("w", np.full(n, r + 1, dtype=np.float32))
+        except aps.Error as e:
+            results[r] = e
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    # the codes are on their way to apsd: both calls agreed on the exponent and sent
+    deadline = time.monotonic() + 30
+    while rss_kib(daemon.pid) < base + 8192 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert rss_kib(daemon.pid) >= base + 8192, open(log.name).read()
+    daemon.send_signal(signal.SIGKILL)
+    daemon.wait()
+    daemon = start_apsd(endpoint, log)
+    for t in threads:
+        t.join(timeout=40)
+    for c in clients:
+        c.close()
+    daemon.send_signal(signal.SIGTERM)
+    assert daemon.wait(timeout=10) == 0
+    log.close()
+    for r in range(2):
+        # the mean of 1 and 2 at any shared exponent: exactly 1.5 (or, had one rank got its
+        # result from the old daemon, a refusal by name)
+        assert isinstance(results[r], np.ndarray) or \
+            results[r].name == "APS_EMISMATCH", (r, results[r])
+        if isinstance(results[r], np.ndarray):
+            assert (results[r] == 1.5).all(), (r, results[r][:4])
+
+
 def test_python_client_with_rejoin_goes_on_across_a_restart(tmp_path):
     import numpy as np
 
