@@ -60,18 +60,45 @@ uint64_t aps_request_encode_chunk(struct aps_request *r, uint32_t i)
 	return st.flushed;
 }
 
-/* codec_threads: chunks in parts over the client's pool, the caller's thread too. */
+/* codec_threads: chunks [from, to) in parts over the client's pool, the caller's thread too. */
 struct encode_parts {
 	struct aps_request *r;
-	uint32_t chunks, parts;
+	uint32_t from, to, parts;
 };
 
 static void encode_part(void *ctx, size_t part)
 {
 	struct encode_parts *e = ctx;
 
-	for (uint32_t i = (uint32_t)part; i < e->chunks; i += e->parts)
+	for (uint32_t i = e->from + (uint32_t)part; i < e->to; i += e->parts)
 		e->r->flushed[i] = aps_request_encode_chunk(e->r, i);
+}
+
+void aps_request_encode_chunks(struct aps_client *c, struct aps_request *r, uint32_t from,
+                               uint32_t to)
+{
+	if (c->pool != NULL && to - from > 1) {
+		struct encode_parts e = { r, from, to,
+			                  to - from < c->codec_threads ? to - from
+			                                               : c->codec_threads };
+		aps_pool_run(c->pool, e.parts, encode_part, &e);
+	} else {
+		for (uint32_t i = from; i < to; i++)
+			r->flushed[i] = aps_request_encode_chunk(r, i);
+	}
+	atomic_store_explicit(&r->encoded, to, memory_order_release);
+}
+
+/* A wake-up of the I/O thread or of the pool costs a few microseconds: one per
+ * STREAM_ELEMS elements a thread codes, at least one chunk per thread. */
+#define STREAM_ELEMS (1u << 16)
+
+uint32_t aps_request_stream_batch(const struct aps_client *c, const struct aps_request *r)
+{
+	size_t per = r->chunk_elems ? r->chunk_elems : r->count;
+	uint32_t each = per >= STREAM_ELEMS ? 1 : (uint32_t)(STREAM_ELEMS / per);
+
+	return each * c->codec_threads;
 }
 
 int aps_request_alloc_codes(struct aps_client *c, struct aps_request *r)
@@ -101,20 +128,11 @@ int aps_request_alloc_codes(struct aps_client *c, struct aps_request *r)
 
 int aps_request_encode(struct aps_client *c, struct aps_request *r)
 {
-	uint32_t chunks = aps_request_chunks(r);
 	uint64_t t0 = c->trace != NULL ? aps_trace_now() : 0;
 
 	if (aps_request_alloc_codes(c, r) < 0)
 		return APS_ENOMEM;
-	if (c->pool != NULL && chunks > 1) {
-		struct encode_parts e = { r, chunks,
-			                  chunks < c->codec_threads ? chunks : c->codec_threads };
-		aps_pool_run(c->pool, e.parts, encode_part, &e);
-	} else {
-		for (uint32_t i = 0; i < chunks; i++)
-			r->flushed[i] = aps_request_encode_chunk(r, i);
-	}
-	atomic_store_explicit(&r->encoded, chunks, memory_order_release);
+	aps_request_encode_chunks(c, r, 0, aps_request_chunks(r));
 	aps_trace_stage(c->trace, "quantize", t0,
 	                &(struct aps_trace_at){ c->job, r->name, r->step, 0 });
 	return 0;

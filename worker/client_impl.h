@@ -344,6 +344,12 @@ int aps_request_alloc_codes(struct aps_client *c, struct aps_request *r);
 /* chunks.c: chunk i's codes (block-scaled codes travel with each chunk's exponents),
  * and with error feedback its residual; returns its flushed count. */
 uint64_t aps_request_encode_chunk(struct aps_request *r, uint32_t i);
+/* chunks.c: chunks [from, to), over the client's codec pool when it has one, then
+ * published to the I/O thread (r->encoded = to). */
+void aps_request_encode_chunks(struct aps_client *c, struct aps_request *r, uint32_t from,
+                               uint32_t to);
+/* chunks.c: how many chunks a streaming coder codes between two wake-ups. */
+uint32_t aps_request_stream_batch(const struct aps_client *c, const struct aps_request *r);
 /* chunks.c: encodes r's data for the wire once its scale exponent is known. */
 int aps_request_encode(struct aps_client *c, struct aps_request *r);
 /* chunks.c: true when chunks of r are coded and not yet sent (the I/O thread). */

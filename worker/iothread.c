@@ -351,6 +351,27 @@ static void on_weights(struct aps_client *c, const struct aps_msg *m)
 		finish(c, r, 0, NULL);
 }
 
+/* Global mode: r's codes batch by batch, each batch sent while the next is coded. */
+static void encode_and_send(struct aps_client *c, struct aps_request *r)
+{
+	uint32_t chunks = aps_request_chunks(r), batch = aps_request_stream_batch(c, r);
+	uint64_t t0 = c->trace != NULL ? aps_trace_now() : 0;
+
+	if (aps_request_alloc_codes(c, r) < 0) {
+		finish(c, r, APS_ENOMEM, "out of memory for the codes");
+		return;
+	}
+	for (uint32_t i = 0; i < chunks; i += batch) {
+		aps_request_encode_chunks(c, r, i, chunks - i < batch ? chunks : i + batch);
+		if (aps_outbox_more(c, r) < 0) {
+			finish(c, r, APS_ECONN, "send to the daemon failed");
+			return;
+		}
+	}
+	aps_trace_stage(c->trace, "quantize", t0,
+	                &(struct aps_trace_at){ c->job, r->name, r->step, 0 });
+}
+
 /*
  * Global mode: the shared exponents; each waiting tensor encodes and sends. A
  * call that goes again after a rejoin (rejoin.c) sends the codes it has: the
@@ -376,10 +397,7 @@ static void on_scales(struct aps_client *c, const struct aps_msg *m)
 		r->deadline_ms = aps_client_now_ms() + r->timeout_ms;
 		if (!r->reexchange) {
 			r->scale_exp = scale_exp;
-			if (aps_request_encode(c, r) < 0)
-				finish(c, r, APS_ENOMEM, "out of memory for the codes");
-			else if (aps_outbox_chunks(c, r) < 0)
-				finish(c, r, APS_ECONN, "send to the daemon failed");
+			encode_and_send(c, r);
 			continue;
 		}
 		r->reexchange = false;

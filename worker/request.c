@@ -272,19 +272,15 @@ bool aps_client_optimize_mode(const struct aps_client *c)
 }
 
 /*
- * A tensor of several chunks coded on the caller's thread leaves chunk by chunk:
- * queued first, each chunk published (r->encoded) as its codes are final, the
- * I/O thread woken to send it while this thread codes the next. Its results may
- * come back meanwhile: they land in other chunks' elements of buf.
+ * A tensor of several chunks leaves batch by batch: queued first, each batch
+ * coded (on this thread, or over the codec pool with this thread in it) and
+ * published (r->encoded), the I/O thread woken to send it while the next is
+ * coded. Its results may come back meanwhile: they land in other chunks'
+ * elements of buf.
  */
-#define STREAM_WAKE (1u << 16)
-
 static int stream(struct aps_client *c, struct aps_request *r, aps_request **out)
 {
-	uint32_t chunks = aps_request_chunks(r);
-	/* A wake-up costs the I/O thread a few microseconds: one per STREAM_WAKE elements. */
-	uint32_t stride =
-	        r->chunk_elems >= STREAM_WAKE ? 1 : (uint32_t)(STREAM_WAKE / r->chunk_elems);
+	uint32_t chunks = aps_request_chunks(r), batch = aps_request_stream_batch(c, r);
 	uint64_t t0 = c->trace != NULL ? aps_trace_now() : 0;
 	int ret;
 
@@ -295,13 +291,10 @@ static int stream(struct aps_client *c, struct aps_request *r, aps_request **out
 	r->coding = true;
 	if ((ret = aps_request_submit(c, r, out)) < 0)
 		return ret;
-	for (uint32_t i = 0; i < chunks; i++) {
-		r->flushed[i] = aps_request_encode_chunk(r, i);
-		atomic_store_explicit(&r->encoded, i + 1, memory_order_release);
-		if ((i + 1) % stride == 0 || i + 1 == chunks) {
-			atomic_store_explicit(&c->coded, true, memory_order_release);
-			aps_client_wake(c);
-		}
+	for (uint32_t i = 0; i < chunks; i += batch) {
+		aps_request_encode_chunks(c, r, i, chunks - i < batch ? chunks : i + batch);
+		atomic_store_explicit(&c->coded, true, memory_order_release);
+		aps_client_wake(c);
 	}
 	pthread_mutex_lock(&c->lock);
 	r->coding = false;
@@ -347,7 +340,7 @@ static int start_reduce(aps_client *c, struct aps_request *r, const float *whole
 	/* Global mode encodes when the daemon has sent the shared exponent. */
 	if (c->scaling == APS_SCALING_GLOBAL && !aps_format_is_fp32(&r->fmt))
 		return aps_request_submit(c, r, out);
-	if (c->pool == NULL && aps_request_chunks(r) > 1)
+	if (aps_request_chunks(r) > 1)
 		return stream(c, r, out);
 	if (aps_request_encode(c, r) < 0) {
 		aps_request_free(r);
