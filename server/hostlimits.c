@@ -5,6 +5,7 @@
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -84,11 +85,15 @@ unsigned aps_hostlimits_cpus(void)
 }
 
 #define MMAP_THRESHOLD (16u << 20)
-#define TRIM_THRESHOLD (512u << 10)
+#define TRIM_THRESHOLD (32u << 20)
 
 void aps_hostlimits_malloc_policy(void)
 {
-	/* Setting either stops glibc's sliding thresholds; both are set so both are known. */
+	const char *tunables = getenv("GLIBC_TUNABLES");
+
+	if (tunables != NULL && strstr(tunables, "glibc.malloc.") != NULL)
+		return;
+	mallopt(M_ARENA_MAX, 1);
 	mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD);
 	mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD);
 }

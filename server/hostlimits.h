@@ -22,13 +22,14 @@ size_t aps_hostlimits_connections(uint64_t nofile);
 uint64_t aps_hostlimits_memory(void);
 
 /*
- * Fixed malloc thresholds (glibc) before any thread starts: message bodies up
- * to 16 MiB come from the heap, and free memory at the top of every thread's
- * heap beyond 512 KiB goes back to the system when it is freed. glibc's own
- * thresholds rise after each large free (to twice the block, up to 64 MiB)
- * and malloc_trim does not trim a thread's heap top, so a finished job's
- * memory could stay resident (1.3 MiB in 1 run of 10 of test_attacks.py's
- * test_memory_of_a_finished_job_goes_back before this).
+ * glibc's malloc, set before any thread starts: one arena, message bodies up
+ * to 16 MiB from the heap, up to 32 MiB of free heap kept for the next step.
+ * A step's bodies then reuse the pages the last step freed (glibc's sliding
+ * thresholds gave them back and faulted them in again: the daemon's CPU per
+ * step fell by a quarter to a third), and malloc_trim at a job's end gives
+ * the heap's whole top back (it cannot trim a thread arena's top: 1.3 MiB of
+ * a finished job stayed in 1 run of 10 of test_memory_of_a_finished_job_goes_back).
+ * GLIBC_TUNABLES naming a glibc.malloc setting leaves malloc as the operator set it.
  */
 void aps_hostlimits_malloc_policy(void);
 
