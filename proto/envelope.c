@@ -56,6 +56,7 @@ void aps_envelope_from_msg(const struct aps_msg *m, uint32_t payload_crc, Aps__E
 	env->job_token = (char *)m->job_token;
 	env->max_message_bytes = m->max_message_bytes;
 	env->keepalive_ms = m->keepalive_ms;
+	env->retry_after_ms = m->retry_after_ms;
 	env->block_size = m->block_size;
 }
 
@@ -112,5 +113,6 @@ void aps_envelope_to_msg(const Aps__Envelope *env, struct aps_msg *m)
 	copy_string(m->job_token, sizeof(m->job_token), env->job_token);
 	m->max_message_bytes = env->max_message_bytes;
 	m->keepalive_ms = env->keepalive_ms;
+	m->retry_after_ms = env->retry_after_ms;
 	m->block_size = env->block_size;
 }

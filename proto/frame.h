@@ -15,7 +15,7 @@
 #include <stdint.h>
 
 #define APS_PROTO_VERSION_MAJOR 1
-#define APS_PROTO_VERSION_MINOR 8
+#define APS_PROTO_VERSION_MINOR 9
 /* The oldest minor apsd lets join: 1.6 brought keepalives and session tokens. */
 #define APS_PROTO_VERSION_MINOR_JOIN 6
 
@@ -121,6 +121,9 @@ struct aps_msg {
 	/* 1.7: HELLO/WELCOME the job's block size; PUSH/RESULT non-zero when the
 	 * payload is block-scaled (codes, then one int8 exponent per block) */
 	uint32_t block_size;
+	/* 1.9: ERROR to a HELLO refused while the job's left ranks keep their places:
+	 * the job's name is free within this many ms (0: not that refusal) */
+	uint32_t retry_after_ms;
 	/*
 	 * Frame 1, borrowed: NULL when the message has no payload frame. Packing
 	 * writes payload_len and the CRC32C of these bytes into the header.

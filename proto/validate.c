@@ -194,7 +194,8 @@ static int check_optimizer(struct check *c, const Aps__Envelope *env)
 	return 0;
 }
 
-/* 1.6: a session token only on WELCOME and HELLO, a job token only on HELLO. */
+/* 1.6: a session token only on WELCOME and HELLO, a job token only on HELLO;
+ * 1.9: a refusal's retry time only on ERROR. */
 static int check_tokens(struct check *c, const Aps__Envelope *env)
 {
 	int type = (int)env->type;
@@ -212,6 +213,8 @@ static int check_tokens(struct check *c, const Aps__Envelope *env)
 		return fail(c, APS_MSG_FAULT_BAD_TOKEN, "job token on a %s", c->what);
 	if ((env->max_message_bytes != 0 || env->keepalive_ms != 0) && !welcome)
 		return fail(c, APS_MSG_FAULT_BAD_TOKEN, "a WELCOME's limits on a %s", c->what);
+	if (env->retry_after_ms != 0 && type != APS_MSG_ERROR)
+		return fail(c, APS_MSG_FAULT_BAD_TOKEN, "a refusal's retry time on a %s", c->what);
 	return 0;
 }
 

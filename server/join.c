@@ -232,6 +232,20 @@ static bool abandoned(const struct aps_job *job)
 	return true;
 }
 
+/* An abandoned job's name is free when the last of its ranks' graces ends (and the
+ * tick that sees it: server.c's TICK_MS, 50 ms). */
+static uint32_t frees_in_ms(const struct aps_server *srv, const struct aps_job *job)
+{
+	uint64_t now = uv_now(srv->loop), last = 0;
+
+	for (uint32_t r = 0; r < job->world_size; r++) {
+		const struct aps_session *s = job->ranks[r];
+		if (s != NULL && s->detached_ms + (uint64_t)srv->opts.reconnect_grace_ms > last)
+			last = s->detached_ms + (uint64_t)srv->opts.reconnect_grace_ms;
+	}
+	return (uint32_t)(last > now ? last - now : 0) + 100;
+}
+
 /* Ends an abandoned job; the last rank out frees it. */
 static void end_abandoned(struct aps_server *srv, struct aps_job *job)
 {
@@ -360,6 +374,7 @@ static bool let_in(struct aps_server *srv, struct aps_session *s, const struct a
 	const struct aps_job *job = aps_jobs_find(&srv->jobs, m->job);
 	const char *why = NULL;
 	char later[160] = "";
+	uint32_t retry_after = 0;
 
 	if (!key_may_join(srv, s->user, m->job))
 		why = "its CURVE key may not join this job (curve_allow_file)";
@@ -370,15 +385,17 @@ static bool let_in(struct aps_server *srv, struct aps_session *s, const struct a
 		return true;
 	/* A new run of a job whose old ranks just left: their places are kept for
 	 * a reconnect (a blip must not let a stranger end the job), then freed. */
-	if (job != NULL && abandoned(job))
+	if (job != NULL && abandoned(job)) {
+		retry_after = frees_in_ms(srv, job);
 		snprintf(later, sizeof(later),
 		         " (every rank of the job holding the name has left: it ends within "
 		         "reconnect_grace_ms = %d ms, then a new job of that name may start)",
 		         srv->opts.reconnect_grace_ms);
+	}
 	srv->counters.refused_token++;
 	log_refusal(srv, s, m, why);
-	aps_outbox_error(srv, &s->peer, APS_EACCES, m, "not allowed in job '%s': %s%s", m->job, why,
-	                 later);
+	aps_outbox_refuse(srv, &s->peer, m, retry_after, "not allowed in job '%s': %s%s", m->job,
+	                  why, later);
 	return false;
 }
 

@@ -53,16 +53,15 @@ static void fill_error(struct aps_msg *e, int code, const struct aps_msg *reques
 	e->about_type = request->type == APS_MSG_ERROR ? APS_MSG_UNSPECIFIED : request->type;
 }
 
-void aps_outbox_error(struct aps_server *srv, const struct aps_peer *peer, int code,
-                      const struct aps_msg *request, const char *fmt, ...)
+static void send_error(struct aps_server *srv, const struct aps_peer *peer, int code,
+                       const struct aps_msg *request, uint32_t retry_after_ms, const char *fmt,
+                       va_list ap)
 {
 	struct aps_msg e;
-	va_list ap;
 
 	fill_error(&e, code, request);
-	va_start(ap, fmt);
+	e.retry_after_ms = retry_after_ms;
 	vsnprintf(e.error_text, sizeof(e.error_text), fmt, ap);
-	va_end(ap);
 	/* The text is one printable line: the validator of the peer insists. */
 	for (char *c = e.error_text; *c; c++) {
 		if (*c < ' ' || *c > '~')
@@ -71,6 +70,26 @@ void aps_outbox_error(struct aps_server *srv, const struct aps_peer *peer, int c
 	srv->counters.errors_sent++;
 	aps_log_debug("server", "error code=%s text=\"%s\"", aps_err_name(code), e.error_text);
 	aps_outbox_send(srv, peer, &e, NULL);
+}
+
+void aps_outbox_error(struct aps_server *srv, const struct aps_peer *peer, int code,
+                      const struct aps_msg *request, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	send_error(srv, peer, code, request, 0, fmt, ap);
+	va_end(ap);
+}
+
+void aps_outbox_refuse(struct aps_server *srv, const struct aps_peer *peer,
+                       const struct aps_msg *hello, uint32_t retry_after_ms, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	send_error(srv, peer, APS_EACCES, hello, retry_after_ms, fmt, ap);
+	va_end(ap);
 }
 
 void aps_outbox_error_rank(struct aps_server *srv, struct aps_job *job, uint32_t rank, int code,

@@ -33,6 +33,12 @@ void aps_outbox_error(struct aps_server *srv, const struct aps_peer *peer, int c
                       const struct aps_msg *request, const char *fmt, ...)
         __attribute__((format(printf, 5, 6)));
 
+/* An EACCES ERROR answering a HELLO; retry_after_ms > 0: the job's name frees in that
+ * many ms (protocol 1.9). */
+void aps_outbox_refuse(struct aps_server *srv, const struct aps_peer *peer,
+                       const struct aps_msg *hello, uint32_t retry_after_ms, const char *fmt, ...)
+        __attribute__((format(printf, 5, 6)));
+
 /* The same ERROR to every live rank of job. */
 void aps_outbox_error_job(struct aps_server *srv, struct aps_job *job, int code, const char *text);
 

@@ -202,6 +202,7 @@ static void assert_msg_equal(const struct aps_msg *a, const struct aps_msg *b)
 	assert_string_equal(a->job_token, b->job_token);
 	assert_int_equal(a->max_message_bytes, b->max_message_bytes);
 	assert_int_equal(a->keepalive_ms, b->keepalive_ms);
+	assert_int_equal(a->retry_after_ms, b->retry_after_ms);
 	assert_ptr_equal(a->payload, b->payload);
 	assert_int_equal(a->payload_len, b->payload_len);
 }
@@ -269,7 +270,8 @@ static void test_proto_pack_reports_short_buffer(void **state)
 	assert_int_equal(aps_msg_parse(NULL, hdr, 1, NULL, 0, false, &parsed, &fault), APS_EINVAL);
 }
 
-/* Protocol 1.6: session and job tokens, a WELCOME's limits, RESUME and ALIVE. */
+/* Protocol 1.6: session and job tokens, a WELCOME's limits, RESUME and ALIVE; 1.9: a
+ * refusal's retry time. */
 static void test_proto_tokens_round_trip_where_they_belong(void **state)
 {
 	struct aps_msg m;
@@ -293,6 +295,11 @@ static void test_proto_tokens_round_trip_where_they_belong(void **state)
 	m.flags = APS_MSG_FLAG_ALIVE;
 	expect_ok(parse_msg(&m, false));
 	expect_ok(parse_msg(&m, true));
+	/* 1.9: a refused HELLO's ERROR says when the job's name is free */
+	make_valid(&m, APS_MSG_ERROR);
+	m.retry_after_ms = 1600;
+	expect_ok(parse_msg(&m, true));
+	assert_msg_equal(&m, &parsed);
 }
 
 static void test_proto_rejects_tokens_and_flags_out_of_place(void **state)
@@ -312,6 +319,9 @@ static void test_proto_rejects_tokens_and_flags_out_of_place(void **state)
 	make_valid(&m, APS_MSG_HELLO);
 	m.max_message_bytes = 1;
 	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_TOKEN);
+	make_valid(&m, APS_MSG_WELCOME);
+	m.retry_after_ms = 1;
+	expect_fault(parse_msg(&m, true), APS_MSG_FAULT_BAD_TOKEN);
 	make_valid(&m, APS_MSG_HELLO);
 	m.flags = APS_MSG_FLAG_RESUME; /* and no token to resume by */
 	expect_fault(parse_msg(&m, false), APS_MSG_FAULT_BAD_FLAGS);

@@ -9,6 +9,7 @@
 #include "common/err.h"
 #include "worker/api_error.h"
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -24,6 +25,8 @@ struct join {
 	                       start or the last close (INT64_MAX: no limit) */
 	unsigned closes;    /* connections that closed before WELCOME */
 	unsigned waits;     /* connects that failed or could not start */
+	int64_t hello_at;   /* HELLO again then: the job's name was held (0: not) */
+	bool held;          /* the name was held: said once in the log */
 };
 
 static void arm_connect(const struct aps_client *c, struct join *j)
@@ -40,6 +43,8 @@ static int join_wait_ms(const struct aps_client *c, const struct join *j)
 
 	if (!aps_transport_link_up(c->tr) && j->connect_by < until)
 		until = j->connect_by;
+	if (j->hello_at != 0 && j->hello_at < until)
+		until = j->hello_at;
 	return until > now ? (int)(until - now) : 0;
 }
 
@@ -155,8 +160,30 @@ static int join_timed_out(struct aps_client *c, const struct join *j)
 	                    c->endpoint, c->timeout_ms);
 }
 
+/*
+ * A refusal that says when the job's name is free (protocol 1.9: every rank of
+ * the job holding it has left, their places kept for reconnect_grace_ms, as when
+ * a job is launched again at once): HELLO again then, if that is before the
+ * call's deadline (0), else the refusal.
+ */
+static int held_name(struct aps_client *c, struct join *j, const struct aps_msg *m)
+{
+	int64_t at = aps_client_now_ms() + m->retry_after_ms;
+
+	if (m->error_code != APS_EACCES || m->retry_after_ms == 0 || at >= j->deadline)
+		return aps_api_fail(m->error_code, "%s", m->error_text);
+	if (!j->held)
+		aps_client_log(c, 1,
+		               "job '%s' is still held by the ranks of its last run (apsd keeps "
+		               "their places for reconnect_grace_ms): joining in %u ms",
+		               c->job, m->retry_after_ms);
+	j->held = true;
+	j->hello_at = at;
+	return 0;
+}
+
 /* WELCOME (1), an ERROR or a message apsd should not send first (< 0), else 0. */
-static int join_message(struct aps_client *c, const struct aps_rxmsg *rx)
+static int join_message(struct aps_client *c, struct join *j, const struct aps_rxmsg *rx)
 {
 	struct aps_msg_fault fault;
 	struct aps_msg m;
@@ -165,7 +192,7 @@ static int join_message(struct aps_client *c, const struct aps_rxmsg *rx)
 	                  rx->payload != NULL, &m, &fault) < 0)
 		return aps_api_fail(APS_EPROTO, "bad message from apsd: %s", fault.text);
 	if (m.type == APS_MSG_ERROR)
-		return aps_api_fail(m.error_code, "%s", m.error_text);
+		return held_name(c, j, &m);
 	if (m.type != APS_MSG_WELCOME)
 		return 0;
 	if (c->optimizer[0] != '\0' && m.optimizer[0] == '\0')
@@ -203,6 +230,12 @@ static int await_welcome(struct aps_client *c)
 
 	arm_connect(c, &j);
 	for (;;) {
+		if (j.hello_at != 0 && aps_client_now_ms() >= j.hello_at) {
+			struct aps_msg hello = c->hello;
+			j.hello_at = 0;
+			if ((ret = say_hello(c, &hello)) < 0)
+				return ret;
+		}
 		int got = aps_transport_recv(c->tr, join_wait_ms(c, &j), &rx);
 		if (got < 0)
 			return aps_api_fail(APS_ECONN, "receive from %s failed", c->endpoint);
@@ -213,7 +246,7 @@ static int await_welcome(struct aps_client *c)
 		else if (got == 0)
 			ret = join_timed_out(c, &j);
 		else
-			ret = join_message(c, &rx);
+			ret = join_message(c, &j, &rx);
 		if (ret != 0)
 			return ret < 0 ? ret : 0;
 	}

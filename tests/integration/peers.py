@@ -28,7 +28,7 @@ FIELDS = {
     "payload_crc32c": (18, "f"), "flushed": (19, "u"), "error_code": (20, "z"),
     "error_text": (21, "s"), "about_type": (26, "u"), "optimizer": (27, "s"),
     "session": (30, "b"), "job_token": (31, "s"), "max_message_bytes": (32, "u"),
-    "keepalive_ms": (33, "u"), "block_size": (34, "u"),
+    "keepalive_ms": (33, "u"), "block_size": (34, "u"), "retry_after_ms": (35, "u"),
 }
 BY_NUMBER = {num: (name, kind) for name, (num, kind) in FIELDS.items()}
 

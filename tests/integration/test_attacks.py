@@ -242,6 +242,35 @@ def test_a_wrong_token_does_not_end_a_job_whose_ranks_wait_to_reconnect(daemon_f
     assert [j["name"] for j in jobs] == ["v"], jobs
 
 
+
+def test_a_new_run_joins_once_the_last_runs_places_are_free(daemon_factory, caplog):
+    # Before: a job launched again within reconnect_grace_ms of its last run (a new
+    # job token each launch, as aps.launch makes) was refused at once, APS_EACCES.
+    # Now apsd says when the name is free (protocol 1.9) and the client joins then.
+    d = daemon_factory(extra=["--reconnect_grace_ms", "2000"])
+    old = Peer(d.endpoint)
+    assert old.hello("relaunch", 0, 1, job_token="run1")["type"] == WELCOME
+    old.close()  # the last run's rank waits out its grace
+    time.sleep(0.3)
+    raw = Peer(d.endpoint)  # what a client is told
+    reply = raw.hello("relaunch", 0, 1, job_token="run2")
+    assert reply["type"] == ERROR and reply["error_code"] == EACCES, reply
+    assert 1000 < reply["retry_after_ms"] <= 2000 + 100, reply
+    raw.close()
+    # a deadline before the name is free: refused at once, saying why
+    t0 = time.monotonic()
+    with pytest.raises(aps.Error) as err:
+        aps.Client(d.endpoint, 0, 1, job="relaunch", job_token="run2", format="fp32",
+                   timeout_ms=500)
+    assert time.monotonic() - t0 < 0.4 and "reconnect_grace_ms" in str(err.value)
+    caplog.set_level("WARNING", logger="aps.client")
+    with aps.Client(d.endpoint, 0, 1, job="relaunch", job_token="run2", format="fp32",
+                    timeout_ms=10000) as c:
+        waited = time.monotonic() - t0
+        assert c.allreduce("w", np.arange(3, dtype=np.float32)).tolist() == [0, 1, 2]
+    assert 0.8 < waited < 3.0, waited
+    assert "still held by the ranks of its last run" in caplog.text, caplog.text
+
 def test_idle_hellos_give_their_job_slots_back(daemon_factory):
     # Before: max_jobs stayed full for as long as the 64 connections stayed open.
     d = daemon_factory(extra=[*FAST, "--reconnect_grace_ms", "300", "--max_jobs", "16"])
