@@ -89,10 +89,17 @@ unsigned aps_hostlimits_cpus(void)
 
 void aps_hostlimits_malloc_policy(void)
 {
+	static const char *const own[] = { "MALLOC_ARENA_MAX", "MALLOC_MMAP_THRESHOLD_",
+		                           "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_",
+		                           "MALLOC_MMAP_MAX_" };
 	const char *tunables = getenv("GLIBC_TUNABLES");
 
 	if (tunables != NULL && strstr(tunables, "glibc.malloc.") != NULL)
 		return;
+	for (size_t i = 0; i < sizeof(own) / sizeof(own[0]); i++) {
+		if (getenv(own[i]) != NULL)
+			return;
+	}
 	mallopt(M_ARENA_MAX, 1);
 	mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD);
 	mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD);

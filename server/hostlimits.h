@@ -29,7 +29,8 @@ uint64_t aps_hostlimits_memory(void);
  * step fell by a quarter to a third), and malloc_trim at a job's end gives
  * the heap's whole top back (it cannot trim a thread arena's top: 1.3 MiB of
  * a finished job stayed in 1 run of 10 of test_memory_of_a_finished_job_goes_back).
- * GLIBC_TUNABLES naming a glibc.malloc setting leaves malloc as the operator set it.
+ * GLIBC_TUNABLES naming a glibc.malloc setting, or one of glibc's MALLOC_*
+ * variables, leaves malloc as the operator set it.
  */
 void aps_hostlimits_malloc_policy(void);
 

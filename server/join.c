@@ -385,7 +385,7 @@ static bool let_in(struct aps_server *srv, struct aps_session *s, const struct a
 		return true;
 	/* A new run of a job whose old ranks just left: their places are kept for
 	 * a reconnect (a blip must not let a stranger end the job), then freed. */
-	if (job != NULL && abandoned(job)) {
+	if (job != NULL && abandoned(job) && key_may_join(srv, s->user, m->job)) {
 		retry_after = frees_in_ms(srv, job);
 		snprintf(later, sizeof(later),
 		         " (every rank of the job holding the name has left: it ends within "

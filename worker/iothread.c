@@ -351,10 +351,18 @@ static void on_weights(struct aps_client *c, const struct aps_msg *m)
 		finish(c, r, 0, NULL);
 }
 
-/* Global mode: r's codes batch by batch, each batch sent while the next is coded. */
+/*
+ * Global mode: r's codes batch by batch, each batch sent while the next is
+ * coded. This thread reads no results meanwhile: a tensor of more chunks than
+ * half the socket's receive queue (ZeroMQ's RCVHWM, 1000 messages) is coded
+ * whole first, as its results would fill the queue and then apsd's outbox.
+ */
+#define STREAM_CHUNKS_MAX 500
+
 static void encode_and_send(struct aps_client *c, struct aps_request *r)
 {
-	uint32_t chunks = aps_request_chunks(r), batch = aps_request_stream_batch(c, r);
+	uint32_t chunks = aps_request_chunks(r);
+	uint32_t batch = chunks <= STREAM_CHUNKS_MAX ? aps_request_stream_batch(c, r) : chunks;
 	uint64_t t0 = c->trace != NULL ? aps_trace_now() : 0;
 
 	if (aps_request_alloc_codes(c, r) < 0) {

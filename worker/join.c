@@ -133,6 +133,7 @@ static int join_again(struct aps_client *c, unsigned closes, unsigned tries, int
 /* The connection closed, or the connect failed: a new one (0), or why not. */
 static int join_link_event(struct aps_client *c, struct join *j, int got)
 {
+	j->hello_at = 0; /* join_again says HELLO */
 	/* Only a connection that closed counts; nothing listening yet is a wait. */
 	if (got == APS_TRANSPORT_RECV_LOST) {
 		j->closes++;
