@@ -103,3 +103,15 @@ def test_no_daemon_flag_refuses_to_start_one(tmp_path):
     p = launch(tmp_path, "ok", endpoint, "--no-daemon")
     _, err = p.communicate(timeout=30)
     assert p.returncode != 0 and f"nothing listens at {endpoint}" in err
+
+
+def test_workers_get_fixed_malloc_thresholds_unless_they_set_malloc():
+    from aps.launch import Layout, worker_env
+    layout = Layout(nproc=1, nnodes=1, node_rank=0, master_addr="127.0.0.1",
+                    master_port=29500)
+    env = worker_env(layout, 0, "tcp://127.0.0.1:5555", "j", base={})
+    assert env["MALLOC_MMAP_THRESHOLD_"] == str(16 << 20)
+    assert env["MALLOC_TRIM_THRESHOLD_"] == str(32 << 20)
+    for own in ({"MALLOC_ARENA_MAX": "2"}, {"GLIBC_TUNABLES": "glibc.malloc.tcache_count=0"}):
+        env = worker_env(layout, 0, "tcp://127.0.0.1:5555", "j", base=own)
+        assert "MALLOC_TRIM_THRESHOLD_" not in env and "MALLOC_MMAP_THRESHOLD_" not in env

@@ -88,6 +88,12 @@ def worker_env(layout, local_rank, endpoint, job, base=None, job_token=None):
                MASTER_ADDR=layout.master_addr, MASTER_PORT=str(layout.master_port),
                PYTHONUNBUFFERED="1")
     env.setdefault("OMP_NUM_THREADS", "1")
+    # Fixed malloc thresholds, unless the user set malloc's own: glibc's sliding ones
+    # may give a step's freed message buffers back and fault them in again the next
+    # step (docs/PERFORMANCE.md, "The daemon's malloc"; apsd sets the same itself).
+    if not any(k.startswith("MALLOC_") for k in env) and \
+            "glibc.malloc." not in env.get("GLIBC_TUNABLES", ""):
+        env.update(MALLOC_MMAP_THRESHOLD_=str(16 << 20), MALLOC_TRIM_THRESHOLD_=str(32 << 20))
     return env
 
 
