@@ -57,11 +57,28 @@ static void rank_gone(struct aps_server *srv, struct aps_session *s, bool lost, 
 	}
 }
 
+/* At most one trim a second: a stranger ending tiny jobs by the thousand would
+ * otherwise throw away the pages every running job's next step reuses. */
+#define TRIM_EVERY_MS 1000
+
+void aps_leave_trim(struct aps_server *srv)
+{
+	uint64_t now = uv_now(srv->loop);
+
+	if (!srv->trim_due || (srv->trimmed_ms != 0 && now - srv->trimmed_ms < TRIM_EVERY_MS))
+		return;
+	srv->trim_due = false;
+	srv->trimmed_ms = now;
+	malloc_trim(0);
+}
+
 void aps_leave_end_job(struct aps_server *srv, struct aps_job *job)
 {
 	aps_jobs_remove(&srv->jobs, job);
-	/* The job's buffers go back to the system, not only to the allocator. */
-	malloc_trim(0);
+	/* The job's buffers go back to the system, not only to the allocator: now,
+	 * or at the tick a second after the last trim. */
+	srv->trim_due = true;
+	aps_leave_trim(srv);
 }
 
 void aps_leave_lost(struct aps_server *srv, struct aps_session *s, const char *why)

@@ -20,6 +20,9 @@ void aps_leave_left(struct aps_server *srv, struct aps_session *s, const char *w
  * its session dropped. */
 void aps_leave_evict(struct aps_server *srv, struct aps_session *s);
 
+/* malloc_trim when a job ended since the last, at most once a second (server.c's tick). */
+void aps_leave_trim(struct aps_server *srv);
+
 /* Frees a job whose last rank left, and gives its memory back to the system. */
 void aps_leave_end_job(struct aps_server *srv, struct aps_job *job);
 

@@ -221,6 +221,7 @@ static void on_tick(uv_timer_t *timer)
 			s->last_seen_ms = s->last_seen_ms > last ? s->last_seen_ms : last;
 	}
 	aps_reconnect_tick(srv, now);
+	aps_leave_trim(srv);
 	aps_join_tick(srv, now);
 	aps_trace_flush_due(srv->opts.trace);
 }

@@ -26,6 +26,8 @@ struct aps_server {
 	struct aps_latency latency;                  /* of steps: first push to last result */
 	uint64_t started_ms;
 	uint64_t refusal_logged_ms; /* the last HELLO refused for its token or key it logged */
+	uint64_t trimmed_ms;        /* malloc_trim at the last job end it ran (leave.c) */
+	bool trim_due;              /* a job ended since: trim at a tick */
 	uint32_t refusals_unlogged; /* since then (join.c: one line a second at most) */
 	bool stopping;
 	struct aps_ckpt_queue *ckpt; /* NULL: no checkpoint_dir */

@@ -169,7 +169,8 @@ static int join_timed_out(struct aps_client *c, const struct join *j)
  */
 static int held_name(struct aps_client *c, struct join *j, const struct aps_msg *m)
 {
-	int64_t at = aps_client_now_ms() + m->retry_after_ms;
+	/* at least 50 ms: a daemon saying 1 ms again and again gets 20 HELLOs a second */
+	int64_t at = aps_client_now_ms() + (m->retry_after_ms > 50 ? m->retry_after_ms : 50);
 
 	if (m->error_code != APS_EACCES || m->retry_after_ms == 0 || at >= j->deadline)
 		return aps_api_fail(m->error_code, "%s", m->error_text);
