@@ -53,9 +53,9 @@ static void fill_error(struct aps_msg *e, int code, const struct aps_msg *reques
 	e->about_type = request->type == APS_MSG_ERROR ? APS_MSG_UNSPECIFIED : request->type;
 }
 
-static void send_error(struct aps_server *srv, const struct aps_peer *peer, int code,
-                       const struct aps_msg *request, uint32_t retry_after_ms, const char *fmt,
-                       va_list ap)
+__attribute__((format(printf, 6, 0))) static void
+send_error(struct aps_server *srv, const struct aps_peer *peer, int code,
+           const struct aps_msg *request, uint32_t retry_after_ms, const char *fmt, va_list ap)
 {
 	struct aps_msg e;
 
