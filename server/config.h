@@ -51,6 +51,7 @@ struct aps_config {
 	uint64_t max_total_bytes;                /* of every job together; 0: half the memory */
 	int max_connections;                     /* 0: from RLIMIT_NOFILE */
 	int join_timeout_ms;                     /* to join, and for a job to fill */
+	int max_silent_closes;                   /* an address's, a minute; 0: no limit */
 	int drain_batch;                         /* messages read per ZMQ_FD wake-up */
 	int threads;                             /* threads that sum; 0: the CPU set's cores */
 	int io_threads;                          /* ZeroMQ I/O threads; 0: cores / 4 */

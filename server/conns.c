@@ -5,6 +5,7 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <linux/tcp.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <stdio.h>
@@ -23,6 +24,9 @@ void aps_conns_init(struct aps_conns *t, size_t max, uint64_t join_timeout_ms)
 	t->max = max;
 	t->join_timeout_ms = join_timeout_ms;
 }
+
+/* ipc says nothing of what was read: a parked pipe may hold this much, or more. */
+#define UNSEEN_READ_BYTES (1u << 20)
 
 static struct aps_conn *slot_of_id(struct aps_conns *t, uint64_t id)
 {
@@ -107,6 +111,30 @@ size_t aps_conns_parked(const struct aps_conns *t)
 	if (t->handshakes <= t->delivering + quiet)
 		return 0;
 	return (size_t)(t->handshakes - t->delivering - quiet);
+}
+
+uint64_t aps_conns_parked_bytes(const struct aps_conns *t)
+{
+	size_t parked = aps_conns_parked(t);
+
+	return parked == 0 ? 0 : parked * (uint64_t)APS_CONNS_PARKED_BYTES + t->silent_read;
+}
+
+/* Bytes ZeroMQ read of c: received less what still waits unread in the socket. */
+static uint64_t bytes_read(const struct aps_conn *c)
+{
+	struct tcp_info ti;
+	socklen_t len = sizeof(ti);
+	int unread = 0;
+
+	memset(&ti, 0, sizeof(ti));
+	if (c->dup < 0 || getsockopt(c->dup, IPPROTO_TCP, TCP_INFO, &ti, &len) < 0 ||
+	    len < offsetof(struct tcp_info, tcpi_bytes_received) + sizeof(ti.tcpi_bytes_received))
+		return UNSEEN_READ_BYTES;
+	if (ioctl(c->dup, FIONREAD, &unread) < 0 || unread < 0)
+		unread = 0;
+	return ti.tcpi_bytes_received > (uint64_t)unread ? ti.tcpi_bytes_received - (uint64_t)unread
+	                                                 : 0;
 }
 
 static bool peer_gone(int fd)
@@ -196,11 +224,12 @@ int aps_conns_accepted(struct aps_conns *t, int fd, uint64_t now)
 	if (t->live <= t->max)
 		return 0;
 	t->cnt.refused++;
+	c->refused = true;
 	aps_conns_drop(t, c->id, now);
 	return APS_EBUSY;
 }
 
-int aps_conns_closed(struct aps_conns *t, int fd, const char **address)
+int aps_conns_closed(struct aps_conns *t, int fd, const char **address, bool *silent)
 {
 	struct aps_conn *c;
 	int cause;
@@ -211,8 +240,25 @@ int aps_conns_closed(struct aps_conns *t, int fd, const char **address)
 	cause = (int)cause_of(t, c);
 	if (address != NULL)
 		*address = c->address; /* the slot keeps it until its next accept */
+	if (silent != NULL)
+		*silent = c->msgs == 0 && !c->refused; /* the limit's doing, not the peer's */
+	if (c->msgs == 0)
+		t->silent_read += bytes_read(c);
 	retire(t, c);
 	return cause;
+}
+
+bool aps_conns_joined_from(const struct aps_conns *t, const char *ip)
+{
+	size_t len = strlen(ip);
+
+	for (size_t fd = 0; fd < t->cap; fd++) {
+		const struct aps_conn *c = &t->slots[fd];
+		if (c->id != 0 && c->deadline_ms == 0 && strncmp(c->address, ip, len) == 0 &&
+		    c->address[len] == ':')
+			return true;
+	}
+	return false;
 }
 
 void aps_conns_delivered(struct aps_conns *t, uint64_t id, const struct aps_peer *peer)
@@ -363,7 +409,7 @@ void aps_conns_forget_all(struct aps_conns *t)
 		if (t->slots[fd].id != 0)
 			retire(t, &t->slots[fd]);
 	}
-	t->handshake_failures = t->handshakes = t->delivering = 0;
+	t->handshake_failures = t->handshakes = t->delivering = t->silent_read = 0;
 }
 
 uint64_t *aps_conns_take_closed(struct aps_conns *t, size_t *n)

@@ -37,8 +37,8 @@
 #include <stdint.h>
 
 #define APS_CONNS_STUCK_MS 3000
-/* Parked connections (see aps_conns_parked) that make the bridge reset its socket. */
-#define APS_CONNS_PARKED_MAX 64
+/* What libzmq keeps of a parked connection besides its messages (measured: ~11 KiB). */
+#define APS_CONNS_PARKED_BYTES (16 * 1024)
 
 enum aps_conn_cause {
 	APS_CONN_PEER,    /* the peer hung up (or its host reset the connection) */
@@ -56,6 +56,7 @@ struct aps_conn {
 	uint64_t dropped_ms;   /* when apsd shut it down; 0: it did not */
 	uint64_t gone_ms;      /* when its peer was first seen gone; 0: not yet */
 	uint64_t msgs;         /* messages it delivered */
+	bool refused;          /* shut at its accept: max_connections were open */
 	uint64_t backlog_ms;   /* since when bytes wait unread in its socket while it delivers
 	                          nothing (ZeroMQ stopped reading it); 0: none */
 	uint64_t backlog_msgs; /* msgs when that began */
@@ -81,6 +82,8 @@ struct aps_conns {
 	uint64_t handshake_failures;     /* failed handshakes not yet matched to a close */
 	uint64_t handshakes, delivering; /* since the last reset: handshakes that succeeded,
 	                                    connections whose first message came */
+	uint64_t silent_read;            /* since the last reset: bytes ZeroMQ read of connections
+	                                    that closed without a message */
 	struct aps_conns_counters cnt;
 };
 
@@ -103,10 +106,21 @@ void aps_conns_handshake_succeeded(struct aps_conns *t);
  */
 size_t aps_conns_parked(const struct aps_conns *t);
 
+/*
+ * What parked connections may hold, at most: APS_CONNS_PARKED_BYTES each, and
+ * every byte ZeroMQ read of a connection that closed without a message (a
+ * parked pipe keeps the messages it took; TCP says how much was read, ipc
+ * does not: 1 MiB is counted for each). 0 when none is parked.
+ */
+uint64_t aps_conns_parked_bytes(const struct aps_conns *t);
+
 /* The monitor's "closed fd": the id goes to the closed list. Returns its cause
- * (and the connection's address, valid until the next call), or -1 when fd
- * was not a connection. */
-int aps_conns_closed(struct aps_conns *t, int fd, const char **address);
+ * (and the connection's address, valid until the next call, and whether it
+ * closed without delivering a message), or -1 when fd was not a connection. */
+int aps_conns_closed(struct aps_conns *t, int fd, const char **address, bool *silent);
+
+/* Whether a connection from ip (as in "ip:port") is open and joined a job. */
+bool aps_conns_joined_from(const struct aps_conns *t, const char *ip);
 
 /* The id of the connection now on fd (0 when none). */
 uint64_t aps_conns_id(const struct aps_conns *t, int fd);

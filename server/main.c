@@ -162,6 +162,7 @@ static struct aps_server_opts server_opts(struct daemon *d)
 		.heartbeat_timeout_ms = cfg->heartbeat_timeout_ms,
 		.reconnect_grace_ms = cfg->reconnect_grace_ms,
 		.join_timeout_ms = (uint64_t)cfg->join_timeout_ms,
+		.max_silent_closes = (unsigned)cfg->max_silent_closes,
 		.drain_batch = cfg->drain_batch,
 		.max_jobs = (uint32_t)cfg->max_jobs,
 		.max_ranks = (uint32_t)cfg->max_ranks,

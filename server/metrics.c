@@ -53,6 +53,10 @@ static void render_daemon(FILE *f, const struct aps_server *srv)
 	APS_ZBRIDGE_COUNTER_MAP(APS_METRIC_BRIDGE)
 #undef APS_METRIC_BRIDGE
 	gauge(f, "connections_open", "Connections open now.", (double)z->open_connections);
+	gauge(f, "parked_bytes",
+	      "What connections libzmq parked (a live routing id reused) may hold until the "
+	      "next listener reset, at most.",
+	      (double)z->parked_bytes);
 	gauge(f, "uptime_seconds", "Seconds since the daemon started.",
 	      (double)(uv_now(srv->loop) - srv->started_ms) / 1000.0);
 	gauge(f, "jobs", "Jobs being served.", srv->jobs.n_jobs);

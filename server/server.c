@@ -262,6 +262,7 @@ int aps_server_new(struct aps_server **out, uv_loop_t *loop, const struct aps_se
 		.io_threads = o->io_threads,
 		.max_connections = o->max_connections,
 		.join_timeout_ms = o->join_timeout_ms,
+		.max_silent_closes = o->max_silent_closes,
 		.curve_secret = o->curve_secret,
 		.curve_allow = o->curve_allow,
 		.n_curve_allow = o->n_curve_allow,

@@ -13,7 +13,11 @@
  * id is still parked by libzmq and, once flooded and closed, never freed:
  * conns.c finds such stuck connections and this file then resets the
  * listener, which frees them with every other connection (each client
- * reconnects and takes its session back).
+ * reconnects and takes its session back). Parked connections that closed in
+ * time cannot be told from connections that closed without a word; what they
+ * may hold is counted in bytes (conns.h) and an address whose connections
+ * keep closing so is turned away at the handshake (admission.h), so that a
+ * stranger's flood costs no reset.
  */
 #include "server/zbridge_impl.h"
 
@@ -40,10 +44,16 @@
 #define RESET_TRIM_MS 3000
 /* A flood on a parked connection costs one listener reset, at most this often. */
 #define RESET_INTERVAL_MS 10000
-#define STUCK_URGENT      64                          /* descriptors: reset now */
-#define PARKED_URGENT     (16 * APS_CONNS_PARKED_MAX) /* about 15 MiB: reset now */
-#define PARKED_LINGER     8    /* parked this many for RESET_INTERVAL_MS: reset */
-#define RESET_URGENT_MS   2000 /* even then, at most one reset in this time */
+#define STUCK_URGENT      64             /* descriptors: reset now */
+#define PARKED_MAX_BYTES  (64ULL << 20)  /* parked connections may hold this much: reset */
+#define PARKED_URGENT     (512ULL << 20) /* even within RESET_INTERVAL_MS */
+#define PARKED_LINGER     8              /* parked this many for LINGER_MS: reset */
+/* A few parked ones cost little (about 11 KiB each): they wait for a reset this long.
+ * Connections that close without a word are counted as parked, though most are not
+ * (scanners, workers killed before their HELLO); admission.h turns their address
+ * away before it can cost a reset every RESET_INTERVAL_MS. */
+#define LINGER_MS       600000
+#define RESET_URGENT_MS 2000 /* even then, at most one reset in this time */
 /* What a parked connection can hold: its pipe's messages (each up to max_message_bytes). */
 #define ROUTER_RCVHWM 256
 #define RESET_POLL_MS 10
@@ -57,25 +67,31 @@ static int set_int(void *sock, int opt, int value)
 	return zmq_setsockopt(sock, opt, &value, sizeof(value));
 }
 
-/* CURVE on the ROUTER; the ZAP handler that checks every worker's key runs once. */
-static int enable_curve(struct aps_zbridge *b, void *router)
+/* The ZAP handler (started once) on the ROUTER: it refuses addresses turned away
+ * and, with CURVE, keys not allowed. Without either it is not asked. */
+static int enable_zap(struct aps_zbridge *b, void *router)
 {
 	const struct aps_zbridge_opts *o = &b->opts;
-	int ret = b->zap != NULL ? 0
-	                         : aps_zap_start(&b->zap, b->zctx, b->loop, o->curve_allow,
-	                                         o->n_curve_allow);
+	bool curve = o->curve_secret != NULL;
+	int ret = 0;
 
+	if (!curve && o->max_silent_closes == 0)
+		return 0;
+	if (b->zap == NULL)
+		ret = aps_zap_start(&b->zap, b->zctx, b->loop, &b->admission, curve, o->curve_allow,
+		                    o->n_curve_allow);
 	if (ret < 0) {
 		aps_log_error("zbridge", "cannot start the ZAP handler: %s", aps_strerror(ret));
 		return ret;
 	}
-	set_int(router, ZMQ_CURVE_SERVER, 1);
-	if (zmq_setsockopt(router, ZMQ_CURVE_SECRETKEY, o->curve_secret, 40) < 0 ||
-	    zmq_setsockopt(router, ZMQ_ZAP_DOMAIN, "apsd", 4) < 0) {
-		aps_log_error("zbridge", "the CURVE secret key is not a Z85 key");
-		return APS_EINVAL;
+	if (curve) {
+		set_int(router, ZMQ_CURVE_SERVER, 1);
+		if (zmq_setsockopt(router, ZMQ_CURVE_SECRETKEY, o->curve_secret, 40) < 0) {
+			aps_log_error("zbridge", "the CURVE secret key is not a Z85 key");
+			return APS_EINVAL;
+		}
 	}
-	return 0;
+	return zmq_setsockopt(router, ZMQ_ZAP_DOMAIN, "apsd", 4) < 0 ? APS_ECONN : 0;
 }
 
 /* ROUTER options: no ZMTP heartbeats and no handover (see the top of this file). */
@@ -233,8 +249,7 @@ static int open_socket(struct aps_zbridge *b, const char *endpoint)
 	/* The monitor before the bind: after a reset, clients wait in the backlog and
 	 * are accepted at once; an accept the monitor did not see leaves its
 	 * connection unknown, and its HELLO dropped as a closed connection's. */
-	if ((b->opts.curve_secret != NULL && enable_curve(b, b->router) < 0) ||
-	    open_monitor(b) < 0) {
+	if (enable_zap(b, b->router) < 0 || open_monitor(b) < 0) {
 		if (fd >= 0)
 			close(fd); /* not taken by ZeroMQ: only a bind takes it */
 		return APS_ECONN;
@@ -331,7 +346,8 @@ static void on_tick(uv_timer_t *t)
 	struct aps_zbridge *b = t->data;
 	uint64_t now = aps__zbridge_now_ms(b);
 	size_t stuck, parked;
-	char why[160];
+	uint64_t held;
+	char why[200];
 
 	uint64_t unjoined = b->conns.cnt.unjoined_dropped;
 
@@ -345,6 +361,7 @@ static void on_tick(uv_timer_t *t)
 	aps__zbridge_read_monitor(b);
 	stuck = aps_conns_tick(&b->conns, now);
 	parked = aps_conns_parked(&b->conns);
+	held = aps_conns_parked_bytes(&b->conns);
 	if (b->conns.cnt.unjoined_dropped > unjoined)
 		aps_log_warn("zbridge",
 		             "dropped connections count=%llu reason=\"not joined a job within "
@@ -356,19 +373,19 @@ static void on_tick(uv_timer_t *t)
 	if (parked > 0 && b->parked_since_ms == 0)
 		b->parked_since_ms = now;
 	/* A few parked ones are cleared too, in time: what they hold goes back. */
-	bool lingering = parked >= PARKED_LINGER && now - b->parked_since_ms >= RESET_INTERVAL_MS;
-	if (stuck == 0 && parked < APS_CONNS_PARKED_MAX && !lingering)
+	bool lingering = parked >= PARKED_LINGER && now - b->parked_since_ms >= LINGER_MS;
+	if (stuck == 0 && held < PARKED_MAX_BYTES && !lingering)
 		return;
 	/* At most one reset in RESET_INTERVAL_MS, unless what is held grows past a bound. */
 	if (b->last_reset_ms != 0 && now - b->last_reset_ms < RESET_INTERVAL_MS &&
-	    (stuck < STUCK_URGENT && parked < PARKED_URGENT))
+	    (stuck < STUCK_URGENT && held < PARKED_URGENT))
 		return;
 	if (b->last_reset_ms != 0 && now - b->last_reset_ms < RESET_URGENT_MS)
 		return;
 	snprintf(why, sizeof(why),
-	         "%zu connections ZeroMQ will never close, %zu it parked: peers that reused a "
-	         "live routing id",
-	         stuck, parked);
+	         "%zu connections ZeroMQ will never close, %zu it may have parked holding up to "
+	         "%llu KiB: peers that reused a live routing id",
+	         stuck, parked, (unsigned long long)(held >> 10));
 	reset_socket(b, why);
 }
 
@@ -401,6 +418,7 @@ int aps_zbridge_new(struct aps_zbridge **out, uv_loop_t *loop, const struct aps_
 	b->drain_batch = o->drain_batch > 0 ? o->drain_batch : 256;
 	b->max_message_bytes = o->max_message_bytes;
 	aps_conns_init(&b->conns, o->max_connections, o->join_timeout_ms);
+	aps_admission_init(&b->admission, o->max_silent_closes);
 	b->zctx = zmq_ctx_new();
 	if (b->zctx == NULL) {
 		free(b);

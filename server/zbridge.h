@@ -46,6 +46,8 @@ struct aps_zbridge_opts {
 	unsigned io_threads;            /* ZMQ_IO_THREADS; 0: libzmq's default (1) */
 	size_t max_connections;         /* open at once; one more is shut at once */
 	uint64_t join_timeout_ms;       /* a connection not admitted by then is dropped */
+	unsigned max_silent_closes;     /* an address's closes without a message a minute,
+	                                   then it is turned away (admission.h); 0: never */
 	const char *curve_secret;       /* Z85 secret key of the daemon; NULL: no CURVE */
 	const char *const *curve_allow; /* Z85 public keys of the workers let in */
 	size_t n_curve_allow;
@@ -73,13 +75,18 @@ struct aps_zbridge_opts {
 	X(listener_resets, "listener_resets",                                                   \
 	  "Listener resets that freed connections ZeroMQ never closes.")                        \
 	X(auth_accepted, "auth_accepted", "CURVE handshakes accepted.")                         \
-	X(auth_refused, "auth_refused", "CURVE handshakes refused.")
+	X(auth_refused, "auth_refused", "CURVE handshakes refused.")                            \
+	X(addresses_turned_away, "addresses_turned_away",                                       \
+	  "Times an address was turned away: max_silent_closes in a minute.")                   \
+	X(handshakes_turned_away, "handshakes_turned_away",                                     \
+	  "Handshakes refused because their address was turned away.")
 
 struct aps_zbridge_counters {
 #define APS_ZBRIDGE_COUNTER_FIELD(name, metric, help) uint64_t name;
 	APS_ZBRIDGE_COUNTER_MAP(APS_ZBRIDGE_COUNTER_FIELD)
 #undef APS_ZBRIDGE_COUNTER_FIELD
 	uint64_t open_connections; /* a gauge: connections open now */
+	uint64_t parked_bytes;     /* a gauge: what parked connections may hold until a reset */
 };
 
 struct aps_zbridge;

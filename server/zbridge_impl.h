@@ -7,6 +7,7 @@
 #ifndef APS_SERVER_ZBRIDGE_IMPL_H
 #define APS_SERVER_ZBRIDGE_IMPL_H
 
+#include "server/admission.h"
 #include "server/conns.h"
 #include "server/outq.h"
 #include "server/zbridge.h"
@@ -34,7 +35,8 @@ struct aps_zbridge {
 	struct aps_zbridge_ops ops;
 	void *ctx;
 	struct aps_zbridge_counters cnt;
-	struct aps_zap *zap; /* NULL without CURVE */
+	struct aps_zap *zap; /* NULL without CURVE and without max_silent_closes */
+	struct aps_admission admission;
 	struct aps_conns conns;
 	char endpoint[256];       /* as bound (ZMQ_LAST_ENDPOINT): what a reset binds again */
 	int listen_fd;            /* a duplicate of the listening socket, for the next socket
@@ -43,6 +45,7 @@ struct aps_zbridge {
 	uint64_t trim_until_ms;   /* after a reset: trim at every tick until then (0: no) */
 	uint64_t parked_since_ms; /* when a parked connection was first counted; 0: none */
 	uint64_t refused_logged_ms, refused_unlogged;
+	uint64_t zmtp_logged_ms, zmtp_unlogged; /* log lines of zmtp_refused, one a second */
 };
 
 /* zbridge_pump.c, for zbridge.c. */

@@ -47,12 +47,15 @@ const struct aps_zbridge_counters *aps_zbridge_counters(struct aps_zbridge *b)
 	const struct aps_conns_counters *c = &b->conns.cnt;
 
 	aps_zap_counts(b->zap, &b->cnt.auth_accepted, &b->cnt.auth_refused);
+	b->cnt.addresses_turned_away = b->admission.quarantined;
+	b->cnt.handshakes_turned_away = b->admission.refused;
 	b->cnt.connections = c->accepted;
 	b->cnt.refused_connections = c->refused;
 	b->cnt.unjoined_dropped = c->unjoined_dropped;
 	b->cnt.zmtp_refused = c->zmtp_refused;
 	b->cnt.handshakes_failed = c->handshakes_failed;
 	b->cnt.open_connections = b->conns.live;
+	b->cnt.parked_bytes = aps_conns_parked_bytes(&b->conns);
 	return &b->cnt;
 }
 
@@ -177,16 +180,52 @@ static void log_refused(struct aps_zbridge *b)
 	b->refused_unlogged = 0;
 }
 
+/* A connection closed without a message: one more of its address's (admission.h). */
+static void count_silent_close(struct aps_zbridge *b, const char *address)
+{
+	char ip[INET6_ADDRSTRLEN];
+	uint64_t now = aps__zbridge_now_ms(b);
+
+	if (!aps_admission_ip_of(address, ip) ||
+	    !aps_admission_silent_close(&b->admission, ip, now))
+		return;
+	if (aps_conns_joined_from(&b->conns, ip))
+		return; /* a worker's node: its workers would be turned away with it */
+	uint64_t away = aps_admission_turn_away(&b->admission, ip, now);
+	aps_log_warn("zbridge",
+	             "turning away address=%s for_ms=%llu reason=\"more than %u of its "
+	             "connections closed without a message within a minute (max_silent_closes)\"",
+	             ip, (unsigned long long)away, b->admission.limit);
+}
+
+/* One line a second at most for connections ZeroMQ closed, with their count. */
+static void log_zmtp_refused(struct aps_zbridge *b, const char *address)
+{
+	uint64_t now = aps__zbridge_now_ms(b);
+
+	b->zmtp_unlogged++;
+	if (now - b->zmtp_logged_ms < 1000)
+		return;
+	aps_log_warn("zbridge",
+	             "connection closed by ZeroMQ address=%s count=%llu reason=\"a frame over "
+	             "max_message_bytes (%lld), or bytes that are not ZMTP\"",
+	             address, (unsigned long long)b->zmtp_unlogged,
+	             (long long)b->max_message_bytes);
+	b->zmtp_logged_ms = now;
+	b->zmtp_unlogged = 0;
+}
+
 static void on_closed_fd(struct aps_zbridge *b, int fd)
 {
 	const char *address = "";
-	int cause = aps_conns_closed(&b->conns, fd, &address);
+	bool silent = false;
+	int cause = aps_conns_closed(&b->conns, fd, &address, &silent);
+
+	if (silent)
+		count_silent_close(b, address);
 
 	if (cause == APS_CONN_ZMTP)
-		aps_log_warn("zbridge",
-		             "connection closed by ZeroMQ address=%s reason=\"a frame over "
-		             "max_message_bytes (%lld), or bytes that are not ZMTP\"",
-		             address, (long long)b->max_message_bytes);
+		log_zmtp_refused(b, address);
 	else if (cause == APS_CONN_HANDSHAKE)
 		aps_log_debug("zbridge", "handshake failed address=%s", address);
 }

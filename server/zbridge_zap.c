@@ -1,7 +1,8 @@
 /*
  * The ZAP handler of the socket bridge: a REP socket in the bridge's context,
  * drained from the libuv loop like the ROUTER (its ZMQ_FD is edge-triggered
- * too), that checks each CURVE client key against the allowlist.
+ * too), that refuses the handshakes of addresses turned away (admission.h)
+ * and checks each CURVE client key against the allowlist.
  */
 #include "server/zbridge_zap.h"
 
@@ -19,6 +20,9 @@
 struct aps_zap {
 	void *sock;
 	uv_poll_t poll;
+	uv_loop_t *loop;
+	struct aps_admission *admission;
+	bool curve;
 	uint8_t (*keys)[KEY_BYTES];
 	size_t n_keys;
 	uint64_t accepted, refused;
@@ -57,38 +61,45 @@ static bool read_request(void *sock, zmq_msg_t *frames, size_t *n)
 
 /* The user id of an accepted worker is its Z85 public key: every message it
  * sends carries it (User-Id), for the jobs its allowlist line names. */
-static void reply(void *sock, zmq_msg_t *request_id, const uint8_t *key, bool ok)
+static void reply(void *sock, zmq_msg_t *request_id, const uint8_t *key, const char *refusal)
 {
 	char user[41] = "";
+	const char *text = refusal != NULL ? refusal : "OK";
 
-	if (ok)
+	if (refusal == NULL && key != NULL)
 		zmq_z85_encode(user, key, KEY_BYTES);
 	zmq_send(sock, "1.0", 3, ZMQ_SNDMORE);
 	zmq_send(sock, zmq_msg_data(request_id), zmq_msg_size(request_id), ZMQ_SNDMORE);
-	zmq_send(sock, ok ? "200" : "400", 3, ZMQ_SNDMORE);
-	zmq_send(sock, ok ? "OK" : "key not allowed", ok ? 2 : 15, ZMQ_SNDMORE);
+	zmq_send(sock, refusal == NULL ? "200" : "400", 3, ZMQ_SNDMORE);
+	zmq_send(sock, text, strlen(text), ZMQ_SNDMORE);
 	zmq_send(sock, user, strlen(user), ZMQ_SNDMORE);
 	zmq_send(sock, "", 0, 0); /* metadata */
 }
 
 static void answer(struct aps_zap *z, zmq_msg_t *f, size_t n)
 {
+	char ip[INET6_ADDRSTRLEN] = "";
+	size_t ip_len = n > 3 ? zmq_msg_size(&f[3]) : 0;
 	bool curve = n == ZAP_FRAMES && zmq_msg_size(&f[5]) == 5 &&
 	             memcmp(zmq_msg_data(&f[5]), "CURVE", 5) == 0 &&
 	             zmq_msg_size(&f[6]) == KEY_BYTES;
-	bool ok = curve && allowed(z, zmq_msg_data(&f[6]));
+	const char *refusal = NULL;
 
-	if (ok) {
-		z->accepted++;
-	} else {
+	if (ip_len < sizeof(ip))
+		memcpy(ip, zmq_msg_data(&f[3]), ip_len);
+	if (ip[0] != '\0' && !aps_admission_allows(z->admission, ip, uv_now(z->loop))) {
+		refusal = "address turned away";
+		aps_log_debug("zap", "refused a handshake address=%s reason=\"turned away\"", ip);
+	} else if (z->curve && !(curve && allowed(z, zmq_msg_data(&f[6])))) {
+		refusal = "key not allowed";
 		z->refused++;
-		aps_log_warn("zap", "refused a worker address=%.*s reason=\"%s\"",
-		             n > 3 ? (int)zmq_msg_size(&f[3]) : 0,
-		             n > 3 ? (const char *)zmq_msg_data(&f[3]) : "",
+		aps_log_warn("zap", "refused a worker address=%s reason=\"%s\"", ip,
 		             curve ? "its key is not allowed" : "not a CURVE handshake");
+	} else if (z->curve) {
+		z->accepted++;
 	}
 	if (n >= 2)
-		reply(z->sock, &f[1], ok ? zmq_msg_data(&f[6]) : NULL, ok);
+		reply(z->sock, &f[1], curve ? zmq_msg_data(&f[6]) : NULL, refusal);
 }
 
 static void on_ready(uv_poll_t *h, int status, int events)
@@ -125,8 +136,8 @@ static int decode_keys(struct aps_zap *z, const char *const *allow, size_t n)
 	return 0;
 }
 
-int aps_zap_start(struct aps_zap **out, void *zctx, uv_loop_t *loop, const char *const *allow,
-                  size_t n)
+int aps_zap_start(struct aps_zap **out, void *zctx, uv_loop_t *loop,
+                  struct aps_admission *admission, bool curve, const char *const *allow, size_t n)
 {
 	struct aps_zap *z = calloc(1, sizeof(*z));
 	int fd, ret, linger = 0;
@@ -134,6 +145,9 @@ int aps_zap_start(struct aps_zap **out, void *zctx, uv_loop_t *loop, const char 
 
 	if (z == NULL)
 		return APS_ENOMEM;
+	z->loop = loop;
+	z->admission = admission;
+	z->curve = curve;
 	ret = decode_keys(z, allow, n);
 	z->sock = ret == 0 ? zmq_socket(zctx, ZMQ_REP) : NULL;
 	if (ret == 0 && (z->sock == NULL || zmq_bind(z->sock, "inproc://zeromq.zap.01") < 0 ||

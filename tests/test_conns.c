@@ -7,6 +7,8 @@
 #include "common/err.h"
 #include "server/conns.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -61,7 +63,7 @@ static void test_conns_ids_tell_connections_on_one_descriptor_apart(void **state
 	first = aps_conns_id(&t, p.zmq);
 	assert_int_equal(first, (1ull << 32) | (uint64_t)(p.zmq + 1));
 	close(p.peer);
-	assert_int_equal(aps_conns_closed(&t, p.zmq, NULL), APS_CONN_PEER);
+	assert_int_equal(aps_conns_closed(&t, p.zmq, NULL, NULL), APS_CONN_PEER);
 	assert_int_equal(aps_conns_id(&t, p.zmq), first); /* late messages still map */
 	assert_int_equal(aps_conns_accepted(&t, p.zmq, 2), 0);
 	second = aps_conns_id(&t, p.zmq);
@@ -72,7 +74,7 @@ static void test_conns_ids_tell_connections_on_one_descriptor_apart(void **state
 	assert_int_equal(n, 1);
 	assert_int_equal(ids[0], first);
 	free(ids);
-	assert_int_equal(aps_conns_closed(&t, 9999, NULL), -1);
+	assert_int_equal(aps_conns_closed(&t, 9999, NULL, NULL), -1);
 	aps_conns_free(&t);
 	close(p.zmq);
 }
@@ -99,7 +101,7 @@ static void test_conns_drop_those_not_admitted_in_time(void **state)
 	assert_false(peer_sees_eof(b.peer));
 	aps_conns_tick(&t, 2100);
 	assert_true(peer_sees_eof(b.peer));
-	assert_int_equal(aps_conns_closed(&t, a.zmq, NULL), APS_CONN_DROPPED);
+	assert_int_equal(aps_conns_closed(&t, a.zmq, NULL, NULL), APS_CONN_DROPPED);
 	aps_conns_free(&t);
 	close(a.zmq);
 	close(a.peer);
@@ -120,7 +122,7 @@ static void test_conns_shut_the_one_over_the_limit(void **state)
 	assert_false(peer_sees_eof(a.peer));
 	assert_int_equal(t.cnt.refused, 1);
 	assert_int_equal(t.live, 2); /* until ZeroMQ reports its close */
-	assert_int_equal(aps_conns_closed(&t, b.zmq, NULL), APS_CONN_DROPPED);
+	assert_int_equal(aps_conns_closed(&t, b.zmq, NULL, NULL), APS_CONN_DROPPED);
 	assert_int_equal(t.live, 1);
 	aps_conns_free(&t);
 	close(a.zmq);
@@ -143,14 +145,14 @@ static void test_conns_tell_who_closed(void **state)
 	aps_conns_accepted(&t, c.zmq, 1);
 	aps_conns_delivered(&t, aps_conns_id(&t, b.zmq), &who);
 	close(a.peer); /* the peer hung up */
-	assert_int_equal(aps_conns_closed(&t, a.zmq, &address), APS_CONN_PEER);
+	assert_int_equal(aps_conns_closed(&t, a.zmq, &address, NULL), APS_CONN_PEER);
 	assert_string_equal(address, "local");
 	/* b's peer is still there: ZeroMQ closed it (an oversized frame) */
-	assert_int_equal(aps_conns_closed(&t, b.zmq, NULL), APS_CONN_ZMTP);
+	assert_int_equal(aps_conns_closed(&t, b.zmq, NULL, NULL), APS_CONN_ZMTP);
 	assert_int_equal(t.cnt.zmtp_refused, 1);
 	/* c never delivered a message and a handshake failed: that was it */
 	aps_conns_handshake_failed(&t);
-	assert_int_equal(aps_conns_closed(&t, c.zmq, NULL), APS_CONN_HANDSHAKE);
+	assert_int_equal(aps_conns_closed(&t, c.zmq, NULL, NULL), APS_CONN_HANDSHAKE);
 	assert_int_equal(closed_count(&t), 3);
 	aps_conns_free(&t);
 	close(a.zmq);
@@ -188,6 +190,57 @@ static void test_conns_find_the_stuck_ones(void **state)
 	close(b.zmq);
 }
 
+/* A TCP connection on loopback: its accepted end plays ZeroMQ's descriptor. */
+static struct pair open_tcp_pair(void)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	socklen_t len = sizeof(a);
+	int l = socket(AF_INET, SOCK_STREAM, 0);
+	struct pair p;
+
+	assert_int_equal(bind(l, (struct sockaddr *)&a, sizeof(a)), 0);
+	assert_int_equal(listen(l, 1), 0);
+	assert_int_equal(getsockname(l, (struct sockaddr *)&a, &len), 0);
+	p.peer = socket(AF_INET, SOCK_STREAM, 0);
+	assert_int_equal(connect(p.peer, (struct sockaddr *)&a, sizeof(a)), 0);
+	p.zmq = accept(l, NULL, NULL);
+	assert_true(p.zmq >= 0);
+	close(l);
+	return p;
+}
+
+/* What a parked connection may hold is what ZeroMQ read of it, not what waits unread. */
+static void test_conns_parked_bytes_are_what_was_read(void **state)
+{
+	struct aps_conns t;
+	struct pair p = open_tcp_pair();
+	char buf[5000] = { 0 };
+	const char *address = NULL;
+	bool silent = false;
+
+	(void)state;
+	aps_conns_init(&t, 8, 600000);
+	aps_conns_accepted(&t, p.zmq, 1);
+	aps_conns_handshake_succeeded(&t);
+	assert_int_equal(send(p.peer, buf, sizeof(buf), 0), (ssize_t)sizeof(buf));
+	for (size_t got = 0; got < 3000;) {
+		ssize_t n = recv(p.zmq, buf, 3000 - got, 0);
+		assert_true(n > 0);
+		got += (size_t)n;
+	}
+	close(p.peer);
+	usleep(20000);
+	assert_int_equal(aps_conns_closed(&t, p.zmq, &address, &silent), APS_CONN_PEER);
+	assert_true(silent);
+	assert_true(strncmp(address, "127.0.0.1:", 10) == 0);
+	assert_true(aps_conns_joined_from(&t, "127.0.0.1") == false);
+	/* TCP counts the peer's FIN as one byte received. */
+	assert_in_range(aps_conns_parked_bytes(&t), APS_CONNS_PARKED_BYTES + 3000,
+	                APS_CONNS_PARKED_BYTES + 3001);
+	aps_conns_free(&t);
+	close(p.zmq);
+}
+
 static void test_conns_count_parked_connections(void **state)
 {
 	struct aps_conns t;
@@ -205,11 +258,14 @@ static void test_conns_count_parked_connections(void **state)
 	assert_int_equal(aps_conns_parked(&t), 0); /* the quiet ones may still speak */
 	for (int i = 1; i < 3; i++) {
 		close(p[i].peer);
-		aps_conns_closed(&t, p[i].zmq, NULL);
+		aps_conns_closed(&t, p[i].zmq, NULL, NULL);
 	}
 	assert_int_equal(aps_conns_parked(&t), 2); /* closed without a word: parked */
+	/* A socketpair says nothing of what was read: 1 MiB is counted for each. */
+	assert_int_equal(aps_conns_parked_bytes(&t), 2 * (APS_CONNS_PARKED_BYTES + (1u << 20)));
 	aps_conns_forget_all(&t);
 	assert_int_equal(aps_conns_parked(&t), 0);
+	assert_int_equal(aps_conns_parked_bytes(&t), 0);
 	assert_int_equal(t.live, 0);
 	assert_int_equal(closed_count(&t), 3);
 	aps_conns_free(&t);
@@ -268,6 +324,7 @@ int main(void)
 		cmocka_unit_test(test_conns_tell_who_closed),
 		cmocka_unit_test(test_conns_find_the_stuck_ones),
 		cmocka_unit_test(test_conns_count_parked_connections),
+		cmocka_unit_test(test_conns_parked_bytes_are_what_was_read),
 		cmocka_unit_test(test_conns_notice_a_descriptor_closed_without_a_word),
 		cmocka_unit_test(test_conns_drop_every_connection_of_a_peer),
 	};

@@ -317,10 +317,17 @@ static void note_refusal(struct aps_transport *t, uint16_t event, int32_t value)
 {
 	if (event == ZMQ_EVENT_DISCONNECTED || event == ZMQ_EVENT_CLOSED)
 		return;
-	if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
+	if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH && !t->curve)
+		snprintf(t->refusal, sizeof(t->refusal),
+		         "apsd at %.120s turned this client's address away (status %d): too many "
+		         "of its connections closed without a message (max_silent_closes); its "
+		         "log says for how long",
+		         t->endpoint, (int)value);
+	else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
 		snprintf(t->refusal, sizeof(t->refusal),
 		         "authentication failed: apsd at %.120s refused this client's CURVE key "
-		         "(status %d; is it in the daemon's curve_allow_file?)",
+		         "(status %d; is it in the daemon's curve_allow_file?) or turned its "
+		         "address away (its log says which)",
 		         t->endpoint, (int)value);
 	else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL &&
 	         value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
