@@ -120,8 +120,9 @@ uint64_t aps_conns_parked_bytes(const struct aps_conns *t)
 	return parked == 0 ? 0 : parked * (uint64_t)APS_CONNS_PARKED_BYTES + t->silent_read;
 }
 
-/* Bytes ZeroMQ read of c: received less what still waits unread in the socket. */
-static uint64_t bytes_read(const struct aps_conn *c)
+/* Bytes ZeroMQ read of c, a TCP connection: received less what still waits unread
+ * in the socket. False for another kind of socket. */
+static bool tcp_bytes_read(const struct aps_conn *c, uint64_t *read)
 {
 	struct tcp_info ti;
 	socklen_t len = sizeof(ti);
@@ -130,11 +131,13 @@ static uint64_t bytes_read(const struct aps_conn *c)
 	memset(&ti, 0, sizeof(ti));
 	if (c->dup < 0 || getsockopt(c->dup, IPPROTO_TCP, TCP_INFO, &ti, &len) < 0 ||
 	    len < offsetof(struct tcp_info, tcpi_bytes_received) + sizeof(ti.tcpi_bytes_received))
-		return UNSEEN_READ_BYTES;
+		return false;
 	if (ioctl(c->dup, FIONREAD, &unread) < 0 || unread < 0)
 		unread = 0;
-	return ti.tcpi_bytes_received > (uint64_t)unread ? ti.tcpi_bytes_received - (uint64_t)unread
-	                                                 : 0;
+	*read = ti.tcpi_bytes_received > (uint64_t)unread
+	                ? ti.tcpi_bytes_received - (uint64_t)unread
+	                : 0;
+	return true;
 }
 
 static bool peer_gone(int fd)
@@ -242,8 +245,10 @@ int aps_conns_closed(struct aps_conns *t, int fd, const char **address, bool *si
 		*address = c->address; /* the slot keeps it until its next accept */
 	if (silent != NULL)
 		*silent = c->msgs == 0 && !c->refused; /* the limit's doing, not the peer's */
-	if (c->msgs == 0)
-		t->silent_read += bytes_read(c);
+	if (c->msgs == 0) {
+		uint64_t read = 0;
+		t->silent_read += tcp_bytes_read(c, &read) ? read : UNSEEN_READ_BYTES;
+	}
 	retire(t, c);
 	return cause;
 }
@@ -378,6 +383,28 @@ static bool orphaned(int fd, int dup)
 	return fstat(fd, &a) < 0 || a.st_ino != b.st_ino || a.st_dev != b.st_dev;
 }
 
+/* A connection that read more than max_unfinished_bytes since the last tick at which
+ * it had delivered a message sends a message without end (frames flagged MORE):
+ * libzmq would keep all of it. */
+static void check_unfinished(struct aps_conns *t, struct aps_conn *c, uint64_t now)
+{
+	uint64_t read;
+
+	if (c->id == 0 || c->dropped_ms != 0 || c->dup < 0 || t->max_unfinished_bytes == 0)
+		return;
+	if (!tcp_bytes_read(c, &read))
+		return;
+	if (c->msgs != c->tick_msgs || read < c->read_mark) {
+		c->tick_msgs = c->msgs;
+		c->read_mark = read;
+		return;
+	}
+	if (read - c->read_mark <= t->max_unfinished_bytes)
+		return;
+	t->cnt.unfinished++;
+	aps_conns_drop(t, c->id, now);
+}
+
 size_t aps_conns_tick(struct aps_conns *t, uint64_t now)
 {
 	size_t n_stuck = 0;
@@ -386,6 +413,8 @@ size_t aps_conns_tick(struct aps_conns *t, uint64_t now)
 		if (t->slots[fd].id != 0 && orphaned((int)fd, t->slots[fd].dup))
 			retire(t, &t->slots[fd]);
 	}
+	for (size_t fd = 0; fd < t->cap; fd++)
+		check_unfinished(t, &t->slots[fd], now);
 	for (size_t fd = 0; fd < t->cap; fd++) {
 		struct aps_conn *c = &t->slots[fd];
 		if (c->id == 0 || c->deadline_ms == 0 || now < c->deadline_ms || c->dropped_ms)

@@ -57,6 +57,8 @@ struct aps_conn {
 	uint64_t gone_ms;      /* when its peer was first seen gone; 0: not yet */
 	uint64_t msgs;         /* messages it delivered */
 	bool refused;          /* shut at its accept: max_connections were open */
+	uint64_t tick_msgs;    /* msgs at the last tick */
+	uint64_t read_mark;    /* bytes ZeroMQ had read of it at the last tick it delivered */
 	uint64_t backlog_ms;   /* since when bytes wait unread in its socket while it delivers
 	                          nothing (ZeroMQ stopped reading it); 0: none */
 	uint64_t backlog_msgs; /* msgs when that began */
@@ -69,6 +71,7 @@ struct aps_conns_counters {
 	uint64_t refused;          /* over max_connections */
 	uint64_t unjoined_dropped; /* not admitted within join_timeout_ms */
 	uint64_t zmtp_refused;     /* closed by ZeroMQ after the handshake */
+	uint64_t unfinished;       /* dropped: read past max_unfinished_bytes, nothing delivered */
 	uint64_t handshakes_failed;
 };
 
@@ -77,6 +80,10 @@ struct aps_conns {
 	size_t cap;
 	size_t live, max;
 	uint64_t join_timeout_ms;
+	/* Bytes a TCP connection may have read and not delivered from one tick to the
+	 * next (a message is whole or nothing: libzmq keeps every frame of an unfinished
+	 * one, with no bound); past it, it is dropped. 0: no bound. */
+	uint64_t max_unfinished_bytes;
 	uint64_t *closed; /* ids closed and not yet reported */
 	size_t n_closed, cap_closed;
 	uint64_t handshake_failures;     /* failed handshakes not yet matched to a close */

@@ -350,6 +350,7 @@ static void on_tick(uv_timer_t *t)
 	char why[200];
 
 	uint64_t unjoined = b->conns.cnt.unjoined_dropped;
+	uint64_t unfinished = b->conns.cnt.unfinished;
 
 	if (b->router == NULL)
 		return;
@@ -362,6 +363,12 @@ static void on_tick(uv_timer_t *t)
 	stuck = aps_conns_tick(&b->conns, now);
 	parked = aps_conns_parked(&b->conns);
 	held = aps_conns_parked_bytes(&b->conns);
+	if (b->conns.cnt.unfinished > unfinished)
+		aps_log_warn("zbridge",
+		             "dropped connections count=%llu reason=\"read over %llu bytes of a "
+		             "message never finished (frames flagged MORE)\"",
+		             (unsigned long long)(b->conns.cnt.unfinished - unfinished),
+		             (unsigned long long)b->conns.max_unfinished_bytes);
 	if (b->conns.cnt.unjoined_dropped > unjoined)
 		aps_log_warn("zbridge",
 		             "dropped connections count=%llu reason=\"not joined a job within "
@@ -419,6 +426,8 @@ int aps_zbridge_new(struct aps_zbridge **out, uv_loop_t *loop, const struct aps_
 	b->max_message_bytes = o->max_message_bytes;
 	aps_conns_init(&b->conns, o->max_connections, o->join_timeout_ms);
 	aps_admission_init(&b->admission, o->max_silent_closes);
+	if (o->max_message_bytes > 0) /* a header frame, a payload frame, and slack */
+		b->conns.max_unfinished_bytes = 2 * (uint64_t)o->max_message_bytes + (1u << 20);
 	b->zctx = zmq_ctx_new();
 	if (b->zctx == NULL) {
 		free(b);

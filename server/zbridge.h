@@ -68,6 +68,9 @@ struct aps_zbridge_opts {
 	  "Connections shut at once: max_connections were open.")                               \
 	X(unjoined_dropped, "unjoined_dropped",                                                 \
 	  "Connections dropped that had not joined within join_timeout_ms.")                    \
+	X(unfinished_dropped, "unfinished_dropped",                                             \
+	  "Connections dropped that read over twice max_message_bytes of a message never "      \
+	  "finished.")                                                                          \
 	X(zmtp_refused, "zmtp_refused",                                                         \
 	  "Connections ZeroMQ closed: a frame over max_message_bytes, or not ZMTP.")            \
 	X(handshakes_failed, "handshakes_failed", "ZMTP or CURVE handshakes that failed.")      \

@@ -53,6 +53,7 @@ const struct aps_zbridge_counters *aps_zbridge_counters(struct aps_zbridge *b)
 	b->cnt.refused_connections = c->refused;
 	b->cnt.unjoined_dropped = c->unjoined_dropped;
 	b->cnt.zmtp_refused = c->zmtp_refused;
+	b->cnt.unfinished_dropped = c->unfinished;
 	b->cnt.handshakes_failed = c->handshakes_failed;
 	b->cnt.open_connections = b->conns.live;
 	b->cnt.parked_bytes = aps_conns_parked_bytes(&b->conns);

@@ -241,6 +241,39 @@ static void test_conns_parked_bytes_are_what_was_read(void **state)
 	close(p.zmq);
 }
 
+/* A connection that reads on and delivers nothing is dropped past the bound. */
+static void test_conns_drop_a_message_without_end(void **state)
+{
+	struct aps_conns t;
+	struct aps_peer who = { .len = 1, .id = { 3 } };
+	struct pair p = open_tcp_pair();
+	char buf[4000] = { 0 };
+
+	(void)state;
+	aps_conns_init(&t, 8, 600000);
+	t.max_unfinished_bytes = 1000;
+	aps_conns_accepted(&t, p.zmq, 1);
+	aps_conns_admit(&t, aps_conns_id(&t, p.zmq), true, 1);
+	aps_conns_tick(&t, 2); /* the mark: nothing read */
+	assert_int_equal(send(p.peer, buf, 1500, 0), 1500);
+	assert_int_equal(recv(p.zmq, buf, 1500, MSG_WAITALL), 1500);
+	aps_conns_delivered(&t, aps_conns_id(&t, p.zmq), &who); /* a message came of it */
+	aps_conns_tick(&t, 3);
+	assert_int_equal(t.cnt.unfinished, 0);
+	assert_int_equal(send(p.peer, buf, 900, 0), 900); /* under the bound */
+	assert_int_equal(recv(p.zmq, buf, 900, MSG_WAITALL), 900);
+	aps_conns_tick(&t, 4);
+	assert_int_equal(t.cnt.unfinished, 0);
+	assert_int_equal(send(p.peer, buf, 200, 0), 200); /* 1100 since the last message */
+	assert_int_equal(recv(p.zmq, buf, 200, MSG_WAITALL), 200);
+	aps_conns_tick(&t, 5);
+	assert_int_equal(t.cnt.unfinished, 1);
+	assert_true(peer_sees_eof(p.peer));
+	aps_conns_free(&t);
+	close(p.zmq);
+	close(p.peer);
+}
+
 static void test_conns_count_parked_connections(void **state)
 {
 	struct aps_conns t;
@@ -325,6 +358,7 @@ int main(void)
 		cmocka_unit_test(test_conns_find_the_stuck_ones),
 		cmocka_unit_test(test_conns_count_parked_connections),
 		cmocka_unit_test(test_conns_parked_bytes_are_what_was_read),
+		cmocka_unit_test(test_conns_drop_a_message_without_end),
 		cmocka_unit_test(test_conns_notice_a_descriptor_closed_without_a_word),
 		cmocka_unit_test(test_conns_drop_every_connection_of_a_peer),
 	};

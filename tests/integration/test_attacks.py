@@ -4,6 +4,8 @@ about it. Every one of them aborted, leaked or let the stranger in before the
 fix (the note of the change says which did what)."""
 
 import os
+import socket
+import struct
 import time
 
 import numpy as np
@@ -243,6 +245,35 @@ def test_a_turned_away_stranger_holds_little_and_costs_no_reset(daemon_factory):
     assert 0 < parked_kib <= 40 * 16 + 64, parked_kib
     if not SANITIZED:
         assert rss_kib(pid) <= base_rss + parked_kib + 1024, (base_rss, rss_kib(pid))
+
+
+def test_a_message_without_end_is_cut_off(daemon_factory):
+    # Before: frames of 1 MiB flagged MORE, never a last one, each under
+    # max_message_bytes: libzmq kept every one (RSS +200 MiB for 200 MiB sent on
+    # one connection, found by an attack), all a stranger's to grow.
+    d = daemon_factory()
+    pid = d.proc.pid
+    base_rss = rss_kib(pid)
+    host, port = d.endpoint[len("tcp://"):].rsplit(":", 1)
+    s = socket.create_connection((host, int(port)), timeout=60)
+    ready = b"\x05READY\x0bSocket-Type" + struct.pack(">I", 6) + b"DEALER"
+    s.sendall(b"\xff" + bytes(8) + b"\x7f\x03\x00" + b"NULL".ljust(20, b"\x00") + bytes(32)
+              + bytes([0x04, len(ready)]) + ready)
+    frame = b"\x03" + struct.pack(">Q", 1 << 20) + bytes(1 << 20)
+    sent, peak = 0, 0
+    with pytest.raises(OSError) as cut:
+        for sent in range(1, 1025):
+            s.sendall(frame)
+            if sent % 16 == 0:
+                peak = max(peak, rss_kib(pid))
+    s.close()
+    alive(d)
+    why = (sent, repr(cut.value), d.log_path.read_text()[-1500:])
+    assert sent < 200, why  # cut off within about a tick (250 ms)
+    assert d.counter("unfinished_dropped") == 1, why
+    if not SANITIZED:
+        assert peak < base_rss + 160 * 1024, (base_rss, peak)
+    a_job_still_works(d)
 
 
 @pytest.mark.parametrize("transport", ["tcp", "ipc"])
