@@ -341,6 +341,14 @@ static void reset_socket(struct aps_zbridge *b, const char *why)
 	uv_timer_start(&b->reset_timer, on_reset_timer, RESET_POLL_MS, RESET_POLL_MS);
 }
 
+/* One line for the connections a tick dropped for one reason (none: no line). */
+static void log_dropped(uint64_t count, const char *why, uint64_t limit, const char *unit)
+{
+	if (count > 0)
+		aps_log_warn("zbridge", "dropped connections count=%llu reason=\"%s %llu %s\"",
+		             (unsigned long long)count, why, (unsigned long long)limit, unit);
+}
+
 static void on_tick(uv_timer_t *t)
 {
 	struct aps_zbridge *b = t->data;
@@ -363,18 +371,13 @@ static void on_tick(uv_timer_t *t)
 	stuck = aps_conns_tick(&b->conns, now);
 	parked = aps_conns_parked(&b->conns);
 	held = aps_conns_parked_bytes(&b->conns);
-	if (b->conns.cnt.unfinished > unfinished)
-		aps_log_warn("zbridge",
-		             "dropped connections count=%llu reason=\"read over %llu bytes of a "
-		             "message never finished (frames flagged MORE)\"",
-		             (unsigned long long)(b->conns.cnt.unfinished - unfinished),
-		             (unsigned long long)b->conns.max_unfinished_bytes);
-	if (b->conns.cnt.unjoined_dropped > unjoined)
-		aps_log_warn("zbridge",
-		             "dropped connections count=%llu reason=\"not joined a job within "
-		             "join_timeout_ms = %llu\"",
-		             (unsigned long long)(b->conns.cnt.unjoined_dropped - unjoined),
-		             (unsigned long long)b->conns.join_timeout_ms);
+	log_dropped(b->conns.cnt.unfinished - unfinished, "read over",
+	            b->conns.max_unfinished_bytes,
+	            "bytes of a message never finished (frames flagged MORE)");
+	log_dropped(b->conns.cnt.unjoined_dropped - unjoined,
+	            "not joined a job within "
+	            "join_timeout_ms =",
+	            b->conns.join_timeout_ms, "ms");
 	aps__zbridge_schedule_drain(
 	        b); /* which reports the closes, after the messages before them */
 	if (parked > 0 && b->parked_since_ms == 0)
