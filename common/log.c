@@ -28,6 +28,24 @@ void aps_log_set_level(enum aps_log_level level)
 	current_level = level;
 }
 
+bool aps_log_gate_open(struct aps_log_gate *g, uint64_t now_ms, uint64_t period_ms)
+{
+	if (g->logged_ms != 0 && now_ms - g->logged_ms < period_ms) {
+		g->held++;
+		return false;
+	}
+	return true;
+}
+
+uint64_t aps_log_gate_pass(struct aps_log_gate *g, uint64_t now_ms)
+{
+	uint64_t held = g->held;
+
+	g->logged_ms = now_ms;
+	g->held = 0;
+	return held;
+}
+
 bool aps_log_enabled(enum aps_log_level level)
 {
 	return level <= current_level;

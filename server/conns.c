@@ -412,9 +412,8 @@ size_t aps_conns_tick(struct aps_conns *t, uint64_t now)
 	for (size_t fd = 0; fd < t->cap; fd++) {
 		if (t->slots[fd].id != 0 && orphaned((int)fd, t->slots[fd].dup))
 			retire(t, &t->slots[fd]);
-	}
-	for (size_t fd = 0; fd < t->cap; fd++)
 		check_unfinished(t, &t->slots[fd], now);
+	}
 	for (size_t fd = 0; fd < t->cap; fd++) {
 		struct aps_conn *c = &t->slots[fd];
 		if (c->id == 0 || c->deadline_ms == 0 || now < c->deadline_ms || c->dropped_ms)

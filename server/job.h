@@ -8,6 +8,7 @@
 #define APS_SERVER_JOB_H
 
 #include "common/format.h"
+#include "common/log.h"
 #include "common/scale.h"
 #include "proto/frame.h"
 #include "server/checkpoint.h"
@@ -120,8 +121,7 @@ struct aps_job {
 	char token[APS_MSG_TOKEN_MAX + 1]; /* its first HELLO's job token: the others' must match */
 	uint64_t created_ms;               /* its first HELLO */
 	bool filled;                       /* every rank has joined once: no deadline */
-	uint64_t mismatch_logged_ms; /* the last HELLO refused for options it logged (join.c) */
-	uint32_t mismatch_unlogged;  /* refused since then without a line */
+	struct aps_log_gate mismatch_log;  /* HELLOs refused for their options (join.c) */
 };
 
 struct aps_jobs {

@@ -194,18 +194,13 @@ static void log_mismatch(struct aps_server *srv, struct aps_job *job, const stru
 {
 	uint64_t now = uv_now(srv->loop);
 
-	if (told == 0 && job->mismatch_logged_ms != 0 &&
-	    now - job->mismatch_logged_ms < MISMATCH_LOG_MS) {
-		job->mismatch_unlogged++;
+	if (told == 0 && !aps_log_gate_open(&job->mismatch_log, now, MISMATCH_LOG_MS))
 		return;
-	}
 	aps_log_warn("server",
 	             "refused a hello job=%s rank=%u world_size=%u job_world_size=%u address=%s "
-	             "ranks_told=%u unlogged=%u reason=\"%s\"",
+	             "ranks_told=%u unlogged=%llu reason=\"%s\"",
 	             job->name, m->rank, m->world_size, job->world_size, s->address, told,
-	             job->mismatch_unlogged, why);
-	job->mismatch_logged_ms = now;
-	job->mismatch_unlogged = 0;
+	             (unsigned long long)aps_log_gate_pass(&job->mismatch_log, now), why);
 }
 
 static void refuse_mismatch(struct aps_server *srv, struct aps_job *job, struct aps_session *s,
@@ -358,15 +353,12 @@ static void log_refusal(struct aps_server *srv, const struct aps_session *s,
 {
 	uint64_t now = uv_now(srv->loop);
 
-	if (srv->refusal_logged_ms != 0 && now - srv->refusal_logged_ms < REFUSAL_LOG_MS) {
-		srv->refusals_unlogged++;
+	if (!aps_log_gate_open(&srv->refusal_log, now, REFUSAL_LOG_MS))
 		return;
-	}
 	aps_log_warn("server",
-	             "refused a hello job=%s rank=%u address=%s unlogged=%u reason=\"%s\"", m->job,
-	             m->rank, s->address, srv->refusals_unlogged, why);
-	srv->refusal_logged_ms = now;
-	srv->refusals_unlogged = 0;
+	             "refused a hello job=%s rank=%u address=%s unlogged=%llu reason=\"%s\"",
+	             m->job, m->rank, s->address,
+	             (unsigned long long)aps_log_gate_pass(&srv->refusal_log, now), why);
 }
 
 static bool let_in(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m)

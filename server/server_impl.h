@@ -6,6 +6,7 @@
 #ifndef APS_SERVER_SERVER_IMPL_H
 #define APS_SERVER_SERVER_IMPL_H
 
+#include "common/log.h"
 #include "server/ckpt_queue.h"
 #include "server/engine.h"
 #include "server/job.h"
@@ -25,10 +26,9 @@ struct aps_server {
 	struct aps_zbridge_counters bridge_counters; /* copied when the bridge closes */
 	struct aps_latency latency;                  /* of steps: first push to last result */
 	uint64_t started_ms;
-	uint64_t refusal_logged_ms; /* the last HELLO refused for its token or key it logged */
-	uint64_t trimmed_ms;        /* malloc_trim at the last job end it ran (leave.c) */
-	bool trim_due;              /* a job ended since: trim at a tick */
-	uint32_t refusals_unlogged; /* since then (join.c: one line a second at most) */
+	struct aps_log_gate refusal_log; /* HELLOs refused for token or key (join.c: 1 line/s) */
+	uint64_t trimmed_ms;             /* malloc_trim at the last job end it ran (leave.c) */
+	bool trim_due;                   /* a job ended since: trim at a tick */
 	bool stopping;
 	struct aps_ckpt_queue *ckpt; /* NULL: no checkpoint_dir */
 	struct aps_engine *engine;   /* NULL: threads = 1, every sum on the loop */

@@ -7,6 +7,7 @@
 #ifndef APS_SERVER_ZBRIDGE_IMPL_H
 #define APS_SERVER_ZBRIDGE_IMPL_H
 
+#include "common/log.h"
 #include "server/admission.h"
 #include "server/conns.h"
 #include "server/outq.h"
@@ -44,8 +45,7 @@ struct aps_zbridge {
 	uint64_t last_reset_ms;   /* 0: never */
 	uint64_t trim_until_ms;   /* after a reset: trim at every tick until then (0: no) */
 	uint64_t parked_since_ms; /* when a parked connection was first counted; 0: none */
-	uint64_t refused_logged_ms, refused_unlogged;
-	uint64_t zmtp_logged_ms, zmtp_unlogged; /* log lines of zmtp_refused, one a second */
+	struct aps_log_gate refused_log, zmtp_log; /* refused_connections, zmtp_refused: 1 line/s */
 };
 
 /* zbridge_pump.c, for zbridge.c. */

@@ -171,14 +171,11 @@ static void log_refused(struct aps_zbridge *b)
 {
 	uint64_t now = aps__zbridge_now_ms(b);
 
-	b->refused_unlogged++;
-	if (now - b->refused_logged_ms < 1000)
+	if (!aps_log_gate_open(&b->refused_log, now, 1000))
 		return;
 	aps_log_warn("zbridge",
 	             "refused connections count=%llu reason=\"max_connections=%zu open\"",
-	             (unsigned long long)b->refused_unlogged, b->conns.max);
-	b->refused_logged_ms = now;
-	b->refused_unlogged = 0;
+	             (unsigned long long)aps_log_gate_pass(&b->refused_log, now) + 1, b->conns.max);
 }
 
 /* A connection closed without a message: one more of its address's (admission.h). */
@@ -204,16 +201,13 @@ static void log_zmtp_refused(struct aps_zbridge *b, const char *address)
 {
 	uint64_t now = aps__zbridge_now_ms(b);
 
-	b->zmtp_unlogged++;
-	if (now - b->zmtp_logged_ms < 1000)
+	if (!aps_log_gate_open(&b->zmtp_log, now, 1000))
 		return;
 	aps_log_warn("zbridge",
 	             "connection closed by ZeroMQ address=%s count=%llu reason=\"a frame over "
 	             "max_message_bytes (%lld), or bytes that are not ZMTP\"",
-	             address, (unsigned long long)b->zmtp_unlogged,
+	             address, (unsigned long long)aps_log_gate_pass(&b->zmtp_log, now) + 1,
 	             (long long)b->max_message_bytes);
-	b->zmtp_logged_ms = now;
-	b->zmtp_unlogged = 0;
 }
 
 static void on_closed_fd(struct aps_zbridge *b, int fd)
