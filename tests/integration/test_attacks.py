@@ -247,8 +247,6 @@ def test_a_turned_away_stranger_holds_little_and_costs_no_reset(daemon_factory):
         assert rss_kib(pid) <= base_rss + parked_kib + 1024, (base_rss, rss_kib(pid))
 
 
-@pytest.mark.skipif(SANITIZED, reason="under ASan apsd reset the raw connection after 5 MiB "
-                    "without counting it (seen once in CI, not yet understood)")
 def test_a_message_without_end_is_cut_off(daemon_factory):
     # Before: frames of 1 MiB flagged MORE, never a last one, each under
     # max_message_bytes: libzmq kept every one (RSS +200 MiB for 200 MiB sent on
@@ -261,6 +259,11 @@ def test_a_message_without_end_is_cut_off(daemon_factory):
     ready = b"\x05READY\x0bSocket-Type" + struct.pack(">I", 6) + b"DEALER"
     s.sendall(b"\xff" + bytes(8) + b"\x7f\x03\x00" + b"NULL".ljust(20, b"\x00") + bytes(32)
               + bytes([0x04, len(ready)]) + ready)
+    # The daemon's greeting and READY first, as ZeroMQ waits for them: frames sent
+    # before the handshake ends (its ZAP reply pending) fail the handshake.
+    got = b""
+    while b"READY" not in got:
+        got += s.recv(4096)
     frame = b"\x03" + struct.pack(">Q", 1 << 20) + bytes(1 << 20)
     sent, peak = 0, 0
     with pytest.raises(OSError) as cut:
@@ -270,7 +273,8 @@ def test_a_message_without_end_is_cut_off(daemon_factory):
                 peak = max(peak, rss_kib(pid))
     s.close()
     alive(d)
-    why = (sent, repr(cut.value), d.log_path.read_text()[-1500:])
+    why = (sent, repr(cut.value),
+           [line for line in d.log_path.read_text().splitlines() if " debug server" not in line])
     assert sent < 200, why  # cut off within about a tick (250 ms)
     assert d.counter("unfinished_dropped") == 1, why
     if not SANITIZED:
