@@ -55,11 +55,11 @@ const struct key aps_config_keys[] = {
 	{ KEY(join_timeout_ms), .type = KEY_INT, .min = 100, .max = 86400000, .def = "60000",
 	  .help = "a connection that has not joined a job, or a job whose ranks have not all "
 	          "joined, within this many milliseconds is dropped (its slot freed)" },
-	{ KEY(max_silent_closes), .type = KEY_INT, .min = 0, .max = 1000000, .def = "32",
+	{ KEY(max_silent_closes), .type = KEY_INT, .min = 0, .max = 1000000, .def = "0",
 	  .help = "connections from one IP address that may close without a message in a "
 	          "minute; past it apsd refuses that address's handshakes for a minute, twice "
 	          "as long at each repeat up to an hour, unless a joined worker is connected "
-	          "from it (0: never)" },
+	          "from it (0, the default: never; see docs/RELIABILITY.md before setting it)" },
 	{ KEY(max_ranks), .type = KEY_INT, .min = 1, .max = 65536, .def = "1024",
 	  .help = "ranks (world size) of one job" },
 	{ KEY(max_tensors), .type = KEY_INT, .min = 1, .max = 1048576, .def = "65536",
