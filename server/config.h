@@ -44,6 +44,7 @@ struct aps_config {
 	int heartbeat_timeout_ms;                /* silence after which a session is dead */
 	int reconnect_grace_ms;                  /* a closed connection may come back */
 	int max_jobs;                            /* jobs alive at once */
+	int max_jobs_per_address;                /* of those, started from one address; 0: any */
 	int max_ranks;                           /* world size limit of one job */
 	int max_tensors;                         /* tensors registered by one job */
 	uint64_t max_job_bytes;                  /* fp32 bytes of one job's tensors */

@@ -23,6 +23,8 @@
 
 struct aps_job;
 
+#define APS_JOB_ORIGIN_LEN 64 /* an IPv6 address, "/64" */
+
 /* One connected worker. */
 struct aps_session {
 	struct aps_session *next;
@@ -120,6 +122,7 @@ struct aps_job {
 	int departed_code; /* the error the job's later calls get: 0 is APS_EPEERLOST */
 	char token[APS_MSG_TOKEN_MAX + 1]; /* its first HELLO's job token: the others' must match */
 	uint64_t created_ms;               /* its first HELLO */
+	char origin[APS_JOB_ORIGIN_LEN];   /* its first HELLO's address (IPv6: its /64) */
 	bool filled;                       /* every rank has joined once: no deadline */
 	struct aps_log_gate mismatch_log;  /* HELLOs refused for their options (join.c) */
 };

@@ -20,6 +20,7 @@
 #include "common/err.h"
 #include "common/log.h"
 
+#include <arpa/inet.h>
 #include <fnmatch.h>
 #include <stdio.h>
 #include <string.h>
@@ -85,7 +86,23 @@ static bool options_differ(const struct aps_job *job, bool job_policy_auto, cons
 	return true;
 }
 
-static int create_job(struct aps_server *srv, const struct aps_msg *m,
+/* The address a job is charged to: an IPv4 address as it is, an IPv6 one's /64
+ * (a host may pick any address of its /64); "" for ipc, which has none. */
+static void job_origin(const char *address, char out[APS_JOB_ORIGIN_LEN])
+{
+	char net[INET6_ADDRSTRLEN];
+	struct in6_addr a;
+
+	snprintf(out, APS_JOB_ORIGIN_LEN, "%s", address);
+	if (strchr(address, ':') == NULL || inet_pton(AF_INET6, address, &a) != 1 ||
+	    IN6_IS_ADDR_V4MAPPED(&a))
+		return;
+	memset(&a.s6_addr[8], 0, 8);
+	if (inet_ntop(AF_INET6, &a, net, sizeof(net)) != NULL)
+		snprintf(out, APS_JOB_ORIGIN_LEN, "%s/64", net);
+}
+
+static int create_job(struct aps_server *srv, const struct aps_session *s, const struct aps_msg *m,
                       const struct aps_optim_config *optim, struct aps_job **out)
 {
 	struct aps_job *job;
@@ -97,6 +114,7 @@ static int create_job(struct aps_server *srv, const struct aps_msg *m,
 	if (ret < 0)
 		return ret;
 	snprintf(job->token, sizeof(job->token), "%s", m->job_token);
+	job_origin(s->address, job->origin);
 	job->created_ms = uv_now(srv->loop);
 	job->lowp = srv->opts.lowp;
 	job->no_crc = (m->flags & APS_MSG_FLAG_NO_CRC) != 0;
@@ -293,9 +311,24 @@ static int job_refuses(struct aps_server *srv, struct aps_job *job, const struct
 	return 0;
 }
 
-/* What a new job refuses: lowp needs global scaling; there is a limit of jobs. */
-static int new_job_refuses(struct aps_server *srv, const struct aps_msg *m, char *why, size_t len)
+static uint32_t jobs_started_from(const struct aps_server *srv, const char *origin)
 {
+	uint32_t n = 0;
+
+	for (const struct aps_job *job = srv->jobs.jobs; job != NULL; job = job->next)
+		n += strcmp(job->origin, origin) == 0;
+	return n;
+}
+
+/* What a new job refuses: lowp needs global scaling; there is a limit of jobs, and
+ * of jobs one address started (a stranger's HELLOs to new names must not fill
+ * max_jobs for the others). */
+static int new_job_refuses(struct aps_server *srv, const struct aps_session *s,
+                           const struct aps_msg *m, char *why, size_t len)
+{
+	char origin[APS_JOB_ORIGIN_LEN];
+	uint32_t mine;
+
 	if (lowp_needs_global(srv->opts.lowp, m)) {
 		snprintf(why, len,
 		         "this daemon sums in low precision (sum = lowp): jobs "
@@ -306,6 +339,16 @@ static int new_job_refuses(struct aps_server *srv, const struct aps_msg *m, char
 	if (srv->jobs.n_jobs >= srv->opts.max_jobs) {
 		snprintf(why, len, "cannot start job '%s': %u jobs is the limit", m->job,
 		         srv->opts.max_jobs);
+		return APS_ERANGE;
+	}
+	job_origin(s->address, origin);
+	mine = jobs_started_from(srv, origin);
+	if (srv->opts.max_jobs_per_address != 0 && mine >= srv->opts.max_jobs_per_address) {
+		srv->counters.refused_address_jobs++;
+		snprintf(why, len,
+		         "cannot start job '%s': address %s started %u of the %u jobs apsd runs, "
+		         "the limit of one address (max_jobs_per_address)",
+		         m->job, origin[0] ? origin : "(ipc)", mine, srv->jobs.n_jobs);
 		return APS_ERANGE;
 	}
 	return 0;
@@ -365,7 +408,7 @@ static bool let_in(struct aps_server *srv, struct aps_session *s, const struct a
 {
 	const struct aps_job *job = aps_jobs_find(&srv->jobs, m->job);
 	const char *why = NULL;
-	char later[160] = "";
+	char later[256] = "";
 	uint32_t retry_after = 0;
 
 	if (!key_may_join(srv, s->user, m->job))
@@ -383,6 +426,14 @@ static bool let_in(struct aps_server *srv, struct aps_session *s, const struct a
 		         " (every rank of the job holding the name has left: it ends within "
 		         "reconnect_grace_ms = %d ms, then a new job of that name may start)",
 		         srv->opts.reconnect_grace_ms);
+	} else if (job != NULL) {
+		/* Whoever holds the name, so that a run that finds it taken knows by whom. */
+		snprintf(later, sizeof(later),
+		         " (held by a job started %.1f s ago from %s with %u of %u ranks%s)",
+		         (double)(uv_now(srv->loop) - job->created_ms) / 1000.0,
+		         job->origin[0] ? job->origin : "ipc", aps_job_connected(job),
+		         job->world_size,
+		         job->filled ? "" : "; unfilled, it ends at join_timeout_ms");
 	}
 	srv->counters.refused_token++;
 	log_refusal(srv, s, m, why);
@@ -450,8 +501,8 @@ void aps_handle_hello(struct aps_server *srv, struct aps_session *s, const struc
 		return refuse_mismatch(srv, job, s, m, why);
 	job = aps_jobs_find(&srv->jobs, m->job); /* gone if its last rank was evicted */
 	if (ret == 0 && job == NULL)
-		ret = new_job_refuses(srv, m, why, sizeof(why));
-	if (ret == 0 && job == NULL && create_job(srv, m, &optim, &job) < 0)
+		ret = new_job_refuses(srv, s, m, why, sizeof(why));
+	if (ret == 0 && job == NULL && create_job(srv, s, m, &optim, &job) < 0)
 		ret = APS_ENOMEM;
 	if (ret < 0)
 		return refuse_hello(srv, s, m, ret, ret == APS_ENOMEM ? "out of memory" : why);

@@ -165,6 +165,7 @@ static struct aps_server_opts server_opts(struct daemon *d)
 		.max_silent_closes = (unsigned)cfg->max_silent_closes,
 		.drain_batch = cfg->drain_batch,
 		.max_jobs = (uint32_t)cfg->max_jobs,
+		.max_jobs_per_address = (uint32_t)cfg->max_jobs_per_address,
 		.max_ranks = (uint32_t)cfg->max_ranks,
 		.max_tensors = (uint32_t)cfg->max_tensors,
 		.max_job_bytes = cfg->max_job_bytes,

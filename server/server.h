@@ -27,6 +27,7 @@
 	X(stale_messages, "late messages of a connection taken for closed: dropped")          \
 	X(bad_state, "messages the job refused: unknown tensor, wrong step, duplicate")       \
 	X(refused_hello, "HELLOs refused: rank taken, world size or options differ, limits")  \
+	X(refused_address_jobs, "HELLOs refused: their address started max_jobs_per_address") \
 	X(refused_incomplete, "collective calls refused: the job lost a rank")                \
 	X(policy_switches, "format changes decided by the precision policy")                  \
 	X(updates, "optimizer updates applied (optimize mode, one per tensor and step)")      \
@@ -57,6 +58,7 @@ struct aps_server_opts {
 	unsigned threads;    /* threads that sum: 1 the loop, k > 1 k engine threads */
 	unsigned io_threads; /* ZeroMQ's */
 	uint32_t max_jobs;
+	uint32_t max_jobs_per_address; /* started from one address (IPv6: a /64); 0: any */
 	uint32_t max_ranks;
 	uint32_t max_tensors;
 	uint64_t max_job_bytes;     /* fp32 bytes of the tensors of one job */

@@ -135,10 +135,13 @@ struct worker {
 	uint64_t conn;
 	uint32_t rank;
 	uint8_t token[APS_MSG_SESSION_LEN];
+	const char *address; /* its Peer-Address; NULL: "test" */
+	const char *job;     /* NULL: "j" */
 };
 
 static uv_loop_t loop;
 static struct aps_server *srv;
+static uint32_t max_jobs_per_address; /* of the next start(); 0: no limit */
 
 static void start(int grace_ms)
 {
@@ -150,6 +153,7 @@ static void start(int grace_ms)
 		.reconnect_grace_ms = grace_ms,
 		.max_message_bytes = 1 << 20,
 		.max_jobs = 8,
+		.max_jobs_per_address = max_jobs_per_address,
 		.max_ranks = 64,
 		.max_tensors = 64,
 		.max_job_bytes = 1 << 24,
@@ -189,9 +193,12 @@ static void say(struct worker *w, struct aps_msg *m, const float *payload, size_
 {
 	uint8_t hdr[4096];
 	size_t len;
-	struct aps_inmsg in = { .peer = w->peer, .conn = w->conn, .address = "test", .user = "" };
+	struct aps_inmsg in = { .peer = w->peer,
+		                .conn = w->conn,
+		                .address = w->address != NULL ? w->address : "test",
+		                .user = "" };
 
-	snprintf(m->job, sizeof(m->job), "j");
+	snprintf(m->job, sizeof(m->job), "%s", w->job != NULL ? w->job : "j");
 	m->rank = w->rank;
 	if (m->world_size == 0)
 		m->world_size = 2;
@@ -504,6 +511,59 @@ static void test_a_resume_of_an_unknown_session_is_refused(void **state)
 	stop();
 }
 
+/* rank 0 of a new job from address, on a connection of its own. */
+static struct worker starter(uint64_t conn, const char *address, const char *job)
+{
+	struct worker w = worker(0, conn);
+
+	w.peer.id[1] = (uint8_t)conn;
+	w.address = address;
+	w.job = job;
+	return w;
+}
+
+/* Whether w's HELLO got a WELCOME; else the ERROR's text must contain refused. */
+static bool welcomed(struct worker *w, const char *refused)
+{
+	const struct sent *e;
+
+	hello(w, 0);
+	if (count_to(w, APS_MSG_WELCOME, 0) == 1)
+		return true;
+	e = last_to(w, APS_MSG_ERROR);
+	assert_non_null(e);
+	assert_int_equal(e->msg.error_code, APS_ERANGE);
+	if (strstr(e->msg.error_text, refused) == NULL)
+		fail_msg("'%s' does not say '%s'", e->msg.error_text, refused);
+	return false;
+}
+
+static void test_one_address_starts_at_most_max_jobs_per_address(void **state)
+{
+	struct worker v6a = starter(10, "2001:db8:1:2::5", "a");
+	struct worker v6b = starter(11, "2001:db8:1:2:ffff::9", "b"); /* a's /64 */
+	struct worker v6c = starter(12, "2001:db8:1:3::5", "c");      /* another /64 */
+	struct worker v4d = starter(13, "10.0.0.1", "d");
+	struct worker v4e = starter(14, "10.0.0.1", "e");
+	struct worker v4f = starter(15, "10.0.0.2", "f");
+	struct worker joins_a = starter(16, "2001:db8:1:2::6", "a");
+	const char *limit = "the limit of one address (max_jobs_per_address)";
+
+	(void)state;
+	max_jobs_per_address = 1;
+	start(1500);
+	assert_true(welcomed(&v6a, limit));
+	assert_false(welcomed(&v6b, "address 2001:db8:1:2::/64 started 1 of the 1 jobs"));
+	assert_true(welcomed(&v6c, limit));
+	assert_true(welcomed(&v4d, limit));
+	assert_false(welcomed(&v4e, "address 10.0.0.1 started 1 of the 3 jobs"));
+	assert_true(welcomed(&v4f, limit));
+	joins_a.rank = 1; /* a job of that /64 that exists takes its ranks: not a new one */
+	assert_true(welcomed(&joins_a, limit));
+	stop();
+	max_jobs_per_address = 0;
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -518,6 +578,7 @@ int main(void)
 		cmocka_unit_test(
 		        test_a_reconnect_takes_the_session_back_and_a_resent_push_counts_once),
 		cmocka_unit_test(test_a_resume_of_an_unknown_session_is_refused),
+		cmocka_unit_test(test_one_address_starts_at_most_max_jobs_per_address),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

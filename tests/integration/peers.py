@@ -36,7 +36,7 @@ FLAG_RESUME = 1 << 6
 FLAG_ALIVE = 1 << 7
 
 # APS_E* codes (common/err.h)
-EPROTO, ETIMEDOUT, EBUSY, ENOSESSION, EACCES = -7, -8, -13, -16, -17
+ERANGE, EPROTO, ETIMEDOUT, EBUSY, ENOSESSION, EACCES = -4, -7, -8, -13, -16, -17
 
 
 def _varint(n):

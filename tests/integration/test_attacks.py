@@ -14,8 +14,8 @@ import zmq
 
 import aps
 from conftest import SANITIZED, run_workers
-from peers import (BYE, EACCES, ENOSESSION, ERROR, ETIMEDOUT, FLAG_ALIVE, FLAG_RESUME,
-                   HEARTBEAT, PUSH, REGISTER, REGISTERED, RESULT, WELCOME, Peer, envelope,
+from peers import (BYE, EACCES, ENOSESSION, ERANGE, ERROR, ETIMEDOUT, FLAG_ALIVE,
+                   FLAG_RESUME, HEARTBEAT, PUSH, REGISTER, REGISTERED, RESULT, WELCOME, Peer, envelope,
                    open_fds, rss_kib, settle)
 from test_daemon import assert_all_ok
 
@@ -343,6 +343,9 @@ def test_a_stranger_cannot_join_a_job_that_has_a_token(daemon_factory):
         reply = s.hello("victims", 1, 3, **fields)
         assert reply["type"] == ERROR and reply["error_code"] == EACCES, reply
         assert "not allowed in job 'victims'" in reply["error_text"], reply
+        # who holds the name, for a run that finds it taken
+        assert "(held by a job started " in reply["error_text"], reply
+        assert " from 127.0.0.1 with 1 of 3 ranks; unfilled" in reply["error_text"], reply
         refused += 1
         s.close()
     assert d.counter("refused_token") == refused
@@ -424,6 +427,27 @@ def test_idle_hellos_give_their_job_slots_back(daemon_factory):
     assert d.counter("silent_dropped") >= 16
     reply = late.hello("late2", 0, 1)
     assert reply["type"] == WELCOME, reply
+
+
+def test_one_address_cannot_fill_max_jobs(daemon_factory):
+    # Before: HELLOs to new job names from one stranger, kept alive, held every
+    # slot of max_jobs, and every honest job got "64 jobs is the limit" for as long
+    # as they stayed. Now one address starts at most max_jobs_per_address jobs.
+    d = daemon_factory(extra=["--max_jobs", "6", "--max_jobs_per_address", "4"])
+    stranger = d.endpoint.replace("tcp://", "tcp://127.0.0.2:0;")
+    squatters = [Peer(stranger) for _ in range(6)]
+    replies = [p.hello(f"squat{i}", 0, 2) for i, p in enumerate(squatters)]
+    assert [r["type"] for r in replies] == [WELCOME] * 4 + [ERROR] * 2, replies
+    text = replies[4]["error_text"]
+    assert replies[4]["error_code"] == ERANGE, replies[4]
+    assert "address 127.0.0.2 started 4 of the 4 jobs apsd runs" in text, text
+    assert "max_jobs_per_address" in text, text
+    assert d.counter("refused_address_jobs") == 2
+    # the stranger's jobs still take their other ranks, from anywhere
+    assert Peer(d.endpoint).hello("squat0", 1, 2)["type"] == WELCOME
+    # and honest jobs from another address start while the stranger holds its 4
+    a_job_still_works(d)
+    assert d.ask("stats")["jobs"] >= 4
 
 
 def test_a_job_whose_ranks_never_all_arrive_is_ended(daemon_factory):
