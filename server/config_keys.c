@@ -50,8 +50,8 @@ const struct key aps_config_keys[] = {
 	{ KEY(max_jobs), .type = KEY_INT, .min = 1, .max = 4096, .def = "64",
 	  .help = "jobs served at once" },
 	{ KEY(max_jobs_per_address), .type = KEY_INT, .min = 0, .max = 4096, .def = "16",
-	  .help = "jobs one IP address (an IPv6 /64) may have started that still run; one more "
-	          "HELLO for a new job from there is refused (0: no limit)" },
+	  .help = "jobs one IP address (ipc: one user) may have started that still run; one "
+	          "more HELLO for a new job from there is refused (0: no limit)" },
 	{ KEY(max_connections), .type = KEY_INT, .min = 0, .max = 1 << 20, .def = "0",
 	  .help = "connections open at once; one more is shut at once (0: from RLIMIT_NOFILE, "
 	          "two descriptors a connection and 64 spare)" },

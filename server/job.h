@@ -119,7 +119,8 @@ struct aps_job {
 	 * collective call is answered APS_EPEERLOST with this text at once.
 	 */
 	char departed[APS_MSG_TEXT_MAX + 1];
-	int departed_code; /* the error the job's later calls get: 0 is APS_EPEERLOST */
+	int departed_code;    /* the error the job's later calls get: 0 is APS_EPEERLOST */
+	uint64_t departed_ms; /* the tick that first saw departed: it ends join_timeout_ms on */
 	char token[APS_MSG_TOKEN_MAX + 1]; /* its first HELLO's job token: the others' must match */
 	uint64_t created_ms;               /* its first HELLO */
 	char origin[APS_JOB_ORIGIN_LEN];   /* its first HELLO's address (IPv6: its /64) */

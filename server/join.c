@@ -86,14 +86,22 @@ static bool options_differ(const struct aps_job *job, bool job_policy_auto, cons
 	return true;
 }
 
-/* The address a job is charged to: an IPv4 address as it is, an IPv6 one's /64
- * (a host may pick any address of its /64); "" for ipc, which has none. */
+/* Whom a job is charged to (max_jobs_per_address): an IPv4 address as it is, an
+ * IPv6 one's /64 (a host may pick any address of its /64), and for ipc, whose
+ * Peer-Address is "localhost:UID:GID:PID", the user (every process of a user
+ * is one origin). */
 static void job_origin(const char *address, char out[APS_JOB_ORIGIN_LEN])
 {
+	static const char ipc[] = "localhost:";
 	char net[INET6_ADDRSTRLEN];
 	struct in6_addr a;
 
 	snprintf(out, APS_JOB_ORIGIN_LEN, "%s", address);
+	if (strncmp(address, ipc, sizeof(ipc) - 1) == 0) {
+		const char *uid = address + sizeof(ipc) - 1;
+		snprintf(out, APS_JOB_ORIGIN_LEN, "ipc uid %.*s", (int)strcspn(uid, ":"), uid);
+		return;
+	}
 	if (strchr(address, ':') == NULL || inet_pton(AF_INET6, address, &a) != 1 ||
 	    IN6_IS_ADDR_V4MAPPED(&a))
 		return;
@@ -346,9 +354,9 @@ static int new_job_refuses(struct aps_server *srv, const struct aps_session *s,
 	if (srv->opts.max_jobs_per_address != 0 && mine >= srv->opts.max_jobs_per_address) {
 		srv->counters.refused_address_jobs++;
 		snprintf(why, len,
-		         "cannot start job '%s': address %s started %u of the %u jobs apsd runs, "
-		         "the limit of one address (max_jobs_per_address)",
-		         m->job, origin[0] ? origin : "(ipc)", mine, srv->jobs.n_jobs);
+		         "cannot start job '%s': %s already started %u jobs that run, the limit of "
+		         "one address (max_jobs_per_address)",
+		         m->job, origin, mine);
 		return APS_ERANGE;
 	}
 	return 0;
@@ -392,15 +400,16 @@ static bool key_may_join(const struct aps_server *srv, const char *user, const c
 /* Whether this HELLO may touch its job at all: a job token, a key's jobs. */
 /* A stranger's HELLOs cost one log line a second at most; refused_token counts each. */
 static void log_refusal(struct aps_server *srv, const struct aps_session *s,
-                        const struct aps_msg *m, const char *why)
+                        const struct aps_msg *m, const struct aps_job *job, const char *why)
 {
 	uint64_t now = uv_now(srv->loop);
 
 	if (!aps_log_gate_open(&srv->refusal_log, now, REFUSAL_LOG_MS))
 		return;
 	aps_log_warn("server",
-	             "refused a hello job=%s rank=%u address=%s unlogged=%llu reason=\"%s\"",
-	             m->job, m->rank, s->address,
+	             "refused a hello job=%s rank=%u address=%s holder=%s unlogged=%llu "
+	             "reason=\"%s\"",
+	             m->job, m->rank, s->address, job != NULL ? job->origin : "-",
 	             (unsigned long long)aps_log_gate_pass(&srv->refusal_log, now), why);
 }
 
@@ -426,17 +435,17 @@ static bool let_in(struct aps_server *srv, struct aps_session *s, const struct a
 		         " (every rank of the job holding the name has left: it ends within "
 		         "reconnect_grace_ms = %d ms, then a new job of that name may start)",
 		         srv->opts.reconnect_grace_ms);
-	} else if (job != NULL) {
-		/* Whoever holds the name, so that a run that finds it taken knows by whom. */
+	} else if (job != NULL && key_may_join(srv, s->user, m->job)) {
+		/* A run that finds its name taken is told since when (the daemon's log
+		 * says from where; a stranger is not told). */
 		snprintf(later, sizeof(later),
-		         " (held by a job started %.1f s ago from %s with %u of %u ranks%s)",
+		         " (held by a job started %.1f s ago with %u of %u ranks; apsd's log "
+		         "names its address)",
 		         (double)(uv_now(srv->loop) - job->created_ms) / 1000.0,
-		         job->origin[0] ? job->origin : "ipc", aps_job_connected(job),
-		         job->world_size,
-		         job->filled ? "" : "; unfilled, it ends at join_timeout_ms");
+		         aps_job_connected(job), job->world_size);
 	}
 	srv->counters.refused_token++;
-	log_refusal(srv, s, m, why);
+	log_refusal(srv, s, m, key_may_join(srv, s->user, m->job) ? job : NULL, why);
 	aps_outbox_refuse(srv, &s->peer, m, retry_after, "not allowed in job '%s': %s%s", m->job,
 	                  why, later);
 	return false;
@@ -547,19 +556,10 @@ static void missing_ranks(const struct aps_job *job, char *buf, size_t len)
 	}
 }
 
-/* A job whose ranks did not all arrive in time: its ranks are told, its slot freed. */
-static void expire(struct aps_server *srv, struct aps_job *job)
+/* Ends job now: its ranks are told why (code, text), its slot is freed. */
+static void end_now(struct aps_server *srv, struct aps_job *job, int code, const char *text)
 {
-	char ranks[96], text[APS_MSG_TEXT_MAX + 1];
-
-	missing_ranks(job, ranks, sizeof(ranks));
-	snprintf(text, sizeof(text),
-	         "job '%.64s' did not fill within join_timeout_ms = %llu: %s %s never joined",
-	         job->name, (unsigned long long)srv->opts.join_timeout_ms,
-	         strchr(ranks, ',') ? "ranks" : "rank", ranks);
-	srv->counters.jobs_expired++;
-	aps_log_warn("server", "job expired job=%s reason=\"%s\"", job->name, text);
-	aps_outbox_error_job(srv, job, APS_ETIMEDOUT, text);
+	aps_outbox_error_job(srv, job, code, text);
 	for (uint32_t r = 0; r < job->world_size; r++) {
 		struct aps_session *s = job->ranks[r];
 		if (s == NULL)
@@ -575,6 +575,39 @@ static void expire(struct aps_server *srv, struct aps_job *job)
 	aps_leave_end_job(srv, job);
 }
 
+/* A job whose ranks did not all arrive in time. */
+static void expire(struct aps_server *srv, struct aps_job *job)
+{
+	char ranks[96], text[APS_MSG_TEXT_MAX + 1];
+
+	missing_ranks(job, ranks, sizeof(ranks));
+	snprintf(text, sizeof(text),
+	         "job '%.64s' did not fill within join_timeout_ms = %llu: %s %s never joined",
+	         job->name, (unsigned long long)srv->opts.join_timeout_ms,
+	         strchr(ranks, ',') ? "ranks" : "rank", ranks);
+	srv->counters.jobs_expired++;
+	aps_log_warn("server", "job expired job=%s reason=\"%s\"", job->name, text);
+	end_now(srv, job, APS_ETIMEDOUT, text);
+}
+
+/* A job that cannot go on (a rank lost, steps apart) ends when its last rank
+ * leaves, or join_timeout_ms after, whoever stays: a stranger that joined a
+ * job without a token must not hold it, charged to the address that started
+ * it, by keeping its own rank alive. */
+static void end_departed(struct aps_server *srv, struct aps_job *job)
+{
+	char text[APS_MSG_TEXT_MAX + 1];
+
+	snprintf(text, sizeof(text),
+	         "job '%.40s' ended: it could not go on (%.120s), its ranks stayed past "
+	         "join_timeout_ms",
+	         job->name, job->departed);
+	srv->counters.jobs_expired++;
+	aps_log_warn("server", "job ended job=%s reason=\"%s\"", job->name, text);
+	aps_optimize_checkpoint(srv, job, "job ended");
+	end_now(srv, job, job->departed_code != 0 ? job->departed_code : APS_EPEERLOST, text);
+}
+
 void aps_join_tick(struct aps_server *srv, uint64_t now)
 {
 	struct aps_job *job = srv->jobs.jobs, *next;
@@ -583,5 +616,10 @@ void aps_join_tick(struct aps_server *srv, uint64_t now)
 		next = job->next;
 		if (!job->filled && now - job->created_ms >= srv->opts.join_timeout_ms)
 			expire(srv, job);
+		else if (job->departed[0] != '\0' && job->departed_ms == 0)
+			job->departed_ms = now;
+		else if (job->departed_ms != 0 &&
+		         now - job->departed_ms >= srv->opts.join_timeout_ms)
+			end_departed(srv, job);
 	}
 }

@@ -37,7 +37,7 @@
 	X(refused_token, "HELLOs refused: the job token differs, or the key may not join")    \
 	X(refused_resume, "HELLOs to resume a session apsd does not know (token, job, rank)") \
 	X(silent_dropped, "ranks whose connection said nothing for heartbeat_timeout_ms")     \
-	X(jobs_expired, "jobs ended because their ranks did not all join in join_timeout_ms") \
+	X(jobs_expired, "jobs ended at join_timeout_ms: ranks missing, or a dead job kept")   \
 	X(refused_memory, "registrations refused: max_job_bytes or max_total_bytes")
 
 struct aps_server_counters {
@@ -58,7 +58,7 @@ struct aps_server_opts {
 	unsigned threads;    /* threads that sum: 1 the loop, k > 1 k engine threads */
 	unsigned io_threads; /* ZeroMQ's */
 	uint32_t max_jobs;
-	uint32_t max_jobs_per_address; /* started from one address (IPv6: a /64); 0: any */
+	uint32_t max_jobs_per_address; /* started from one address or ipc user; 0: any */
 	uint32_t max_ranks;
 	uint32_t max_tensors;
 	uint64_t max_job_bytes;     /* fp32 bytes of the tensors of one job */

@@ -135,13 +135,19 @@ struct worker {
 	uint64_t conn;
 	uint32_t rank;
 	uint8_t token[APS_MSG_SESSION_LEN];
-	const char *address; /* its Peer-Address; NULL: "test" */
-	const char *job;     /* NULL: "j" */
+	const char *address;   /* its Peer-Address; NULL: "test" */
+	const char *job;       /* NULL: "j" */
+	const char *user;      /* its CURVE key; NULL: "" */
+	const char *job_token; /* NULL: none */
 };
 
 static uv_loop_t loop;
 static struct aps_server *srv;
 static uint32_t max_jobs_per_address; /* of the next start(); 0: no limit */
+/* CURVE keys of the next start() and the jobs their lines name */
+static const char *const curve_keys[] = { "TRAINER", "ANYONE" };
+static const char *const curve_jobs[] = { "train-*", "" };
+static bool curve; /* the next start() has them */
 
 static void start(int grace_ms)
 {
@@ -154,6 +160,9 @@ static void start(int grace_ms)
 		.max_message_bytes = 1 << 20,
 		.max_jobs = 8,
 		.max_jobs_per_address = max_jobs_per_address,
+		.curve_allow = curve ? curve_keys : NULL,
+		.curve_jobs = curve ? curve_jobs : NULL,
+		.n_curve_allow = curve ? 2 : 0,
 		.max_ranks = 64,
 		.max_tensors = 64,
 		.max_job_bytes = 1 << 24,
@@ -196,7 +205,7 @@ static void say(struct worker *w, struct aps_msg *m, const float *payload, size_
 	struct aps_inmsg in = { .peer = w->peer,
 		                .conn = w->conn,
 		                .address = w->address != NULL ? w->address : "test",
-		                .user = "" };
+		                .user = w->user != NULL ? w->user : "" };
 
 	snprintf(m->job, sizeof(m->job), "%s", w->job != NULL ? w->job : "j");
 	m->rank = w->rank;
@@ -219,6 +228,8 @@ static void hello(struct worker *w, uint32_t flags)
 
 	aps_msg_init(&m, APS_MSG_HELLO);
 	m.flags = flags;
+	if (w->job_token != NULL)
+		snprintf(m.job_token, sizeof(m.job_token), "%s", w->job_token);
 	memcpy(m.session, w->token, sizeof(m.session));
 	m.has_session = true;
 	say(w, &m, NULL, 0);
@@ -547,21 +558,72 @@ static void test_one_address_starts_at_most_max_jobs_per_address(void **state)
 	struct worker v4e = starter(14, "10.0.0.1", "e");
 	struct worker v4f = starter(15, "10.0.0.2", "f");
 	struct worker joins_a = starter(16, "2001:db8:1:2::6", "a");
+	/* ipc's Peer-Address is localhost:UID:GID:PID: one user is one origin */
+	struct worker ipc_g = starter(17, "localhost:1000:1000:111", "g");
+	struct worker ipc_h = starter(18, "localhost:1000:100:222", "h");
+	struct worker ipc_i = starter(19, "localhost:1001:1001:111", "i");
 	const char *limit = "the limit of one address (max_jobs_per_address)";
 
 	(void)state;
 	max_jobs_per_address = 1;
 	start(1500);
 	assert_true(welcomed(&v6a, limit));
-	assert_false(welcomed(&v6b, "address 2001:db8:1:2::/64 started 1 of the 1 jobs"));
+	assert_false(welcomed(&v6b, "2001:db8:1:2::/64 already started 1 jobs that run"));
 	assert_true(welcomed(&v6c, limit));
 	assert_true(welcomed(&v4d, limit));
-	assert_false(welcomed(&v4e, "address 10.0.0.1 started 1 of the 3 jobs"));
+	assert_false(welcomed(&v4e, "10.0.0.1 already started 1 jobs that run"));
 	assert_true(welcomed(&v4f, limit));
 	joins_a.rank = 1; /* a job of that /64 that exists takes its ranks: not a new one */
 	assert_true(welcomed(&joins_a, limit));
+	assert_true(welcomed(&ipc_g, limit));
+	assert_false(welcomed(&ipc_h, "ipc uid 1000 already started 1 jobs that run"));
+	assert_true(welcomed(&ipc_i, limit));
 	stop();
 	max_jobs_per_address = 0;
+}
+
+/* The text of the ERROR that w's HELLO got. */
+static const char *refusal(struct worker *w)
+{
+	const struct sent *e;
+
+	hello(w, 0);
+	e = last_to(w, APS_MSG_ERROR);
+	assert_non_null(e);
+	assert_int_equal(e->msg.error_code, APS_EACCES);
+	return e->msg.error_text;
+}
+
+static void test_a_refused_hello_learns_of_the_holder_only_if_it_may_join(void **state)
+{
+	struct worker holder = starter(20, "10.0.0.9", "secret-run");
+	struct worker trainer = starter(21, "10.0.0.1", "secret-run");
+	struct worker other_run = starter(22, "10.0.0.2", "secret-run");
+	const char *text;
+
+	(void)state;
+	curve = true;
+	start(1500);
+	holder.user = "ANYONE";
+	holder.job_token = "run1";
+	hello(&holder, 0);
+	assert_int_equal(count_to(&holder, APS_MSG_WELCOME, 0), 1);
+	/* a key whose line names train-* does not learn that the job exists */
+	trainer.user = "TRAINER";
+	trainer.rank = 1;
+	text = refusal(&trainer);
+	assert_non_null(strstr(text, "its CURVE key may not join this job"));
+	assert_null(strstr(text, "held by"));
+	/* a key that may join, with another job token: since when, not from where */
+	other_run.user = "ANYONE";
+	other_run.job_token = "run2";
+	other_run.rank = 1;
+	text = refusal(&other_run);
+	assert_non_null(strstr(text, "the job token differs (held by a job started 0.0 s ago "
+	                             "with 1 of 2 ranks; apsd's log names its address)"));
+	assert_null(strstr(text, "10.0.0.9"));
+	stop();
+	curve = false;
 }
 
 int main(void)
@@ -579,6 +641,7 @@ int main(void)
 		        test_a_reconnect_takes_the_session_back_and_a_resent_push_counts_once),
 		cmocka_unit_test(test_a_resume_of_an_unknown_session_is_refused),
 		cmocka_unit_test(test_one_address_starts_at_most_max_jobs_per_address),
+		cmocka_unit_test(test_a_refused_hello_learns_of_the_holder_only_if_it_may_join),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -6,6 +6,8 @@ fix (the note of the change says which did what)."""
 import os
 import socket
 import struct
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -343,12 +345,15 @@ def test_a_stranger_cannot_join_a_job_that_has_a_token(daemon_factory):
         reply = s.hello("victims", 1, 3, **fields)
         assert reply["type"] == ERROR and reply["error_code"] == EACCES, reply
         assert "not allowed in job 'victims'" in reply["error_text"], reply
-        # who holds the name, for a run that finds it taken
+        # since when the name is held, for a run that finds it taken; from where
+        # only in apsd's log
         assert "(held by a job started " in reply["error_text"], reply
-        assert " from 127.0.0.1 with 1 of 3 ranks; unfilled" in reply["error_text"], reply
+        assert " with 1 of 3 ranks; apsd's log names its address" in reply["error_text"]
+        assert "127.0.0.1" not in reply["error_text"], reply
         refused += 1
         s.close()
     assert d.counter("refused_token") == refused
+    assert "job=victims rank=1 address=127.0.0.1 holder=127.0.0.1" in d.log_path.read_text()
     # the job is undisturbed: its ranks join with the token and sum exactly
     env = {"APS_JOB_TOKEN": "s3cret"}
     v0.close()
@@ -440,7 +445,7 @@ def test_one_address_cannot_fill_max_jobs(daemon_factory):
     assert [r["type"] for r in replies] == [WELCOME] * 4 + [ERROR] * 2, replies
     text = replies[4]["error_text"]
     assert replies[4]["error_code"] == ERANGE, replies[4]
-    assert "address 127.0.0.2 started 4 of the 4 jobs apsd runs" in text, text
+    assert "cannot start job 'squat4': 127.0.0.2 already started 4 jobs" in text, text
     assert "max_jobs_per_address" in text, text
     assert d.counter("refused_address_jobs") == 2
     # the stranger's jobs still take their other ranks, from anywhere
@@ -448,6 +453,55 @@ def test_one_address_cannot_fill_max_jobs(daemon_factory):
     # and honest jobs from another address start while the stranger holds its 4
     a_job_still_works(d)
     assert d.ask("stats")["jobs"] >= 4
+
+
+IPC_HELLO = """
+import sys
+sys.path.insert(0, {here!r})
+from peers import Peer
+reply = Peer({endpoint!r}).hello({job!r}, 0, 2)
+print(reply["type"], reply.get("error_text", ""))
+"""
+
+
+def test_every_process_of_an_ipc_user_is_one_address(daemon_factory):
+    # An attack on the limit above: ipc's Peer-Address names the connecting
+    # process (localhost:UID:GID:PID), so 5 processes of one user started 64
+    # jobs. Now an ipc job is charged to its user.
+    d = daemon_factory(transport="ipc", extra=["--max_jobs_per_address", "2"])
+    here = os.path.dirname(__file__)
+    replies = [subprocess.run([sys.executable, "-c", IPC_HELLO.format(
+        here=here, endpoint=d.endpoint, job=f"ipc{i}")], capture_output=True, text=True,
+        timeout=30).stdout.strip() for i in range(3)]
+    assert [r.split()[0] for r in replies] == [str(WELCOME)] * 2 + [str(ERROR)], replies
+    assert f"ipc uid {os.getuid()} already started 2 jobs" in replies[2], replies
+    assert d.counter("refused_address_jobs") == 1
+
+
+def test_a_stranger_cannot_keep_a_dead_job_alive(daemon_factory):
+    # An attack on the limit above: a stranger joined rank 1 of 4 jobs without a
+    # token that 127.0.0.1 had started, their ranks 0 left, and by heartbeats alone
+    # the stranger held the 4 dead jobs (charged to 127.0.0.1, whose next job got
+    # APS_ERANGE) for as long as it liked. A job that cannot go on now ends
+    # join_timeout_ms after, whoever stays.
+    d = daemon_factory(extra=[*FAST, "--reconnect_grace_ms", "200", "--join_timeout_ms",
+                              "1500", "--max_jobs_per_address", "1"])
+    owner = Peer(d.endpoint)
+    assert owner.hello("open", 0, 2)["type"] == WELCOME
+    stranger = Peer(d.endpoint.replace("tcp://", "tcp://127.0.0.3:0;"))
+    assert stranger.hello("open", 1, 2)["type"] == WELCOME
+    owner.close()
+    d.wait_for_log("rank lost job=open rank=0")
+    began = time.monotonic()
+    reply = None
+    while reply is None and time.monotonic() - began < 10:
+        stranger.send(type=HEARTBEAT, job="open", rank=1, world_size=2, flags=FLAG_ALIVE)
+        reply = stranger.recv_type(ERROR, 200)
+    assert reply is not None and "its ranks stayed past join_timeout_ms" in \
+        reply["error_text"], reply
+    assert time.monotonic() - began < 4
+    assert d.ask("stats")["jobs"] == 0
+    assert Peer(d.endpoint).hello("next", 0, 2)["type"] == WELCOME
 
 
 def test_a_job_whose_ranks_never_all_arrive_is_ended(daemon_factory):
