@@ -1,17 +1,17 @@
 /*
- * Joining a job: the HELLO handler, and who may. A HELLO must first be let in:
- * a job's first HELLO fixes its job token and every later one must carry the
- * same (else APS_EACCES, and the job is not touched); with CURVE, the key's
- * allowlist line may name the jobs it may join. Then it creates its job or
- * must agree with it (world size, scaling, downlink, policy, optimizer); a
- * rank is taken by one session at a time. A session waiting to reconnect
- * (reconnect_grace_ms) gives its rank up to a new client, and a job whose
- * every session waits to reconnect is over when a new client asks for one
- * of their ranks (a new run). A job whose ranks have not all joined within
- * join_timeout_ms of its first HELLO ends, and frees its slot.
+ * Joining a job: the HELLO handler. A HELLO must first be let in (access.h:
+ * its job token, its CURVE key's jobs, the jobs its address started). Then it
+ * creates its job or must agree with it (world size, scaling, downlink,
+ * policy, optimizer); a rank is taken by one session at a time. A session
+ * waiting to reconnect (reconnect_grace_ms) gives its rank up to a new client,
+ * and a job whose every session waits to reconnect is over when a new client
+ * asks for one of their ranks (a new run). A job whose ranks have not all
+ * joined within join_timeout_ms of its first HELLO ends, and frees its slot;
+ * so does a job that cannot go on, join_timeout_ms after, whoever stays.
  */
 #include "server/join.h"
 
+#include "server/access.h"
 #include "server/leave.h"
 #include "server/optimize.h"
 #include "server/outbox.h"
@@ -20,14 +20,11 @@
 #include "common/err.h"
 #include "common/log.h"
 
-#include <arpa/inet.h>
-#include <fnmatch.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/random.h>
 
 #define MISMATCH_LOG_MS 10000 /* a job's refusals for options: one line this often */
-#define REFUSAL_LOG_MS  1000  /* refusals for a token or key: one line this often */
 
 /* sum = lowp only works when every rank scales with one exponent. */
 static bool lowp_needs_global(bool lowp, const struct aps_msg *m)
@@ -86,30 +83,6 @@ static bool options_differ(const struct aps_job *job, bool job_policy_auto, cons
 	return true;
 }
 
-/* Whom a job is charged to (max_jobs_per_address): an IPv4 address as it is, an
- * IPv6 one's /64 (a host may pick any address of its /64), and for ipc, whose
- * Peer-Address is "localhost:UID:GID:PID", the user (every process of a user
- * is one origin). */
-static void job_origin(const char *address, char out[APS_JOB_ORIGIN_LEN])
-{
-	static const char ipc[] = "localhost:";
-	char net[INET6_ADDRSTRLEN];
-	struct in6_addr a;
-
-	snprintf(out, APS_JOB_ORIGIN_LEN, "%s", address);
-	if (strncmp(address, ipc, sizeof(ipc) - 1) == 0) {
-		const char *uid = address + sizeof(ipc) - 1;
-		snprintf(out, APS_JOB_ORIGIN_LEN, "ipc uid %.*s", (int)strcspn(uid, ":"), uid);
-		return;
-	}
-	if (strchr(address, ':') == NULL || inet_pton(AF_INET6, address, &a) != 1 ||
-	    IN6_IS_ADDR_V4MAPPED(&a))
-		return;
-	memset(&a.s6_addr[8], 0, 8);
-	if (inet_ntop(AF_INET6, &a, net, sizeof(net)) != NULL)
-		snprintf(out, APS_JOB_ORIGIN_LEN, "%s/64", net);
-}
-
 static int create_job(struct aps_server *srv, const struct aps_session *s, const struct aps_msg *m,
                       const struct aps_optim_config *optim, struct aps_job **out)
 {
@@ -122,7 +95,7 @@ static int create_job(struct aps_server *srv, const struct aps_session *s, const
 	if (ret < 0)
 		return ret;
 	snprintf(job->token, sizeof(job->token), "%s", m->job_token);
-	job_origin(s->address, job->origin);
+	aps_access_origin(s->address, job->origin);
 	job->created_ms = uv_now(srv->loop);
 	job->lowp = srv->opts.lowp;
 	job->no_crc = (m->flags & APS_MSG_FLAG_NO_CRC) != 0;
@@ -238,35 +211,6 @@ static void refuse_mismatch(struct aps_server *srv, struct aps_job *job, struct 
 	refuse_hello(srv, s, m, APS_EMISMATCH, why);
 }
 
-/*
- * Every session of the job waits to reconnect, and a new client asks for the
- * rank of one of them: that one's process is gone, and with it (most likely)
- * the whole run, as when every rank was killed and the job started again.
- * (Sessions that wait while a HELLO asks for a free rank may be one blip's.)
- */
-static bool abandoned(const struct aps_job *job)
-{
-	for (uint32_t r = 0; r < job->world_size; r++) {
-		if (job->ranks[r] != NULL && job->ranks[r]->detached_ms == 0)
-			return false;
-	}
-	return true;
-}
-
-/* An abandoned job's name is free when the last of its ranks' graces ends (and the
- * tick that sees it: server.c's TICK_MS, 50 ms). */
-static uint32_t frees_in_ms(const struct aps_server *srv, const struct aps_job *job)
-{
-	uint64_t now = uv_now(srv->loop), last = 0;
-
-	for (uint32_t r = 0; r < job->world_size; r++) {
-		const struct aps_session *s = job->ranks[r];
-		if (s != NULL && s->detached_ms + (uint64_t)srv->opts.reconnect_grace_ms > last)
-			last = s->detached_ms + (uint64_t)srv->opts.reconnect_grace_ms;
-	}
-	return (uint32_t)(last > now ? last - now : 0) + 100;
-}
-
 /* Ends an abandoned job; the last rank out frees it. */
 static void end_abandoned(struct aps_server *srv, struct aps_job *job)
 {
@@ -319,24 +263,11 @@ static int job_refuses(struct aps_server *srv, struct aps_job *job, const struct
 	return 0;
 }
 
-static uint32_t jobs_started_from(const struct aps_server *srv, const char *origin)
-{
-	uint32_t n = 0;
-
-	for (const struct aps_job *job = srv->jobs.jobs; job != NULL; job = job->next)
-		n += strcmp(job->origin, origin) == 0;
-	return n;
-}
-
 /* What a new job refuses: lowp needs global scaling; there is a limit of jobs, and
- * of jobs one address started (a stranger's HELLOs to new names must not fill
- * max_jobs for the others). */
+ * of jobs one address started (access.h). */
 static int new_job_refuses(struct aps_server *srv, const struct aps_session *s,
                            const struct aps_msg *m, char *why, size_t len)
 {
-	char origin[APS_JOB_ORIGIN_LEN];
-	uint32_t mine;
-
 	if (lowp_needs_global(srv->opts.lowp, m)) {
 		snprintf(why, len,
 		         "this daemon sums in low precision (sum = lowp): jobs "
@@ -349,106 +280,7 @@ static int new_job_refuses(struct aps_server *srv, const struct aps_session *s,
 		         srv->opts.max_jobs);
 		return APS_ERANGE;
 	}
-	job_origin(s->address, origin);
-	mine = jobs_started_from(srv, origin);
-	if (srv->opts.max_jobs_per_address != 0 && mine >= srv->opts.max_jobs_per_address) {
-		srv->counters.refused_address_jobs++;
-		snprintf(why, len,
-		         "cannot start job '%s': %s already started %u jobs that run, the limit of "
-		         "one address (max_jobs_per_address)",
-		         m->job, origin, mine);
-		return APS_ERANGE;
-	}
-	return 0;
-}
-
-/* Tokens of any length, compared in time that does not depend on where they differ. */
-static bool same_token(const char *a, const char *b)
-{
-	size_t la = strlen(a), lb = strlen(b);
-	unsigned diff = la != lb;
-
-	for (size_t i = 0; i < APS_MSG_TOKEN_MAX; i++)
-		diff |= (unsigned)(i < la ? a[i] : 0) ^ (unsigned)(i < lb ? b[i] : 0);
-	return diff == 0;
-}
-
-/* The jobs a CURVE key may join, from its allowlist line ("" any). */
-static const char *key_jobs(const struct aps_server *srv, const char *user)
-{
-	for (size_t i = 0; srv->opts.curve_jobs != NULL && i < srv->opts.n_curve_allow; i++) {
-		if (strcmp(srv->opts.curve_allow[i], user) == 0)
-			return srv->opts.curve_jobs[i];
-	}
-	return "";
-}
-
-static bool key_may_join(const struct aps_server *srv, const char *user, const char *job)
-{
-	char globs[512], *save = NULL; /* an allowlist line's jobs (keys.h) */
-
-	snprintf(globs, sizeof(globs), "%s", key_jobs(srv, user));
-	if (globs[0] == '\0')
-		return true;
-	for (char *g = strtok_r(globs, " ", &save); g != NULL; g = strtok_r(NULL, " ", &save)) {
-		if (fnmatch(g, job, 0) == 0)
-			return true;
-	}
-	return false;
-}
-
-/* Whether this HELLO may touch its job at all: a job token, a key's jobs. */
-/* A stranger's HELLOs cost one log line a second at most; refused_token counts each. */
-static void log_refusal(struct aps_server *srv, const struct aps_session *s,
-                        const struct aps_msg *m, const struct aps_job *job, const char *why)
-{
-	uint64_t now = uv_now(srv->loop);
-
-	if (!aps_log_gate_open(&srv->refusal_log, now, REFUSAL_LOG_MS))
-		return;
-	aps_log_warn("server",
-	             "refused a hello job=%s rank=%u address=%s holder=%s unlogged=%llu "
-	             "reason=\"%s\"",
-	             m->job, m->rank, s->address, job != NULL ? job->origin : "-",
-	             (unsigned long long)aps_log_gate_pass(&srv->refusal_log, now), why);
-}
-
-static bool let_in(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m)
-{
-	const struct aps_job *job = aps_jobs_find(&srv->jobs, m->job);
-	const char *why = NULL;
-	char later[256] = "";
-	uint32_t retry_after = 0;
-
-	if (!key_may_join(srv, s->user, m->job))
-		why = "its CURVE key may not join this job (curve_allow_file)";
-	else if (job != NULL && !same_token(job->token, m->job_token))
-		why = m->job_token[0] == '\0' ? "the job has a job token and this HELLO has none"
-		                              : "the job token differs";
-	if (why == NULL)
-		return true;
-	/* A new run of a job whose old ranks just left: their places are kept for
-	 * a reconnect (a blip must not let a stranger end the job), then freed. */
-	if (job != NULL && abandoned(job) && key_may_join(srv, s->user, m->job)) {
-		retry_after = frees_in_ms(srv, job);
-		snprintf(later, sizeof(later),
-		         " (every rank of the job holding the name has left: it ends within "
-		         "reconnect_grace_ms = %d ms, then a new job of that name may start)",
-		         srv->opts.reconnect_grace_ms);
-	} else if (job != NULL && key_may_join(srv, s->user, m->job)) {
-		/* A run that finds its name taken is told since when (the daemon's log
-		 * says from where; a stranger is not told). */
-		snprintf(later, sizeof(later),
-		         " (held by a job started %.1f s ago with %u of %u ranks; apsd's log "
-		         "names its address)",
-		         (double)(uv_now(srv->loop) - job->created_ms) / 1000.0,
-		         aps_job_connected(job), job->world_size);
-	}
-	srv->counters.refused_token++;
-	log_refusal(srv, s, m, key_may_join(srv, s->user, m->job) ? job : NULL, why);
-	aps_outbox_refuse(srv, &s->peer, m, retry_after, "not allowed in job '%s': %s%s", m->job,
-	                  why, later);
-	return false;
+	return aps_access_may_start(srv, s, m, why, len);
 }
 
 /* The HELLO's token (its client's choice), or one of apsd's for a client without. */
@@ -486,7 +318,7 @@ void aps_handle_hello(struct aps_server *srv, struct aps_session *s, const struc
 		         APS_PROTO_VERSION_MINOR_JOIN);
 		return refuse_hello(srv, s, m, APS_EPROTO, why);
 	}
-	if (!let_in(srv, s, m))
+	if (!aps_access_let_in(srv, s, m))
 		return;
 	if (take_token(s, m) < 0)
 		return refuse_hello(srv, s, m, APS_ESYS,
@@ -501,7 +333,7 @@ void aps_handle_hello(struct aps_server *srv, struct aps_session *s, const struc
 		                    "needs the fp32 sum");
 	job = aps_jobs_find(&srv->jobs, m->job);
 	if (job != NULL && m->rank < job->world_size && job->ranks[m->rank] != NULL &&
-	    job->ranks[m->rank]->detached_ms != 0 && abandoned(job)) {
+	    job->ranks[m->rank]->detached_ms != 0 && aps_access_abandoned(job)) {
 		end_abandoned(srv, job);
 		job = NULL;
 	}

@@ -17,7 +17,8 @@ void aps_handle_hello(struct aps_server *srv, struct aps_session *s, const struc
 /* WELCOME to a joined session (flags: APS_MSG_FLAG_RESUMED after a reconnect). */
 void aps_join_welcome(struct aps_server *srv, struct aps_session *s, uint32_t flags);
 
-/* Jobs whose ranks did not all arrive within join_timeout_ms end. */
+/* Jobs whose ranks did not all arrive within join_timeout_ms end, and so do jobs
+ * that could not go on join_timeout_ms before. */
 void aps_join_tick(struct aps_server *srv, uint64_t now);
 
 #endif
