@@ -30,7 +30,7 @@ void aps_access_origin(const char *address, char out[APS_JOB_ORIGIN_LEN])
 	char net[INET6_ADDRSTRLEN];
 	struct in6_addr a;
 
-	snprintf(out, APS_JOB_ORIGIN_LEN, "%s", address);
+	snprintf(out, APS_JOB_ORIGIN_LEN, "%s", address[0] != '\0' ? address : "unknown");
 	if (strncmp(address, ipc, sizeof(ipc) - 1) == 0) {
 		const char *uid = address + sizeof(ipc) - 1;
 		snprintf(out, APS_JOB_ORIGIN_LEN, "ipc uid %.*s", (int)strcspn(uid, ":"), uid);
@@ -137,7 +137,6 @@ static bool key_may_join(const struct aps_server *srv, const char *user, const c
 	return false;
 }
 
-/* Whether this HELLO may touch its job at all: a job token, a key's jobs. */
 /* A stranger's HELLOs cost one log line a second at most; refused_token counts each. */
 static void log_refusal(struct aps_server *srv, const struct aps_session *s,
                         const struct aps_msg *m, const struct aps_job *job, const char *why)
@@ -156,11 +155,12 @@ static void log_refusal(struct aps_server *srv, const struct aps_session *s,
 bool aps_access_let_in(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m)
 {
 	const struct aps_job *job = aps_jobs_find(&srv->jobs, m->job);
+	bool key_may = key_may_join(srv, s->user, m->job);
 	const char *why = NULL;
 	char later[256] = "";
 	uint32_t retry_after = 0;
 
-	if (!key_may_join(srv, s->user, m->job))
+	if (!key_may)
 		why = "its CURVE key may not join this job (curve_allow_file)";
 	else if (job != NULL && !same_token(job->token, m->job_token))
 		why = m->job_token[0] == '\0' ? "the job has a job token and this HELLO has none"
@@ -169,13 +169,13 @@ bool aps_access_let_in(struct aps_server *srv, struct aps_session *s, const stru
 		return true;
 	/* A new run of a job whose old ranks just left: their places are kept for
 	 * a reconnect (a blip must not let a stranger end the job), then freed. */
-	if (job != NULL && aps_access_abandoned(job) && key_may_join(srv, s->user, m->job)) {
+	if (job != NULL && aps_access_abandoned(job) && key_may) {
 		retry_after = frees_in_ms(srv, job);
 		snprintf(later, sizeof(later),
 		         " (every rank of the job holding the name has left: it ends within "
 		         "reconnect_grace_ms = %d ms, then a new job of that name may start)",
 		         srv->opts.reconnect_grace_ms);
-	} else if (job != NULL && key_may_join(srv, s->user, m->job)) {
+	} else if (job != NULL && key_may) {
 		/* A run that finds its name taken is told since when (the daemon's log
 		 * says from where; a stranger is not told). */
 		snprintf(later, sizeof(later),
@@ -185,7 +185,7 @@ bool aps_access_let_in(struct aps_server *srv, struct aps_session *s, const stru
 		         aps_job_connected(job), job->world_size);
 	}
 	srv->counters.refused_token++;
-	log_refusal(srv, s, m, key_may_join(srv, s->user, m->job) ? job : NULL, why);
+	log_refusal(srv, s, m, key_may ? job : NULL, why);
 	aps_outbox_refuse(srv, &s->peer, m, retry_after, "not allowed in job '%s': %s%s", m->job,
 	                  why, later);
 	return false;

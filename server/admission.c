@@ -1,13 +1,15 @@
 /*
  * Which addresses may connect (admission.h): a small table of the addresses
- * whose connections closed without a message, and of those turned away.
+ * whose handshakes led to no message, and of those turned away.
  */
 #include "server/admission.h"
 
 #include <stdio.h>
 #include <string.h>
 
-#define WINDOW_MS     60000ULL
+#define WINDOW_MS 60000ULL
+/* Handshakes of the last 250-500 ms are not judged: their first message may be on its way. */
+#define SECOND_MS     250ULL
 #define FIRST_AWAY_MS 60000ULL
 #define MAX_AWAY_MS   3600000ULL
 
@@ -58,29 +60,94 @@ static struct aps_admission_entry *slot(struct aps_admission *a, const char *ip,
 	e = e != NULL ? e : idle != NULL ? idle : ending;
 	memset(e, 0, sizeof(*e));
 	snprintf(e->ip, sizeof(e->ip), "%s", ip);
-	e->window_ms = now;
+	e->window_ms = e->recent_ms = now;
 	return e;
 }
 
-bool aps_admission_silent_close(struct aps_admission *a, const char *ip, uint64_t now)
+bool aps_admission_exempt(const char *ip)
+{
+	return strcmp(ip, "127.0.0.1") == 0 || strcmp(ip, "::1") == 0 ||
+	       strcmp(ip, "::ffff:127.0.0.1") == 0 || strncmp(ip, "localhost:", 10) == 0;
+}
+
+/* Moves e's seconds and its window on to now. */
+static void roll(struct aps_admission_entry *e, uint64_t now)
+{
+	uint64_t seconds = now > e->recent_ms ? (now - e->recent_ms) / SECOND_MS : 0;
+
+	if (seconds > 0) {
+		e->recent[1] = seconds == 1 ? e->recent[0] : 0;
+		e->recent[0] = 0;
+		e->recent_ms += seconds * SECOND_MS;
+	}
+	if (now >= e->window_ms + WINDOW_MS) { /* the recent ones speak in the new one */
+		e->handshakes = e->recent[0] + e->recent[1];
+		e->spoke = 0;
+		e->window_ms = now;
+	}
+}
+
+void aps_admission_handshake(struct aps_admission *a, const char *ip, uint64_t now)
 {
 	struct aps_admission_entry *e;
 
 	if (a->limit == 0)
-		return false;
+		return;
 	e = slot(a, ip, now);
+	roll(e, now);
+	e->handshakes++;
+	e->recent[0]++;
 	e->last_ms = now;
-	if (e->until_ms > now)
-		return false; /* turned away already: a handshake cut short */
-	if (now - e->window_ms >= WINDOW_MS) {
-		e->window_ms = now;
-		e->silent = 0;
-	}
-	if (++e->silent <= a->limit)
+}
+
+void aps_admission_spoke(struct aps_admission *a, const char *ip, uint64_t now)
+{
+	struct aps_admission_entry *e = a->limit != 0 ? find(a, ip) : NULL;
+
+	if (e == NULL)
+		return;
+	roll(e, now);
+	e->spoke++;
+	e->last_ms = now;
+}
+
+/* Handshakes of e's window that led to no message, those of the last 2 s aside. */
+static uint32_t unspoken(const struct aps_admission_entry *e)
+{
+	uint64_t recent = (uint64_t)e->recent[0] + e->recent[1];
+	uint64_t judged = e->handshakes > recent ? e->handshakes - recent : 0;
+
+	return judged > e->spoke ? (uint32_t)(judged - e->spoke) : 0;
+}
+
+/* Whether e is past the limit now; if so its count starts again. */
+static bool judge(const struct aps_admission *a, struct aps_admission_entry *e, uint64_t now)
+{
+	if (e->ip[0] == '\0' || e->until_ms > now)
 		return false;
+	roll(e, now);
+	if (unspoken(e) <= a->limit)
+		return false;
+	e->handshakes = e->recent[0] + e->recent[1];
+	e->spoke = 0;
 	e->window_ms = now;
-	e->silent = 0;
 	return true;
+}
+
+bool aps_admission_over_now(struct aps_admission *a, const char *ip, uint64_t now)
+{
+	struct aps_admission_entry *e = a->limit != 0 ? find(a, ip) : NULL;
+
+	return e != NULL && judge(a, e, now);
+}
+
+const char *aps_admission_over(struct aps_admission *a, size_t *i, uint64_t now)
+{
+	for (; a->limit != 0 && *i < APS_ADMISSION_SLOTS; (*i)++) {
+		if (judge(a, &a->slots[*i], now))
+			return a->slots[(*i)++].ip;
+	}
+	return NULL;
 }
 
 uint64_t aps_admission_turn_away(struct aps_admission *a, const char *ip, uint64_t now)

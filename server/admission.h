@@ -1,13 +1,18 @@
 /*
  * Part of the socket bridge: which addresses may connect. An address whose
- * connections keep closing without a single message (a scanner, a flood of
+ * connections keep going without a single message (a scanner, a flood of
  * connections that never speak, connections libzmq parks because they reuse
  * a live routing id) costs apsd a little each time, and parked ones a socket
- * reset that cuts every worker. Past max_silent_closes such closes in a
- * minute, its handshakes are refused (the ZAP handler, status 400) for a
- * minute, twice as long at each repeat, at most an hour. An address from
- * which a joined worker is connected is never turned away (the caller
- * checks). Addresses are the peers' IP addresses as text; ipc has none.
+ * reset that cuts every worker. Each handshake is counted by the address the
+ * ZAP handler is given, each connection's first message by the address
+ * ZeroMQ gives the message (both right whatever happened to the descriptor);
+ * past max_silent_closes handshakes in a minute that never led to a message
+ * (those of the last 250-500 ms are not judged yet), the address's handshakes are
+ * refused (the ZAP handler, status 400) for a minute, twice as long at each
+ * repeat, at most an hour. An address from which a joined worker is
+ * connected is never turned away, nor 127.0.0.1, ::1 and ipc, where a host's
+ * own workers connect (the caller checks). Addresses are the peers' IP
+ * addresses as text.
  */
 #ifndef APS_SERVER_ADMISSION_H
 #define APS_SERVER_ADMISSION_H
@@ -20,7 +25,10 @@
 
 struct aps_admission_entry {
 	char ip[INET6_ADDRSTRLEN]; /* "" : a free slot */
-	uint32_t silent;           /* silent closes in the window that began at window_ms */
+	uint32_t handshakes;       /* let through in the window that began at window_ms */
+	uint32_t spoke;            /* its connections that delivered a message, same window */
+	uint32_t recent[2];        /* handshakes of this second and the one before */
+	uint64_t recent_ms;        /* when recent[0]'s second began */
 	uint32_t strikes;          /* times it was turned away */
 	uint64_t window_ms, until_ms, last_ms;
 };
@@ -36,9 +44,21 @@ void aps_admission_init(struct aps_admission *a, uint32_t limit);
 /* The IP address of a conns.h "ip:port" into ip; false for "local" (ipc) or "unknown". */
 bool aps_admission_ip_of(const char *address, char ip[INET6_ADDRSTRLEN]);
 
-/* A connection from ip closed without delivering a message: true when that was
- * one more than the limit allows in a minute (the window starts again). */
-bool aps_admission_silent_close(struct aps_admission *a, const char *ip, uint64_t now);
+/* Addresses never turned away: 127.0.0.1, ::1, ipc ("localhost:UID:GID:PID"). */
+bool aps_admission_exempt(const char *ip);
+
+/* A handshake from ip that the ZAP handler lets go on. */
+void aps_admission_handshake(struct aps_admission *a, const char *ip, uint64_t now);
+
+/* A connection from ip delivered its first message. */
+void aps_admission_spoke(struct aps_admission *a, const char *ip, uint64_t now);
+
+/* Whether ip is past the limit (as below). */
+bool aps_admission_over_now(struct aps_admission *a, const char *ip, uint64_t now);
+
+/* The next address, from slot *i on, with more than the limit of handshakes in
+ * a minute that led to no message; its count starts again. NULL: no more. */
+const char *aps_admission_over(struct aps_admission *a, size_t *i, uint64_t now);
 
 /* Turns ip away from now on; returns for how many milliseconds. */
 uint64_t aps_admission_turn_away(struct aps_admission *a, const char *ip, uint64_t now);

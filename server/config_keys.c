@@ -50,19 +50,20 @@ const struct key aps_config_keys[] = {
 	{ KEY(max_jobs), .type = KEY_INT, .min = 1, .max = 4096, .def = "64",
 	  .help = "jobs served at once" },
 	{ KEY(max_jobs_per_address), .type = KEY_INT, .min = 0, .max = 4096, .def = "16",
-	  .help = "jobs one IP address (ipc: one user) may have started that still run; one "
-	          "more HELLO for a new job from there is refused (0: no limit)" },
+	  .help = "jobs one IP address (IPv6: its /64; ipc: one user) may have started that "
+	          "still run; one more HELLO for a new job from there is refused (0: no limit)" },
 	{ KEY(max_connections), .type = KEY_INT, .min = 0, .max = 1 << 20, .def = "0",
 	  .help = "connections open at once; one more is shut at once (0: from RLIMIT_NOFILE, "
 	          "two descriptors a connection and 64 spare)" },
 	{ KEY(join_timeout_ms), .type = KEY_INT, .min = 100, .max = 86400000, .def = "60000",
 	  .help = "a connection that has not joined a job, or a job whose ranks have not all "
-	          "joined, within this many milliseconds is dropped (its slot freed)" },
-	{ KEY(max_silent_closes), .type = KEY_INT, .min = 0, .max = 1000000, .def = "0",
-	  .help = "connections from one IP address that may close without a message in a "
-	          "minute; past it apsd refuses that address's handshakes for a minute, twice "
-	          "as long at each repeat up to an hour, unless a joined worker is connected "
-	          "from it (0, the default: never; see docs/RELIABILITY.md before setting it)" },
+	          "joined, within this many milliseconds is dropped (its slot freed); so is a job "
+	          "that cannot go on (a rank lost) this long after" },
+	{ KEY(max_silent_closes), .type = KEY_INT, .min = 0, .max = 1000000, .def = "32",
+	  .help = "handshakes from one IP address in a minute that may lead to no message; "
+	          "past it apsd refuses that address's handshakes for a minute, twice as long "
+	          "at each repeat up to an hour; never 127.0.0.1, ::1, ipc, or an address from "
+	          "which a joined worker is connected (0: nobody is turned away)" },
 	{ KEY(max_ranks), .type = KEY_INT, .min = 1, .max = 65536, .def = "1024",
 	  .help = "ranks (world size) of one job" },
 	{ KEY(max_tensors), .type = KEY_INT, .min = 1, .max = 1048576, .def = "65536",

@@ -227,12 +227,11 @@ int aps_conns_accepted(struct aps_conns *t, int fd, uint64_t now)
 	if (t->live <= t->max)
 		return 0;
 	t->cnt.refused++;
-	c->refused = true;
 	aps_conns_drop(t, c->id, now);
 	return APS_EBUSY;
 }
 
-int aps_conns_closed(struct aps_conns *t, int fd, const char **address, bool *silent)
+int aps_conns_closed(struct aps_conns *t, int fd, const char **address)
 {
 	struct aps_conn *c;
 	int cause;
@@ -243,8 +242,6 @@ int aps_conns_closed(struct aps_conns *t, int fd, const char **address, bool *si
 	cause = (int)cause_of(t, c);
 	if (address != NULL)
 		*address = c->address; /* the slot keeps it until its next accept */
-	if (silent != NULL)
-		*silent = c->msgs == 0 && !c->refused; /* the limit's doing, not the peer's */
 	if (c->msgs == 0) {
 		uint64_t read = 0;
 		t->silent_read += tcp_bytes_read(c, &read) ? read : UNSEEN_READ_BYTES;
@@ -266,19 +263,20 @@ bool aps_conns_joined_from(const struct aps_conns *t, const char *ip)
 	return false;
 }
 
-void aps_conns_delivered(struct aps_conns *t, uint64_t id, const struct aps_peer *peer)
+bool aps_conns_delivered(struct aps_conns *t, uint64_t id, const struct aps_peer *peer)
 {
 	uint64_t fd = (id & 0xffffffffu) - 1;
 	struct aps_conn *c;
 
 	/* Also when its close was read already: the last messages come after it. */
 	if (id == 0 || fd >= t->cap || t->slots[fd].accepts != (uint32_t)(id >> 32))
-		return;
+		return false;
 	c = &t->slots[fd];
-	if (c->msgs++ == 0) {
-		c->peer = *peer;
-		t->delivering++;
-	}
+	if (c->msgs++ != 0)
+		return false;
+	c->peer = *peer;
+	t->delivering++;
+	return true;
 }
 
 void aps_conns_admit(struct aps_conns *t, uint64_t id, bool admitted, uint64_t now)

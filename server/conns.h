@@ -56,7 +56,6 @@ struct aps_conn {
 	uint64_t dropped_ms;   /* when apsd shut it down; 0: it did not */
 	uint64_t gone_ms;      /* when its peer was first seen gone; 0: not yet */
 	uint64_t msgs;         /* messages it delivered */
-	bool refused;          /* shut at its accept: max_connections were open */
 	uint64_t tick_msgs;    /* msgs at the last tick */
 	uint64_t read_mark;    /* bytes ZeroMQ had read of it at the last tick it delivered */
 	uint64_t backlog_ms;   /* since when bytes wait unread in its socket while it delivers
@@ -122,9 +121,9 @@ size_t aps_conns_parked(const struct aps_conns *t);
 uint64_t aps_conns_parked_bytes(const struct aps_conns *t);
 
 /* The monitor's "closed fd": the id goes to the closed list. Returns its cause
- * (and the connection's address, valid until the next call, and whether it
- * closed without delivering a message), or -1 when fd was not a connection. */
-int aps_conns_closed(struct aps_conns *t, int fd, const char **address, bool *silent);
+ * (and the connection's address, valid until the next call), or -1 when fd was
+ * not a connection. */
+int aps_conns_closed(struct aps_conns *t, int fd, const char **address);
 
 /* Whether a connection from ip (as in "ip:port") is open and joined a job. */
 bool aps_conns_joined_from(const struct aps_conns *t, const char *ip);
@@ -135,8 +134,8 @@ uint64_t aps_conns_id(const struct aps_conns *t, int fd);
 /* The connection, or NULL when it has closed. */
 struct aps_conn *aps_conns_find(struct aps_conns *t, uint64_t id);
 
-/* A message arrived on connection id from peer. */
-void aps_conns_delivered(struct aps_conns *t, uint64_t id, const struct aps_peer *peer);
+/* A message arrived on connection id from peer: true when it was the first. */
+bool aps_conns_delivered(struct aps_conns *t, uint64_t id, const struct aps_peer *peer);
 
 /* Admitted (a session joined on it): no deadline; or not any more (from now). */
 void aps_conns_admit(struct aps_conns *t, uint64_t id, bool admitted, uint64_t now);

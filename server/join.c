@@ -250,7 +250,8 @@ static int job_refuses(struct aps_server *srv, struct aps_job *job, const struct
 	}
 	if (job->departed[0] != '\0') {
 		snprintf(why, len,
-		         "job '%.40s' cannot go on (%.100s); it ends when its last rank leaves: "
+		         "job '%.40s' cannot go on (%.100s); it ends when its last rank leaves or "
+		         "join_timeout_ms after: "
 		         "use another job name, or wait",
 		         m->job, job->departed);
 		return APS_EBUSY;
@@ -430,12 +431,11 @@ static void end_departed(struct aps_server *srv, struct aps_job *job)
 {
 	char text[APS_MSG_TEXT_MAX + 1];
 
-	snprintf(text, sizeof(text),
-	         "job '%.40s' ended: it could not go on (%.120s), its ranks stayed past "
-	         "join_timeout_ms",
-	         job->name, job->departed);
+	snprintf(text, sizeof(text), "%.190s; the job ended join_timeout_ms = %llu ms later",
+	         job->departed, (unsigned long long)srv->opts.join_timeout_ms);
 	srv->counters.jobs_expired++;
-	aps_log_warn("server", "job ended job=%s reason=\"%s\"", job->name, text);
+	aps_log_warn("server", "job ended job=%s rounds=%llu reason=\"%s\"", job->name,
+	             (unsigned long long)job->rounds_completed, text);
 	aps_optimize_checkpoint(srv, job, "job ended");
 	end_now(srv, job, job->departed_code != 0 ? job->departed_code : APS_EPEERLOST, text);
 }

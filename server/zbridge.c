@@ -78,7 +78,7 @@ static int enable_zap(struct aps_zbridge *b, void *router)
 	if (!curve && o->max_silent_closes == 0)
 		return 0;
 	if (b->zap == NULL)
-		ret = aps_zap_start(&b->zap, b->zctx, b->loop, &b->admission, curve, o->curve_allow,
+		ret = aps_zap_start(&b->zap, b->zctx, b->loop, b, curve, o->curve_allow,
 		                    o->n_curve_allow);
 	if (ret < 0) {
 		aps_log_error("zbridge", "cannot start the ZAP handler: %s", aps_strerror(ret));
@@ -368,6 +368,8 @@ static void on_tick(uv_timer_t *t)
 			b->trim_until_ms = 0;
 	}
 	aps__zbridge_read_monitor(b);
+	if (b->zap != NULL)
+		aps_zap_judge_all(b->zap, now);
 	stuck = aps_conns_tick(&b->conns, now);
 	parked = aps_conns_parked(&b->conns);
 	held = aps_conns_parked_bytes(&b->conns);

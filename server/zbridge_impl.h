@@ -46,6 +46,7 @@ struct aps_zbridge {
 	uint64_t trim_until_ms;   /* after a reset: trim at every tick until then (0: no) */
 	uint64_t parked_since_ms; /* when a parked connection was first counted; 0: none */
 	struct aps_log_gate refused_log, zmtp_log; /* refused_connections, zmtp_refused: 1 line/s */
+	uint64_t behind_since_ms; /* messages have waited at every look since (0: none wait) */
 };
 
 /* zbridge_pump.c, for zbridge.c. */

@@ -123,8 +123,9 @@ static void deliver(struct aps_zbridge *b, struct frames *f)
 	m.peer.len = (uint8_t)id_len;
 	memcpy(m.peer.id, zmq_msg_data(&f->part[0]), id_len);
 	m.conn = aps_conns_id(&b->conns, zmq_msg_get(&f->part[1], ZMQ_SRCFD));
-	aps_conns_delivered(&b->conns, m.conn, &m.peer);
 	m.address = property(&f->part[1], "Peer-Address");
+	if (aps_conns_delivered(&b->conns, m.conn, &m.peer)) /* its first: it spoke */
+		aps_admission_spoke(&b->admission, m.address, aps__zbridge_now_ms(b));
 	m.user = property(&f->part[1], "User-Id");
 	m.hdr = zmq_msg_data(&f->part[1]);
 	m.hdr_len = zmq_msg_size(&f->part[1]);
@@ -178,24 +179,6 @@ static void log_refused(struct aps_zbridge *b)
 	             (unsigned long long)aps_log_gate_pass(&b->refused_log, now) + 1, b->conns.max);
 }
 
-/* A connection closed without a message: one more of its address's (admission.h). */
-static void count_silent_close(struct aps_zbridge *b, const char *address)
-{
-	char ip[INET6_ADDRSTRLEN];
-	uint64_t now = aps__zbridge_now_ms(b);
-
-	if (!aps_admission_ip_of(address, ip) ||
-	    !aps_admission_silent_close(&b->admission, ip, now))
-		return;
-	if (aps_conns_joined_from(&b->conns, ip))
-		return; /* a worker's node: its workers would be turned away with it */
-	uint64_t away = aps_admission_turn_away(&b->admission, ip, now);
-	aps_log_warn("zbridge",
-	             "turning away address=%s for_ms=%llu reason=\"more than %u of its "
-	             "connections closed without a message within a minute (max_silent_closes)\"",
-	             ip, (unsigned long long)away, b->admission.limit);
-}
-
 /* One line a second at most for connections ZeroMQ closed, with their count. */
 static void log_zmtp_refused(struct aps_zbridge *b, const char *address)
 {
@@ -213,11 +196,7 @@ static void log_zmtp_refused(struct aps_zbridge *b, const char *address)
 static void on_closed_fd(struct aps_zbridge *b, int fd)
 {
 	const char *address = "";
-	bool silent = false;
-	int cause = aps_conns_closed(&b->conns, fd, &address, &silent);
-
-	if (silent)
-		count_silent_close(b, address);
+	int cause = aps_conns_closed(&b->conns, fd, &address);
 
 	if (cause == APS_CONN_ZMTP)
 		log_zmtp_refused(b, address);

@@ -1,10 +1,14 @@
 /*
  * The ZAP handler of the socket bridge: a REP socket in the bridge's context,
  * drained from the libuv loop like the ROUTER (its ZMQ_FD is edge-triggered
- * too), that refuses the handshakes of addresses turned away (admission.h)
+ * too), that counts each handshake for the address it names, turns away the
+ * addresses whose handshakes lead to no message (admission.h; a first message
+ * is counted by zbridge_pump.c), refuses the handshakes of those turned away,
  * and checks each CURVE client key against the allowlist.
  */
 #include "server/zbridge_zap.h"
+
+#include "server/zbridge_impl.h"
 
 #include "common/err.h"
 #include "common/log.h"
@@ -21,7 +25,7 @@ struct aps_zap {
 	void *sock;
 	uv_poll_t poll;
 	uv_loop_t *loop;
-	struct aps_admission *admission;
+	struct aps_zbridge *bridge; /* its admission, and who is judged */
 	bool curve;
 	uint8_t (*keys)[KEY_BYTES];
 	size_t n_keys;
@@ -76,6 +80,56 @@ static void reply(void *sock, zmq_msg_t *request_id, const uint8_t *key, const c
 	zmq_send(sock, "", 0, 0); /* metadata */
 }
 
+static void turn_away(struct aps_zbridge *b, const char *ip, uint64_t now)
+{
+	/* a host's own workers, a worker's node: its workers would go with it */
+	if (aps_admission_exempt(ip) || aps_conns_joined_from(&b->conns, ip))
+		return;
+	uint64_t away = aps_admission_turn_away(&b->admission, ip, now);
+	aps_log_warn("zbridge",
+	             "turning away address=%s for_ms=%llu reason=\"more than %u of its handshakes "
+	             "within a minute led to no message (max_silent_closes)\"",
+	             ip, (unsigned long long)away, b->admission.limit);
+}
+
+/* Addresses are judged once every message that waits was read (the first
+ * messages of their connections may be among them), or when messages have
+ * waited at every look for JUDGE_BEHIND_MS (a flood must not stop judgement). */
+#define JUDGE_BEHIND_MS 1000
+
+static bool may_judge(struct aps_zbridge *b, uint64_t now)
+{
+	int events = 0;
+	size_t len = sizeof(events);
+
+	if (b->router == NULL || zmq_getsockopt(b->router, ZMQ_EVENTS, &events, &len) < 0)
+		return false;
+	if (!(events & ZMQ_POLLIN)) {
+		b->behind_since_ms = 0;
+		return true;
+	}
+	if (b->behind_since_ms == 0)
+		b->behind_since_ms = now;
+	return now - b->behind_since_ms >= JUDGE_BEHIND_MS;
+}
+
+void aps_zap_judge_all(struct aps_zap *z, uint64_t now)
+{
+	const char *ip;
+
+	if (!may_judge(z->bridge, now))
+		return;
+	for (size_t i = 0; (ip = aps_admission_over(&z->bridge->admission, &i, now)) != NULL;)
+		turn_away(z->bridge, ip, now);
+}
+
+static void judge(struct aps_zap *z, const char *ip, uint64_t now)
+{
+	if (ip[0] != '\0' && may_judge(z->bridge, now) &&
+	    aps_admission_over_now(&z->bridge->admission, ip, now))
+		turn_away(z->bridge, ip, now);
+}
+
 static void answer(struct aps_zap *z, zmq_msg_t *f, size_t n)
 {
 	char ip[INET6_ADDRSTRLEN] = "";
@@ -87,7 +141,8 @@ static void answer(struct aps_zap *z, zmq_msg_t *f, size_t n)
 
 	if (ip_len < sizeof(ip))
 		memcpy(ip, zmq_msg_data(&f[3]), ip_len);
-	if (ip[0] != '\0' && !aps_admission_allows(z->admission, ip, uv_now(z->loop))) {
+	judge(z, ip, uv_now(z->loop));
+	if (ip[0] != '\0' && !aps_admission_allows(&z->bridge->admission, ip, uv_now(z->loop))) {
 		refusal = "address turned away";
 		aps_log_debug("zap", "refused a handshake address=%s reason=\"turned away\"", ip);
 	} else if (z->curve && !(curve && allowed(z, zmq_msg_data(&f[6])))) {
@@ -98,6 +153,8 @@ static void answer(struct aps_zap *z, zmq_msg_t *f, size_t n)
 	} else if (z->curve) {
 		z->accepted++;
 	}
+	if (refusal == NULL && ip[0] != '\0')
+		aps_admission_handshake(&z->bridge->admission, ip, uv_now(z->loop));
 	if (n >= 2)
 		reply(z->sock, &f[1], curve ? zmq_msg_data(&f[6]) : NULL, refusal);
 }
@@ -136,8 +193,8 @@ static int decode_keys(struct aps_zap *z, const char *const *allow, size_t n)
 	return 0;
 }
 
-int aps_zap_start(struct aps_zap **out, void *zctx, uv_loop_t *loop,
-                  struct aps_admission *admission, bool curve, const char *const *allow, size_t n)
+int aps_zap_start(struct aps_zap **out, void *zctx, uv_loop_t *loop, struct aps_zbridge *bridge,
+                  bool curve, const char *const *allow, size_t n)
 {
 	struct aps_zap *z = calloc(1, sizeof(*z));
 	int fd, ret, linger = 0;
@@ -146,7 +203,7 @@ int aps_zap_start(struct aps_zap **out, void *zctx, uv_loop_t *loop,
 	if (z == NULL)
 		return APS_ENOMEM;
 	z->loop = loop;
-	z->admission = admission;
+	z->bridge = bridge;
 	z->curve = curve;
 	ret = decode_keys(z, allow, n);
 	z->sock = ret == 0 ? zmq_socket(zctx, ZMQ_REP) : NULL;

@@ -1,8 +1,9 @@
 /*
  * Unit tests of which addresses may connect (server/admission.h): the limit
- * of silent closes a minute, the time away doubling up to an hour and
- * forgiven after a clean hour, addresses kept apart, the table's eviction,
- * and "ip:port" parsing.
+ * of handshakes a minute that lead to no message, those of the last 250 ms not
+ * judged, the time away doubling up to an hour and forgiven after a clean
+ * hour, addresses kept apart, the table's eviction, the exempt addresses and
+ * "ip:port" parsing.
  */
 #include "server/admission.h"
 
@@ -17,6 +18,28 @@
 
 #define MIN 60000ULL
 
+/* n handshakes from ip at now, of which spoke delivered a message. */
+static void connections(struct aps_admission *a, const char *ip, int n, int spoke, uint64_t now)
+{
+	for (int i = 0; i < n; i++) {
+		aps_admission_handshake(a, ip, now);
+		if (i < spoke)
+			aps_admission_spoke(a, ip, now);
+	}
+}
+
+/* The addresses over the limit at now, "a b " */
+static const char *over(struct aps_admission *a, uint64_t now)
+{
+	static char list[256];
+	const char *ip;
+
+	list[0] = '\0';
+	for (size_t i = 0; (ip = aps_admission_over(a, &i, now)) != NULL;)
+		snprintf(list + strlen(list), sizeof(list) - strlen(list), "%s ", ip);
+	return list;
+}
+
 static void the_limit_is_per_minute_and_per_address(void **state)
 {
 	struct aps_admission a;
@@ -24,15 +47,51 @@ static void the_limit_is_per_minute_and_per_address(void **state)
 
 	(void)state;
 	aps_admission_init(&a, 3);
-	for (int i = 0; i < 3; i++)
-		assert_false(aps_admission_silent_close(&a, "10.0.0.1", t));
-	assert_false(aps_admission_silent_close(&a, "10.0.0.2", t)); /* another address */
-	assert_true(aps_admission_silent_close(&a, "10.0.0.1", t));  /* the fourth */
+	connections(&a, "10.0.0.1", 100, 96, t); /* 4 never spoke */
+	connections(&a, "10.0.0.2", 100, 97, t); /* 3: within the limit */
+	/* Handshakes of the last 250-500 ms may still speak: not judged. */
+	assert_string_equal(over(&a, t + 499), "");
+	assert_string_equal(over(&a, t + 500), "10.0.0.1 ");
+	assert_string_equal(over(&a, t + 501), ""); /* its count starts again */
+	connections(&a, "10.0.0.3", 4, 0, t + 1500);
+	assert_false(aps_admission_over_now(&a, "10.0.0.3", t + 1999));
+	assert_true(aps_admission_over_now(&a, "10.0.0.3", t + 2000));
+	assert_false(aps_admission_over_now(&a, "10.0.0.3", t + 2001));
 	/* A minute later the count starts again. */
-	for (int i = 0; i < 3; i++)
-		assert_false(aps_admission_silent_close(&a, "10.0.0.2", t + MIN));
+	connections(&a, "10.0.0.2", 3, 0, t + MIN);
+	assert_string_equal(over(&a, t + MIN + 5000), "");
 	assert_true(aps_admission_allows(&a, "10.0.0.1", t));
 	assert_int_equal(a.refused, 0);
+}
+
+static void a_burst_that_speaks_late_is_not_judged(void **state)
+{
+	struct aps_admission a;
+	uint64_t t = 7000;
+
+	(void)state;
+	aps_admission_init(&a, 2);
+	/* 64 workers of a node connect at once; they speak 200 ms later */
+	connections(&a, "10.0.0.9", 64, 0, t);
+	assert_string_equal(over(&a, t + 100), "");
+	for (int i = 0; i < 64; i++)
+		aps_admission_spoke(&a, "10.0.0.9", t + 200);
+	assert_string_equal(over(&a, t + 30000), "");
+	/* and speaks across the minute's end: the new window waits for them too */
+	connections(&a, "10.0.0.9", 64, 0, t + MIN - 10);
+	for (int i = 0; i < 64; i++)
+		aps_admission_spoke(&a, "10.0.0.9", t + MIN + 10);
+	assert_string_equal(over(&a, t + MIN + 30000), "");
+}
+
+static void the_exempt_addresses(void **state)
+{
+	(void)state;
+	assert_true(aps_admission_exempt("127.0.0.1"));
+	assert_true(aps_admission_exempt("::1"));
+	assert_true(aps_admission_exempt("localhost:1000:1000:4242")); /* ipc */
+	assert_false(aps_admission_exempt("127.0.0.2"));
+	assert_false(aps_admission_exempt("10.0.0.1"));
 }
 
 static void time_away_doubles_and_is_forgiven(void **state)
@@ -47,9 +106,9 @@ static void time_away_doubles_and_is_forgiven(void **state)
 	assert_true(aps_admission_allows(&a, "::2", t));
 	assert_true(aps_admission_allows(&a, "::1", t + MIN));
 	assert_int_equal(a.refused, 1);
-	/* Closes while away do not count. */
-	assert_false(aps_admission_silent_close(&a, "::1", t + 1));
-	assert_false(aps_admission_silent_close(&a, "::1", t + 2));
+	/* An address away is not judged again. */
+	connections(&a, "::1", 10, 0, t + 1);
+	assert_string_equal(over(&a, t + 5000), "");
 	t += MIN;
 	assert_int_equal(aps_admission_turn_away(&a, "::1", t), 2 * MIN);
 	t += 2 * MIN;
@@ -75,7 +134,7 @@ static void a_full_table_forgets_the_idle_keeps_those_away(void **state)
 	aps_admission_turn_away(&a, "192.168.0.1", 0);
 	for (int i = 0; i < 3 * APS_ADMISSION_SLOTS; i++) {
 		snprintf(ip, sizeof(ip), "10.1.%d.%d", i / 256, i % 256);
-		aps_admission_silent_close(&a, ip, 1000 + (uint64_t)i);
+		aps_admission_handshake(&a, ip, 1000 + (uint64_t)i);
 	}
 	assert_false(aps_admission_allows(&a, "192.168.0.1", 2000));
 }
@@ -86,8 +145,8 @@ static void no_limit_turns_nobody_away(void **state)
 
 	(void)state;
 	aps_admission_init(&a, 0);
-	for (int i = 0; i < 1000; i++)
-		assert_false(aps_admission_silent_close(&a, "10.0.0.1", 1));
+	connections(&a, "10.0.0.1", 1000, 0, 1);
+	assert_string_equal(over(&a, 10000), "");
 	assert_true(aps_admission_allows(&a, "10.0.0.1", 1));
 }
 
@@ -109,6 +168,8 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(the_limit_is_per_minute_and_per_address),
+		cmocka_unit_test(a_burst_that_speaks_late_is_not_judged),
+		cmocka_unit_test(the_exempt_addresses),
 		cmocka_unit_test(time_away_doubles_and_is_forgiven),
 		cmocka_unit_test(a_full_table_forgets_the_idle_keeps_those_away),
 		cmocka_unit_test(no_limit_turns_nobody_away),

@@ -63,7 +63,7 @@ static void test_conns_ids_tell_connections_on_one_descriptor_apart(void **state
 	first = aps_conns_id(&t, p.zmq);
 	assert_int_equal(first, (1ull << 32) | (uint64_t)(p.zmq + 1));
 	close(p.peer);
-	assert_int_equal(aps_conns_closed(&t, p.zmq, NULL, NULL), APS_CONN_PEER);
+	assert_int_equal(aps_conns_closed(&t, p.zmq, NULL), APS_CONN_PEER);
 	assert_int_equal(aps_conns_id(&t, p.zmq), first); /* late messages still map */
 	assert_int_equal(aps_conns_accepted(&t, p.zmq, 2), 0);
 	second = aps_conns_id(&t, p.zmq);
@@ -74,7 +74,7 @@ static void test_conns_ids_tell_connections_on_one_descriptor_apart(void **state
 	assert_int_equal(n, 1);
 	assert_int_equal(ids[0], first);
 	free(ids);
-	assert_int_equal(aps_conns_closed(&t, 9999, NULL, NULL), -1);
+	assert_int_equal(aps_conns_closed(&t, 9999, NULL), -1);
 	aps_conns_free(&t);
 	close(p.zmq);
 }
@@ -101,7 +101,7 @@ static void test_conns_drop_those_not_admitted_in_time(void **state)
 	assert_false(peer_sees_eof(b.peer));
 	aps_conns_tick(&t, 2100);
 	assert_true(peer_sees_eof(b.peer));
-	assert_int_equal(aps_conns_closed(&t, a.zmq, NULL, NULL), APS_CONN_DROPPED);
+	assert_int_equal(aps_conns_closed(&t, a.zmq, NULL), APS_CONN_DROPPED);
 	aps_conns_free(&t);
 	close(a.zmq);
 	close(a.peer);
@@ -122,7 +122,7 @@ static void test_conns_shut_the_one_over_the_limit(void **state)
 	assert_false(peer_sees_eof(a.peer));
 	assert_int_equal(t.cnt.refused, 1);
 	assert_int_equal(t.live, 2); /* until ZeroMQ reports its close */
-	assert_int_equal(aps_conns_closed(&t, b.zmq, NULL, NULL), APS_CONN_DROPPED);
+	assert_int_equal(aps_conns_closed(&t, b.zmq, NULL), APS_CONN_DROPPED);
 	assert_int_equal(t.live, 1);
 	aps_conns_free(&t);
 	close(a.zmq);
@@ -145,14 +145,14 @@ static void test_conns_tell_who_closed(void **state)
 	aps_conns_accepted(&t, c.zmq, 1);
 	aps_conns_delivered(&t, aps_conns_id(&t, b.zmq), &who);
 	close(a.peer); /* the peer hung up */
-	assert_int_equal(aps_conns_closed(&t, a.zmq, &address, NULL), APS_CONN_PEER);
+	assert_int_equal(aps_conns_closed(&t, a.zmq, &address), APS_CONN_PEER);
 	assert_string_equal(address, "local");
 	/* b's peer is still there: ZeroMQ closed it (an oversized frame) */
-	assert_int_equal(aps_conns_closed(&t, b.zmq, NULL, NULL), APS_CONN_ZMTP);
+	assert_int_equal(aps_conns_closed(&t, b.zmq, NULL), APS_CONN_ZMTP);
 	assert_int_equal(t.cnt.zmtp_refused, 1);
 	/* c never delivered a message and a handshake failed: that was it */
 	aps_conns_handshake_failed(&t);
-	assert_int_equal(aps_conns_closed(&t, c.zmq, NULL, NULL), APS_CONN_HANDSHAKE);
+	assert_int_equal(aps_conns_closed(&t, c.zmq, NULL), APS_CONN_HANDSHAKE);
 	assert_int_equal(closed_count(&t), 3);
 	aps_conns_free(&t);
 	close(a.zmq);
@@ -216,7 +216,6 @@ static void test_conns_parked_bytes_are_what_was_read(void **state)
 	struct pair p = open_tcp_pair();
 	char buf[5000] = { 0 };
 	const char *address = NULL;
-	bool silent = false;
 
 	(void)state;
 	aps_conns_init(&t, 8, 600000);
@@ -230,8 +229,7 @@ static void test_conns_parked_bytes_are_what_was_read(void **state)
 	}
 	close(p.peer);
 	usleep(20000);
-	assert_int_equal(aps_conns_closed(&t, p.zmq, &address, &silent), APS_CONN_PEER);
-	assert_true(silent);
+	assert_int_equal(aps_conns_closed(&t, p.zmq, &address), APS_CONN_PEER);
 	assert_true(strncmp(address, "127.0.0.1:", 10) == 0);
 	assert_true(aps_conns_joined_from(&t, "127.0.0.1") == false);
 	/* TCP counts the peer's FIN as one byte received. */
@@ -291,7 +289,7 @@ static void test_conns_count_parked_connections(void **state)
 	assert_int_equal(aps_conns_parked(&t), 0); /* the quiet ones may still speak */
 	for (int i = 1; i < 3; i++) {
 		close(p[i].peer);
-		aps_conns_closed(&t, p[i].zmq, NULL, NULL);
+		aps_conns_closed(&t, p[i].zmq, NULL);
 	}
 	assert_int_equal(aps_conns_parked(&t), 2); /* closed without a word: parked */
 	/* A socketpair says nothing of what was read: 1 MiB is counted for each. */

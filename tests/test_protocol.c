@@ -579,7 +579,6 @@ static void test_one_address_starts_at_most_max_jobs_per_address(void **state)
 	assert_false(welcomed(&ipc_h, "ipc uid 1000 already started 1 jobs that run"));
 	assert_true(welcomed(&ipc_i, limit));
 	stop();
-	max_jobs_per_address = 0;
 }
 
 /* The text of the ERROR that w's HELLO got. */
@@ -623,7 +622,15 @@ static void test_a_refused_hello_learns_of_the_holder_only_if_it_may_join(void *
 	                             "with 1 of 2 ranks; apsd's log names its address)"));
 	assert_null(strstr(text, "10.0.0.9"));
 	stop();
+}
+
+/* What a test set for its start(), back to the defaults even when it failed. */
+static int defaults(void **state)
+{
+	(void)state;
+	max_jobs_per_address = 0;
 	curve = false;
+	return 0;
 }
 
 int main(void)
@@ -640,8 +647,10 @@ int main(void)
 		cmocka_unit_test(
 		        test_a_reconnect_takes_the_session_back_and_a_resent_push_counts_once),
 		cmocka_unit_test(test_a_resume_of_an_unknown_session_is_refused),
-		cmocka_unit_test(test_one_address_starts_at_most_max_jobs_per_address),
-		cmocka_unit_test(test_a_refused_hello_learns_of_the_holder_only_if_it_may_join),
+		cmocka_unit_test_teardown(test_one_address_starts_at_most_max_jobs_per_address,
+		                          defaults),
+		cmocka_unit_test_teardown(
+		        test_a_refused_hello_learns_of_the_holder_only_if_it_may_join, defaults),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -23,10 +23,10 @@ import zmq
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path[:0] = [os.path.join(ROOT, "worker/python")]
-os.environ.setdefault("APS_LIBRARY", os.path.join(ROOT, "build/worker/libaps.so.0"))
+BUILD = os.path.abspath(sys.argv[1]) if len(sys.argv) > 1 else os.path.join(ROOT, "build")
+os.environ.setdefault("APS_LIBRARY", os.path.join(BUILD, "worker/libaps.so.0"))
 import aps  # noqa: E402
 
-BUILD = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "build")
 STEPS = int(sys.argv[2]) if len(sys.argv) > 2 else 300
 EXTRA = sys.argv[3:]
 PORT = random.randint(30000, 40000)

@@ -229,20 +229,56 @@ def test_an_address_whose_connections_never_speak_is_turned_away(daemon_factory)
         assert "APS_EPEERLOST" not in out, out[-2000:]
 
 
+def test_silent_handshakes_are_charged_to_their_own_address(daemon_factory):
+    # Before: a close was charged to the address of the descriptor when apsd read
+    # its accept, which under fast churn was sometimes another connection's: of
+    # 300 addresses that each closed 20 times (under the limit of 32), 24 were
+    # turned away (an attack, 2026-12-06). Handshakes are now counted by the
+    # address the ZAP handler is given, first messages by the message's. 60
+    # addresses with 20 handshakes each that say nothing, interleaved with one
+    # address's 60: only that one is turned away.
+    d = daemon_factory(extra=["--max_silent_closes", "32"])
+    port = d.endpoint.rsplit(":", 1)[1]
+    ctx = zmq.Context()
+
+    def connect(x):
+        s = ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.connect(f"tcp://127.0.0.{x}:0;127.0.0.1:{port}")
+        return s
+
+    for _ in range(20):
+        socks = [connect(x) for x in range(2, 62)] + [connect(254) for _ in range(3)]
+        time.sleep(0.1)  # their handshakes end
+        for s in socks:
+            s.close()
+    ctx.term()
+    d.wait_for_log("turning away address=127.0.0.254 ")
+    time.sleep(1)
+    log = d.log_path.read_text()
+    assert d.counter("addresses_turned_away") == 1, log[-3000:]
+    a_job_still_works(d)
+
+
 def test_a_turned_away_stranger_holds_little_and_costs_no_reset(daemon_factory):
     # The takeovers above with admission on: the address is turned away after
-    # max_silent_closes (32) parked connections, which hold about 11 KiB each
-    # until a reset 10 minutes later; the stranger's later handshakes are refused.
+    # max_silent_closes (32) handshakes that delivered nothing (parked
+    # connections, which hold about 11 KiB each until a reset 10 minutes later);
+    # the stranger's later handshakes are refused.
     d = daemon_factory(extra=["--heartbeat_ms", "10000", "--heartbeat_timeout_ms", "30000",
                               "--max_silent_closes", "32"])
     pid = d.proc.pid
     base_fds, base_rss = open_fds(pid), rss_kib(pid)
-    take_over_one_id(d.endpoint, 600)
+    # from 127.0.0.2: 127.0.0.1, where a host's own workers connect, is never turned away
+    take_over_one_id(d.endpoint.replace("tcp://", "tcp://127.0.0.2:0;"), 600)
     alive(d)
     fds = settle(lambda: open_fds(pid), base_fds, timeout=20, slack=3)
     assert fds <= base_fds + 3, (base_fds, fds)
     assert d.counter("addresses_turned_away") == 1
-    assert d.counter("handshakes_turned_away") >= 500
+    # Handshakes are judged 250-500 ms after they happened, once apsd has read
+    # what waits (their first messages may be there): about 320 of these 600
+    # (0.8 s of them) got through before the address was turned away.
+    assert d.counter("handshakes_turned_away") >= 200
     assert d.counter("listener_resets") == 0
     # No bound on parked_bytes itself: a connection whose descriptor ZeroMQ had
     # reused before apsd saw its accept is counted 1 MiB (CI: 3669 KiB once).
@@ -468,7 +504,9 @@ def test_every_process_of_an_ipc_user_is_one_address(daemon_factory):
     # An attack on the limit above: ipc's Peer-Address names the connecting
     # process (localhost:UID:GID:PID), so 5 processes of one user started 64
     # jobs. Now an ipc job is charged to its user.
-    d = daemon_factory(transport="ipc", extra=["--max_jobs_per_address", "2"])
+    # (a long grace: each job stays while the next process starts)
+    d = daemon_factory(transport="ipc", extra=["--max_jobs_per_address", "2",
+                                               "--reconnect_grace_ms", "60000"])
     here = os.path.dirname(__file__)
     replies = [subprocess.run([sys.executable, "-c", IPC_HELLO.format(
         here=here, endpoint=d.endpoint, job=f"ipc{i}")], capture_output=True, text=True,
@@ -497,8 +535,9 @@ def test_a_stranger_cannot_keep_a_dead_job_alive(daemon_factory):
     while reply is None and time.monotonic() - began < 10:
         stranger.send(type=HEARTBEAT, job="open", rank=1, world_size=2, flags=FLAG_ALIVE)
         reply = stranger.recv_type(ERROR, 200)
-    assert reply is not None and "its ranks stayed past join_timeout_ms" in \
+    assert reply is not None and "the job ended join_timeout_ms = 1500 ms later" in \
         reply["error_text"], reply
+    assert "rank 0 of job 'open' was lost" in reply["error_text"], reply
     assert time.monotonic() - began < 4
     assert d.ask("stats")["jobs"] == 0
     assert Peer(d.endpoint).hello("next", 0, 2)["type"] == WELCOME
