@@ -44,13 +44,16 @@ def run_with_restarts(tmp_path, sig, restarts=2):
     daemon.send_signal(signal.SIGTERM)
     assert daemon.wait(timeout=10) == 0
     log.close()
-    # every daemon saw the job: the workers joined each new one
-    assert open(log.name).read().count("job started job=default") == restarts + 1
-    return [(p.returncode, out) for p, out in zip(procs, outs)]
+    results = [(p.returncode, out) for p, out in zip(procs, outs)]
+    # every daemon saw the job: the workers joined each new one (unless they
+    # stopped, as a test may allow: then no later daemon sees them)
+    if all(code == 0 for code, _ in results):
+        assert open(log.name).read().count("job started job=default") == restarts + 1
+    return results
 
 
 def test_workers_go_on_after_apsd_stops_and_starts_again(tmp_path):
-    for code, out in run_with_restarts(tmp_path, signal.SIGTERM):
+    for code, out in run_with_restarts(tmp_path, signal.SIGTERM):  # all 0: every daemon
         assert code == 0 and "done rank=" in out, out
         assert out.count("ok step=") == 300 and "MISMATCH" not in out
 
