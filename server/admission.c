@@ -111,7 +111,7 @@ void aps_admission_spoke(struct aps_admission *a, const char *ip, uint64_t now)
 	e->last_ms = now;
 }
 
-/* Handshakes of e's window that led to no message, those of the last 2 s aside. */
+/* Handshakes of e's window that led to no message, those of the last 250 ms aside. */
 static uint32_t unspoken(const struct aps_admission_entry *e)
 {
 	uint64_t recent = (uint64_t)e->recent[0] + e->recent[1];
@@ -120,34 +120,51 @@ static uint32_t unspoken(const struct aps_admission_entry *e)
 	return judged > e->spoke ? (uint32_t)(judged - e->spoke) : 0;
 }
 
-/* Whether e is past the limit now; if so its count starts again. */
-static bool judge(const struct aps_admission *a, struct aps_admission_entry *e, uint64_t now)
+/* e's handshakes that led to no message, now; 0 while it is away. */
+static uint32_t judged(struct aps_admission_entry *e, uint64_t now)
 {
 	if (e->ip[0] == '\0' || e->until_ms > now)
-		return false;
+		return 0;
 	roll(e, now);
-	if (unspoken(e) <= a->limit)
-		return false;
+	return unspoken(e);
+}
+
+/* e's count starts again (the handshakes of the last 250 ms stay). */
+static void restart(struct aps_admission_entry *e, uint64_t now)
+{
 	e->handshakes = e->recent[0] + e->recent[1];
 	e->spoke = 0;
 	e->window_ms = now;
-	return true;
 }
 
-bool aps_admission_over_now(struct aps_admission *a, const char *ip, uint64_t now)
+uint32_t aps_admission_unspoken(struct aps_admission *a, const char *ip, uint64_t now)
 {
 	struct aps_admission_entry *e = a->limit != 0 ? find(a, ip) : NULL;
 
-	return e != NULL && judge(a, e, now);
+	return e != NULL ? judged(e, now) : 0;
 }
 
-const char *aps_admission_over(struct aps_admission *a, size_t *i, uint64_t now)
+const char *aps_admission_over(struct aps_admission *a, size_t *i, uint32_t *unspoken_out,
+                               uint64_t now)
 {
 	for (; a->limit != 0 && *i < APS_ADMISSION_SLOTS; (*i)++) {
-		if (judge(a, &a->slots[*i], now))
+		uint32_t n = judged(&a->slots[*i], now);
+		if (n > a->limit) {
+			*unspoken_out = n;
 			return a->slots[(*i)++].ip;
+		}
 	}
 	return NULL;
+}
+
+void aps_admission_forgive(struct aps_admission *a, const char *ip, uint64_t now)
+{
+	struct aps_admission_entry *e = find(a, ip);
+
+	if (e == NULL)
+		return;
+	e->until_ms = 0;
+	restart(e, now);
 }
 
 uint64_t aps_admission_turn_away(struct aps_admission *a, const char *ip, uint64_t now)
@@ -165,8 +182,16 @@ uint64_t aps_admission_turn_away(struct aps_admission *a, const char *ip, uint64
 	e->strikes++;
 	e->until_ms = now + away;
 	e->last_ms = now;
+	restart(e, now);
 	a->quarantined++;
 	return away;
+}
+
+bool aps_admission_away(struct aps_admission *a, const char *ip, uint64_t now)
+{
+	const struct aps_admission_entry *e = a->limit != 0 ? find(a, ip) : NULL;
+
+	return e != NULL && e->until_ms > now;
 }
 
 bool aps_admission_allows(struct aps_admission *a, const char *ip, uint64_t now)

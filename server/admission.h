@@ -53,14 +53,21 @@ void aps_admission_handshake(struct aps_admission *a, const char *ip, uint64_t n
 /* A connection from ip delivered its first message. */
 void aps_admission_spoke(struct aps_admission *a, const char *ip, uint64_t now);
 
-/* Whether ip is past the limit (as below). */
-bool aps_admission_over_now(struct aps_admission *a, const char *ip, uint64_t now);
+/* ip's handshakes in its minute that led to no message (those of the last
+ * 250-500 ms are not judged yet); 0 while it is turned away. */
+uint32_t aps_admission_unspoken(struct aps_admission *a, const char *ip, uint64_t now);
 
-/* The next address, from slot *i on, with more than the limit of handshakes in
- * a minute that led to no message; its count starts again. NULL: no more. */
-const char *aps_admission_over(struct aps_admission *a, size_t *i, uint64_t now);
+/* The next address, from slot *i on, with more than the limit of those (*n of
+ * them); NULL: no more. The caller turns it away, or forgives it. */
+const char *aps_admission_over(struct aps_admission *a, size_t *i, uint32_t *n, uint64_t now);
 
-/* Turns ip away from now on; returns for how many milliseconds. */
+/* ip is let in again, and its count starts again (its workers are joined). */
+void aps_admission_forgive(struct aps_admission *a, const char *ip, uint64_t now);
+
+/* Whether ip is turned away now (nothing counted). */
+bool aps_admission_away(struct aps_admission *a, const char *ip, uint64_t now);
+
+/* Turns ip away from now on (its count starts again); returns for how many ms. */
 uint64_t aps_admission_turn_away(struct aps_admission *a, const char *ip, uint64_t now);
 
 /* Whether a handshake from ip may go on now (a refusal is counted). */

@@ -263,6 +263,19 @@ bool aps_conns_joined_from(const struct aps_conns *t, const char *ip)
 	return false;
 }
 
+uint32_t aps_conns_quiet_from(const struct aps_conns *t, const char *ip, uint32_t most)
+{
+	size_t len = strlen(ip);
+	uint32_t n = 0;
+
+	for (size_t fd = 0; fd < t->cap && n < most; fd++) {
+		const struct aps_conn *c = &t->slots[fd];
+		n += c->id != 0 && c->msgs == 0 && strncmp(c->address, ip, len) == 0 &&
+		     c->address[len] == ':';
+	}
+	return n;
+}
+
 bool aps_conns_delivered(struct aps_conns *t, uint64_t id, const struct aps_peer *peer)
 {
 	uint64_t fd = (id & 0xffffffffu) - 1;

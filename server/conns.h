@@ -134,6 +134,9 @@ uint64_t aps_conns_id(const struct aps_conns *t, int fd);
 /* The connection, or NULL when it has closed. */
 struct aps_conn *aps_conns_find(struct aps_conns *t, uint64_t id);
 
+/* Open connections from ip that have delivered nothing yet (at most most). */
+uint32_t aps_conns_quiet_from(const struct aps_conns *t, const char *ip, uint32_t most);
+
 /* A message arrived on connection id from peer: true when it was the first. */
 bool aps_conns_delivered(struct aps_conns *t, uint64_t id, const struct aps_peer *peer);
 

@@ -80,16 +80,23 @@ static void reply(void *sock, zmq_msg_t *request_id, const uint8_t *key, const c
 	zmq_send(sock, "", 0, 0); /* metadata */
 }
 
-static void turn_away(struct aps_zbridge *b, const char *ip, uint64_t now)
+/* ip has more than the limit of handshakes that led to no message (n). */
+static void consider(struct aps_zbridge *b, const char *ip, uint32_t n, uint64_t now)
 {
 	/* a host's own workers, a worker's node: its workers would go with it */
-	if (aps_admission_exempt(ip) || aps_conns_joined_from(&b->conns, ip))
+	if (aps_admission_exempt(ip) || aps_conns_joined_from(&b->conns, ip)) {
+		aps_admission_forgive(&b->admission, ip, now);
+		return;
+	}
+	/* connections still open that have not spoken yet may still (a client that
+	 * connects early): those that close without a word count, or time out */
+	if (n - aps_conns_quiet_from(&b->conns, ip, n) <= b->admission.limit)
 		return;
 	uint64_t away = aps_admission_turn_away(&b->admission, ip, now);
 	aps_log_warn("zbridge",
-	             "turning away address=%s for_ms=%llu reason=\"more than %u of its handshakes "
-	             "within a minute led to no message (max_silent_closes)\"",
-	             ip, (unsigned long long)away, b->admission.limit);
+	             "turning away address=%s for_ms=%llu reason=\"%u of its handshakes within a "
+	             "minute led to no message, more than max_silent_closes = %u\"",
+	             ip, (unsigned long long)away, n, b->admission.limit);
 }
 
 /* Addresses are judged once every message that waits was read (the first
@@ -116,18 +123,32 @@ static bool may_judge(struct aps_zbridge *b, uint64_t now)
 void aps_zap_judge_all(struct aps_zap *z, uint64_t now)
 {
 	const char *ip;
+	uint32_t n;
 
 	if (!may_judge(z->bridge, now))
 		return;
-	for (size_t i = 0; (ip = aps_admission_over(&z->bridge->admission, &i, now)) != NULL;)
-		turn_away(z->bridge, ip, now);
+	for (size_t i = 0; (ip = aps_admission_over(&z->bridge->admission, &i, &n, now)) != NULL;)
+		consider(z->bridge, ip, n, now);
 }
 
+/* At each handshake: its address is judged, and let in again if a worker of
+ * it has joined since it was turned away (that worker must be able to come
+ * back after a blip). */
 static void judge(struct aps_zap *z, const char *ip, uint64_t now)
 {
-	if (ip[0] != '\0' && may_judge(z->bridge, now) &&
-	    aps_admission_over_now(&z->bridge->admission, ip, now))
-		turn_away(z->bridge, ip, now);
+	struct aps_zbridge *b = z->bridge;
+	uint32_t n;
+
+	if (ip[0] == '\0')
+		return;
+	if (aps_admission_away(&b->admission, ip, now)) {
+		if (aps_conns_joined_from(&b->conns, ip))
+			aps_admission_forgive(&b->admission, ip, now);
+		return;
+	}
+	n = aps_admission_unspoken(&b->admission, ip, now);
+	if (n > b->admission.limit && may_judge(b, now))
+		consider(b, ip, n, now);
 }
 
 static void answer(struct aps_zap *z, zmq_msg_t *f, size_t n)

@@ -28,15 +28,19 @@ static void connections(struct aps_admission *a, const char *ip, int n, int spok
 	}
 }
 
-/* The addresses over the limit at now, "a b " */
+/* The addresses over the limit at now, "a b ", each forgiven. */
 static const char *over(struct aps_admission *a, uint64_t now)
 {
 	static char list[256];
 	const char *ip;
 
+	uint32_t n;
+
 	list[0] = '\0';
-	for (size_t i = 0; (ip = aps_admission_over(a, &i, now)) != NULL;)
+	for (size_t i = 0; (ip = aps_admission_over(a, &i, &n, now)) != NULL;) {
 		snprintf(list + strlen(list), sizeof(list) - strlen(list), "%s ", ip);
+		aps_admission_forgive(a, ip, now); /* as the bridge does: its count starts again */
+	}
 	return list;
 }
 
@@ -54,9 +58,14 @@ static void the_limit_is_per_minute_and_per_address(void **state)
 	assert_string_equal(over(&a, t + 500), "10.0.0.1 ");
 	assert_string_equal(over(&a, t + 501), ""); /* its count starts again */
 	connections(&a, "10.0.0.3", 4, 0, t + 1500);
-	assert_false(aps_admission_over_now(&a, "10.0.0.3", t + 1999));
-	assert_true(aps_admission_over_now(&a, "10.0.0.3", t + 2000));
-	assert_false(aps_admission_over_now(&a, "10.0.0.3", t + 2001));
+	assert_int_equal(aps_admission_unspoken(&a, "10.0.0.3", t + 1999), 0);
+	assert_int_equal(aps_admission_unspoken(&a, "10.0.0.3", t + 2000), 4);
+	assert_int_equal(aps_admission_turn_away(&a, "10.0.0.3", t + 2000), MIN);
+	assert_true(aps_admission_away(&a, "10.0.0.3", t + 2001));
+	assert_int_equal(aps_admission_unspoken(&a, "10.0.0.3", t + 2001), 0); /* away */
+	aps_admission_forgive(&a, "10.0.0.3", t + 3000); /* its workers joined */
+	assert_false(aps_admission_away(&a, "10.0.0.3", t + 3001));
+	assert_true(aps_admission_allows(&a, "10.0.0.3", t + 3001));
 	/* A minute later the count starts again. */
 	connections(&a, "10.0.0.2", 3, 0, t + MIN);
 	assert_string_equal(over(&a, t + MIN + 5000), "");

@@ -260,6 +260,22 @@ def test_silent_handshakes_are_charged_to_their_own_address(daemon_factory):
     a_job_still_works(d)
 
 
+def test_a_node_whose_workers_connect_early_is_not_turned_away(daemon_factory):
+    # An attack on 18937c8: 40 workers of one node connected at once and said
+    # HELLO 2 s later (a model loading): 40 handshakes without a message after
+    # 500 ms, the node was turned away with its workers joined, and a worker's
+    # reconnect after a blip was refused (its rank lost). Connections still open
+    # that have not spoken yet are not counted against their address now.
+    d = daemon_factory(extra=["--max_silent_closes", "32"])
+    node = d.endpoint.replace("tcp://", "tcp://127.0.0.5:0;")
+    peers = [Peer(node) for _ in range(40)]
+    time.sleep(2)
+    for rank, p in enumerate(peers):
+        assert p.hello("early", rank, 40)["type"] == WELCOME
+    assert d.counter("addresses_turned_away") == 0, d.log_path.read_text()[-2000:]
+    assert Peer(node).hello("early2", 0, 1)["type"] == WELCOME
+
+
 def test_a_turned_away_stranger_holds_little_and_costs_no_reset(daemon_factory):
     # The takeovers above with admission on: the address is turned away after
     # max_silent_closes (32) handshakes that delivered nothing (parked
