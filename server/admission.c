@@ -40,8 +40,26 @@ static struct aps_admission_entry *find(struct aps_admission *a, const char *ip)
 	return NULL;
 }
 
-/* ip's slot, a new one when it has none: a free slot, else the one idle longest
- * among those not turned away, else the one whose time away ends first. */
+/* Handshakes of e's window that have not spoken (yet), for the table's eviction. */
+static uint32_t silent_so_far(const struct aps_admission_entry *e)
+{
+	return e->handshakes > e->spoke ? e->handshakes - e->spoke : 0;
+}
+
+/* Whether s rather than the chosen one leaves the table: fewer silent
+ * handshakes (a stranger's count must not be wiped by 256 new addresses of
+ * its own), then idle longer. */
+static bool goes_before(const struct aps_admission_entry *s,
+                        const struct aps_admission_entry *chosen)
+{
+	if (chosen == NULL || silent_so_far(s) != silent_so_far(chosen))
+		return chosen == NULL || silent_so_far(s) < silent_so_far(chosen);
+	return s->last_ms < chosen->last_ms;
+}
+
+/* ip's slot, a new one when it has none: a free slot, else among those not
+ * turned away the one with the fewest silent handshakes, idle longest, else
+ * the one whose time away ends first. */
 static struct aps_admission_entry *slot(struct aps_admission *a, const char *ip, uint64_t now)
 {
 	struct aps_admission_entry *e = find(a, ip), *idle = NULL, *ending = NULL;
@@ -52,7 +70,7 @@ static struct aps_admission_entry *slot(struct aps_admission *a, const char *ip,
 		struct aps_admission_entry *s = &a->slots[i];
 		if (s->ip[0] == '\0')
 			e = s;
-		else if (s->until_ms <= now && (idle == NULL || s->last_ms < idle->last_ms))
+		else if (s->until_ms <= now && goes_before(s, idle))
 			idle = s;
 		else if (s->until_ms > now && (ending == NULL || s->until_ms < ending->until_ms))
 			ending = s;

@@ -133,19 +133,23 @@ static void time_away_doubles_and_is_forgiven(void **state)
 	assert_int_equal(a.quarantined, 9);
 }
 
-static void a_full_table_forgets_the_idle_keeps_those_away(void **state)
+static void a_full_table_forgets_the_quiet_keeps_those_away_and_the_silent(void **state)
 {
 	struct aps_admission a;
 	char ip[INET6_ADDRSTRLEN];
 
 	(void)state;
-	aps_admission_init(&a, 1);
+	aps_admission_init(&a, 40);
 	aps_admission_turn_away(&a, "192.168.0.1", 0);
+	connections(&a, "192.168.0.2", 30, 0, 500); /* a stranger's count so far */
 	for (int i = 0; i < 3 * APS_ADMISSION_SLOTS; i++) {
 		snprintf(ip, sizeof(ip), "10.1.%d.%d", i / 256, i % 256);
 		aps_admission_handshake(&a, ip, 1000 + (uint64_t)i);
 	}
 	assert_false(aps_admission_allows(&a, "192.168.0.1", 2000));
+	/* 256 addresses of its own, one silent handshake each, did not wipe it */
+	connections(&a, "192.168.0.2", 11, 0, 2000);
+	assert_string_equal(over(&a, 3000), "192.168.0.2 ");
 }
 
 static void no_limit_turns_nobody_away(void **state)
@@ -180,7 +184,7 @@ int main(void)
 		cmocka_unit_test(a_burst_that_speaks_late_is_not_judged),
 		cmocka_unit_test(the_exempt_addresses),
 		cmocka_unit_test(time_away_doubles_and_is_forgiven),
-		cmocka_unit_test(a_full_table_forgets_the_idle_keeps_those_away),
+		cmocka_unit_test(a_full_table_forgets_the_quiet_keeps_those_away_and_the_silent),
 		cmocka_unit_test(no_limit_turns_nobody_away),
 		cmocka_unit_test(the_ip_of_an_address),
 	};
