@@ -104,3 +104,14 @@ void aps_hostlimits_malloc_policy(void)
 	mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD);
 	mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD);
 }
+
+uint64_t aps_hostlimits_heap_in_use(void)
+{
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+	return 0; /* its malloc is not glibc's: mallinfo2 would say nothing moved */
+#else
+	struct mallinfo2 mi = mallinfo2();
+
+	return (uint64_t)mi.uordblks + (uint64_t)mi.hblkhd;
+#endif
+}

@@ -34,6 +34,10 @@ uint64_t aps_hostlimits_memory(void);
  */
 void aps_hostlimits_malloc_policy(void);
 
+/* Bytes malloc has handed out and not taken back (mallinfo2: the arena's in
+ * use and what it mapped); 0 where that does not tell (a sanitizer's malloc). */
+uint64_t aps_hostlimits_heap_in_use(void);
+
 /* The cores of the daemon's CPU set (sched_getaffinity), at least 1. */
 unsigned aps_hostlimits_cpus(void);
 

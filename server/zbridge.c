@@ -19,6 +19,7 @@
  * keep closing so is turned away at the handshake (admission.h), so that a
  * stranger's flood costs no reset.
  */
+#include "server/hostlimits.h"
 #include "server/zbridge_impl.h"
 
 #include "common/err.h"
@@ -334,6 +335,7 @@ static void reset_socket(struct aps_zbridge *b, const char *why)
 	b->cnt.listener_resets++;
 	b->last_reset_ms = aps__zbridge_now_ms(b);
 	b->parked_since_ms = 0;
+	b->heap_floor = 0; /* from the next tick: the reset frees what was parked */
 	close_socket(b, 0);
 	aps_conns_forget_all(&b->conns);
 	b->cnt.dropped += aps_outq_clear(&b->outq);
@@ -347,6 +349,38 @@ static void log_dropped(uint64_t count, const char *why, uint64_t limit, const c
 	if (count > 0)
 		aps_log_warn("zbridge", "dropped connections count=%llu reason=\"%s %llu %s\"",
 		             (unsigned long long)count, why, (unsigned long long)limit, unit);
+}
+
+/* The heap's lowest point since the last reset: what parked connections hold
+ * since then shows as the heap's growth from it. */
+static void watch_heap(struct aps_zbridge *b)
+{
+	uint64_t heap = aps_hostlimits_heap_in_use();
+
+	if (heap != 0 && (b->heap_floor == 0 || heap < b->heap_floor))
+		b->heap_floor = heap;
+}
+
+/* Whether the heap grew by half of what parked connections are said to hold.
+ * The guess counts every byte ZeroMQ read of a connection that closed without
+ * a message, but libzmq frees an unfinished message at the close: 8 such
+ * connections of 8 MiB each, from new addresses, reset the socket every 10 s
+ * and cut every worker for nothing (an attack, 2026-12-06). */
+static bool heap_bears_out(struct aps_zbridge *b, uint64_t held, uint64_t now)
+{
+	uint64_t heap = aps_hostlimits_heap_in_use();
+	uint64_t grown = heap > b->heap_floor ? heap - b->heap_floor : 0;
+
+	if (heap == 0 || b->heap_floor == 0 || grown >= held / 2)
+		return true;
+	if (aps_log_gate_open(&b->unborne_log, now, 60000))
+		aps_log_info(
+		        "zbridge",
+		        "no reset: parked connections may hold %llu KiB, but the heap grew "
+		        "%llu KiB since the last reset (connections that closed with a message "
+		        "half sent: libzmq freed it)",
+		        (unsigned long long)(held >> 10), (unsigned long long)(grown >> 10));
+	return false;
 }
 
 static void on_tick(uv_timer_t *t)
@@ -368,6 +402,7 @@ static void on_tick(uv_timer_t *t)
 			b->trim_until_ms = 0;
 	}
 	aps__zbridge_read_monitor(b);
+	watch_heap(b);
 	if (b->zap != NULL)
 		aps_zap_judge_all(b->zap, now);
 	stuck = aps_conns_tick(&b->conns, now);
@@ -393,6 +428,8 @@ static void on_tick(uv_timer_t *t)
 	    (stuck < STUCK_URGENT && held < PARKED_URGENT))
 		return;
 	if (b->last_reset_ms != 0 && now - b->last_reset_ms < RESET_URGENT_MS)
+		return;
+	if (stuck == 0 && !heap_bears_out(b, held, now))
 		return;
 	snprintf(why, sizeof(why),
 	         "%zu connections ZeroMQ will never close, %zu it may have parked holding up to "

@@ -47,6 +47,8 @@ struct aps_zbridge {
 	uint64_t parked_since_ms; /* when a parked connection was first counted; 0: none */
 	struct aps_log_gate refused_log, zmtp_log; /* refused_connections, zmtp_refused: 1 line/s */
 	uint64_t behind_since_ms; /* messages have waited at every look since (0: none wait) */
+	uint64_t heap_floor;      /* the heap's lowest in use since the last reset (0: unknown) */
+	struct aps_log_gate unborne_log; /* resets the heap did not bear out: a line a minute */
 };
 
 /* zbridge_pump.c, for zbridge.c. */
