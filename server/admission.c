@@ -88,6 +88,15 @@ bool aps_admission_exempt(const char *ip)
 	       strcmp(ip, "::ffff:127.0.0.1") == 0 || strncmp(ip, "localhost:", 10) == 0;
 }
 
+/* e's count starts again; the last 250-500 ms of handshakes and first messages
+ * go on into it (the first messages are most likely theirs). */
+static void restart(struct aps_admission_entry *e, uint64_t now)
+{
+	e->handshakes = e->recent[0] + e->recent[1];
+	e->spoke = e->recent_spoke[0] + e->recent_spoke[1];
+	e->window_ms = now;
+}
+
 /* Moves e's seconds and its window on to now. */
 static void roll(struct aps_admission_entry *e, uint64_t now)
 {
@@ -95,14 +104,12 @@ static void roll(struct aps_admission_entry *e, uint64_t now)
 
 	if (seconds > 0) {
 		e->recent[1] = seconds == 1 ? e->recent[0] : 0;
-		e->recent[0] = 0;
+		e->recent_spoke[1] = seconds == 1 ? e->recent_spoke[0] : 0;
+		e->recent[0] = e->recent_spoke[0] = 0;
 		e->recent_ms += seconds * SECOND_MS;
 	}
-	if (now >= e->window_ms + WINDOW_MS) { /* the recent ones speak in the new one */
-		e->handshakes = e->recent[0] + e->recent[1];
-		e->spoke = 0;
-		e->window_ms = now;
-	}
+	if (now >= e->window_ms + WINDOW_MS) /* the recent ones and their first messages go on */
+		restart(e, now);
 }
 
 void aps_admission_handshake(struct aps_admission *a, const char *ip, uint64_t now)
@@ -126,6 +133,7 @@ void aps_admission_spoke(struct aps_admission *a, const char *ip, uint64_t now)
 		return;
 	roll(e, now);
 	e->spoke++;
+	e->recent_spoke[0]++;
 	e->last_ms = now;
 }
 
@@ -145,14 +153,6 @@ static uint32_t judged(struct aps_admission_entry *e, uint64_t now)
 		return 0;
 	roll(e, now);
 	return unspoken(e);
-}
-
-/* e's count starts again (the handshakes of the last 250 ms stay). */
-static void restart(struct aps_admission_entry *e, uint64_t now)
-{
-	e->handshakes = e->recent[0] + e->recent[1];
-	e->spoke = 0;
-	e->window_ms = now;
 }
 
 uint32_t aps_admission_unspoken(struct aps_admission *a, const char *ip, uint64_t now)
@@ -181,7 +181,8 @@ void aps_admission_forgive(struct aps_admission *a, const char *ip, uint64_t now
 
 	if (e == NULL)
 		return;
-	e->until_ms = 0;
+	if (e->until_ms > now)
+		e->until_ms = now; /* ended now: an hour without a strike still forgives them */
 	restart(e, now);
 }
 
@@ -203,6 +204,16 @@ uint64_t aps_admission_turn_away(struct aps_admission *a, const char *ip, uint64
 	restart(e, now);
 	a->quarantined++;
 	return away;
+}
+
+bool aps_admission_check_due(struct aps_admission *a, const char *ip, uint64_t now)
+{
+	struct aps_admission_entry *e = find(a, ip);
+
+	if (e == NULL || (e->checked_ms != 0 && now - e->checked_ms < SECOND_MS))
+		return false;
+	e->checked_ms = now;
+	return true;
 }
 
 bool aps_admission_away(struct aps_admission *a, const char *ip, uint64_t now)

@@ -21,14 +21,16 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#define APS_ADMISSION_SLOTS 256 /* addresses remembered; the longest idle one goes */
+#define APS_ADMISSION_SLOTS 256 /* addresses remembered; the least silent one goes */
 
 struct aps_admission_entry {
 	char ip[INET6_ADDRSTRLEN]; /* "" : a free slot */
 	uint32_t handshakes;       /* let through in the window that began at window_ms */
 	uint32_t spoke;            /* its connections that delivered a message, same window */
-	uint32_t recent[2];        /* handshakes of this second and the one before */
-	uint64_t recent_ms;        /* when recent[0]'s second began */
+	uint32_t recent[2];        /* handshakes of this 250 ms and the 250 ms before */
+	uint32_t recent_spoke[2];  /* first messages, the same */
+	uint64_t recent_ms;        /* when recent[0]'s 250 ms began */
+	uint64_t checked_ms;       /* when the bridge last looked at its connections */
 	uint32_t strikes;          /* times it was turned away */
 	uint64_t window_ms, until_ms, last_ms;
 };
@@ -63,6 +65,10 @@ const char *aps_admission_over(struct aps_admission *a, size_t *i, uint32_t *n, 
 
 /* ip is let in again, and its count starts again (its workers are joined). */
 void aps_admission_forgive(struct aps_admission *a, const char *ip, uint64_t now);
+
+/* Whether the bridge should look at ip's connections now (at most every 250 ms
+ * an address: a flood's handshakes must not each cost a scan of them all). */
+bool aps_admission_check_due(struct aps_admission *a, const char *ip, uint64_t now);
 
 /* Whether ip is turned away now (nothing counted). */
 bool aps_admission_away(struct aps_admission *a, const char *ip, uint64_t now);

@@ -250,28 +250,33 @@ int aps_conns_closed(struct aps_conns *t, int fd, const char **address)
 	return cause;
 }
 
-bool aps_conns_joined_from(const struct aps_conns *t, const char *ip)
+/* Whether c, open, is from ip: its "ip:port" up to the last colon is ip. */
+static bool open_from(const struct aps_conn *c, const char *ip)
 {
+	const char *colon = strrchr(c->address, ':');
 	size_t len = strlen(ip);
 
+	return c->id != 0 && colon != NULL && (size_t)(colon - c->address) == len &&
+	       strncmp(c->address, ip, len) == 0;
+}
+
+bool aps_conns_joined_from(const struct aps_conns *t, const char *ip)
+{
 	for (size_t fd = 0; fd < t->cap; fd++) {
-		const struct aps_conn *c = &t->slots[fd];
-		if (c->id != 0 && c->deadline_ms == 0 && strncmp(c->address, ip, len) == 0 &&
-		    c->address[len] == ':')
+		if (t->slots[fd].admitted && open_from(&t->slots[fd], ip))
 			return true;
 	}
 	return false;
 }
 
-uint32_t aps_conns_quiet_from(const struct aps_conns *t, const char *ip, uint32_t most)
+uint32_t aps_conns_quiet_from(const struct aps_conns *t, const char *ip, uint32_t most,
+                              uint64_t since_ms)
 {
-	size_t len = strlen(ip);
 	uint32_t n = 0;
 
 	for (size_t fd = 0; fd < t->cap && n < most; fd++) {
 		const struct aps_conn *c = &t->slots[fd];
-		n += c->id != 0 && c->msgs == 0 && strncmp(c->address, ip, len) == 0 &&
-		     c->address[len] == ':';
+		n += c->msgs == 0 && c->accepted_ms >= since_ms && open_from(c, ip);
 	}
 	return n;
 }
@@ -296,8 +301,10 @@ void aps_conns_admit(struct aps_conns *t, uint64_t id, bool admitted, uint64_t n
 {
 	struct aps_conn *c = slot_of_id(t, id);
 
-	if (c != NULL)
-		c->deadline_ms = admitted ? 0 : now + t->join_timeout_ms;
+	if (c == NULL)
+		return;
+	c->deadline_ms = admitted ? 0 : now + t->join_timeout_ms;
+	c->admitted = admitted;
 }
 
 int aps_conns_drop(struct aps_conns *t, uint64_t id, uint64_t now)

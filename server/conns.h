@@ -52,7 +52,8 @@ struct aps_conn {
 	int dup;     /* apsd's duplicate of ZeroMQ's descriptor, -1 when dup failed */
 	uint32_t accepts;
 	uint64_t accepted_ms;
-	uint64_t deadline_ms;  /* dropped when not admitted by then; 0: admitted */
+	uint64_t deadline_ms;  /* dropped when not admitted by then; 0: admitted, or no deadline */
+	bool admitted;         /* a session joined a job on it */
 	uint64_t dropped_ms;   /* when apsd shut it down; 0: it did not */
 	uint64_t gone_ms;      /* when its peer was first seen gone; 0: not yet */
 	uint64_t msgs;         /* messages it delivered */
@@ -134,8 +135,10 @@ uint64_t aps_conns_id(const struct aps_conns *t, int fd);
 /* The connection, or NULL when it has closed. */
 struct aps_conn *aps_conns_find(struct aps_conns *t, uint64_t id);
 
-/* Open connections from ip that have delivered nothing yet (at most most). */
-uint32_t aps_conns_quiet_from(const struct aps_conns *t, const char *ip, uint32_t most);
+/* Open connections from ip accepted since since_ms that have delivered nothing
+ * yet (at most most). */
+uint32_t aps_conns_quiet_from(const struct aps_conns *t, const char *ip, uint32_t most,
+                              uint64_t since_ms);
 
 /* A message arrived on connection id from peer: true when it was the first. */
 bool aps_conns_delivered(struct aps_conns *t, uint64_t id, const struct aps_peer *peer);

@@ -352,7 +352,9 @@ static void log_dropped(uint64_t count, const char *why, uint64_t limit, const c
 }
 
 /* The heap's lowest point since the last reset: what parked connections hold
- * since then shows as the heap's growth from it. */
+ * shows as the heap's growth from it. Looked at every tick, parked or not: a
+ * flood that parks within one tick must not set the floor. (A job that grows
+ * after the floor bears out a wrong guess too: then apsd resets, as before.) */
 static void watch_heap(struct aps_zbridge *b)
 {
 	uint64_t heap = aps_hostlimits_heap_in_use();
@@ -402,12 +404,12 @@ static void on_tick(uv_timer_t *t)
 			b->trim_until_ms = 0;
 	}
 	aps__zbridge_read_monitor(b);
-	watch_heap(b);
 	if (b->zap != NULL)
 		aps_zap_judge_all(b->zap, now);
 	stuck = aps_conns_tick(&b->conns, now);
 	parked = aps_conns_parked(&b->conns);
 	held = aps_conns_parked_bytes(&b->conns);
+	watch_heap(b);
 	log_dropped(b->conns.cnt.unfinished - unfinished, "read over",
 	            b->conns.max_unfinished_bytes,
 	            "bytes of a message never finished (frames flagged MORE)");

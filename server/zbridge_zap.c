@@ -80,6 +80,9 @@ static void reply(void *sock, zmq_msg_t *request_id, const uint8_t *key, const c
 	zmq_send(sock, "", 0, 0); /* metadata */
 }
 
+/* A connection that has not spoken for this long counts against its address. */
+#define QUIET_MS 10000
+
 /* ip has more than the limit of handshakes that led to no message (n). */
 static void consider(struct aps_zbridge *b, const char *ip, uint32_t n, uint64_t now)
 {
@@ -88,9 +91,10 @@ static void consider(struct aps_zbridge *b, const char *ip, uint32_t n, uint64_t
 		aps_admission_forgive(&b->admission, ip, now);
 		return;
 	}
-	/* connections still open that have not spoken yet may still (a client that
-	 * connects early): those that close without a word count, or time out */
-	if (n - aps_conns_quiet_from(&b->conns, ip, n) <= b->admission.limit)
+	/* connections opened in the last QUIET_MS that have not spoken yet may still
+	 * (a client that connects early); older ones count */
+	if (n - aps_conns_quiet_from(&b->conns, ip, n, now > QUIET_MS ? now - QUIET_MS : 0) <=
+	    b->admission.limit)
 		return;
 	uint64_t away = aps_admission_turn_away(&b->admission, ip, now);
 	aps_log_warn("zbridge",
@@ -142,12 +146,14 @@ static void judge(struct aps_zap *z, const char *ip, uint64_t now)
 	if (ip[0] == '\0')
 		return;
 	if (aps_admission_away(&b->admission, ip, now)) {
-		if (aps_conns_joined_from(&b->conns, ip))
+		if (aps_admission_check_due(&b->admission, ip, now) &&
+		    aps_conns_joined_from(&b->conns, ip))
 			aps_admission_forgive(&b->admission, ip, now);
 		return;
 	}
 	n = aps_admission_unspoken(&b->admission, ip, now);
-	if (n > b->admission.limit && may_judge(b, now))
+	if (n > b->admission.limit && may_judge(b, now) &&
+	    aps_admission_check_due(&b->admission, ip, now))
 		consider(b, ip, n, now);
 }
 

@@ -69,7 +69,7 @@ static void the_limit_is_per_minute_and_per_address(void **state)
 	/* A minute later the count starts again. */
 	connections(&a, "10.0.0.2", 3, 0, t + MIN);
 	assert_string_equal(over(&a, t + MIN + 5000), "");
-	assert_true(aps_admission_allows(&a, "10.0.0.1", t));
+	assert_int_equal(aps_admission_unspoken(&a, "10.0.0.1", t + MIN + 5000), 0);
 	assert_int_equal(a.refused, 0);
 }
 
@@ -91,6 +91,13 @@ static void a_burst_that_speaks_late_is_not_judged(void **state)
 	for (int i = 0; i < 64; i++)
 		aps_admission_spoke(&a, "10.0.0.9", t + MIN + 10);
 	assert_string_equal(over(&a, t + MIN + 30000), "");
+	/* and spoke just before its minute ended: their first messages go on with them */
+	for (int i = 0; i < 64; i++) {
+		aps_admission_handshake(&a, "10.0.0.9", t + 2 * MIN - 100);
+		aps_admission_spoke(&a, "10.0.0.9", t + 2 * MIN - 100);
+	}
+	assert_string_equal(over(&a, t + 2 * MIN + 50), "");
+	assert_string_equal(over(&a, t + 2 * MIN + 600), "");
 }
 
 static void the_exempt_addresses(void **state)
