@@ -304,6 +304,22 @@ def test_a_turned_away_stranger_holds_little_and_costs_no_reset(daemon_factory):
         assert rss_kib(pid) <= base_rss + parked_kib + 1024, (base_rss, rss_kib(pid))
 
 
+def raw_zmtp(endpoint, source=None, timeout=10):
+    """A ZMTP connection by hand (from source, if given), once the daemon's greeting
+    and READY came: frames sent before the handshake ends (its ZAP reply pending)
+    fail the handshake, so a client by hand waits for them, as ZeroMQ does."""
+    host, port = endpoint[len("tcp://"):].rsplit(":", 1)
+    s = socket.create_connection((host, int(port)), timeout=timeout,
+                                 source_address=(source, 0) if source else None)
+    ready = b"\x05READY\x0bSocket-Type" + struct.pack(">I", 6) + b"DEALER"
+    s.sendall(b"\xff" + bytes(8) + b"\x7f\x03\x00" + b"NULL".ljust(20, b"\x00") + bytes(32)
+              + bytes([0x04, len(ready)]) + ready)
+    got = b""
+    while b"READY" not in got:
+        got += s.recv(4096)
+    return s
+
+
 def test_a_message_without_end_is_cut_off(daemon_factory):
     # Before: frames of 1 MiB flagged MORE, never a last one, each under
     # max_message_bytes: libzmq kept every one (RSS +200 MiB for 200 MiB sent on
@@ -311,16 +327,7 @@ def test_a_message_without_end_is_cut_off(daemon_factory):
     d = daemon_factory()
     pid = d.proc.pid
     base_rss = rss_kib(pid)
-    host, port = d.endpoint[len("tcp://"):].rsplit(":", 1)
-    s = socket.create_connection((host, int(port)), timeout=60)
-    ready = b"\x05READY\x0bSocket-Type" + struct.pack(">I", 6) + b"DEALER"
-    s.sendall(b"\xff" + bytes(8) + b"\x7f\x03\x00" + b"NULL".ljust(20, b"\x00") + bytes(32)
-              + bytes([0x04, len(ready)]) + ready)
-    # The daemon's greeting and READY first, as ZeroMQ waits for them: frames sent
-    # before the handshake ends (its ZAP reply pending) fail the handshake.
-    got = b""
-    while b"READY" not in got:
-        got += s.recv(4096)
+    s = raw_zmtp(d.endpoint, timeout=60)
     frame = b"\x03" + struct.pack(">Q", 1 << 20) + bytes(1 << 20)
     sent, peak = 0, 0
     with pytest.raises(OSError) as cut:
@@ -337,19 +344,6 @@ def test_a_message_without_end_is_cut_off(daemon_factory):
     if not SANITIZED:
         assert peak < base_rss + 160 * 1024, (base_rss, peak)
     a_job_still_works(d)
-
-
-def raw_zmtp(endpoint, source):
-    """A ZMTP connection by hand from source, once the daemon's greeting and READY came."""
-    host, port = endpoint[len("tcp://"):].rsplit(":", 1)
-    s = socket.create_connection((host, int(port)), timeout=10, source_address=(source, 0))
-    ready = b"\x05READY\x0bSocket-Type" + struct.pack(">I", 6) + b"DEALER"
-    s.sendall(b"\xff" + bytes(8) + b"\x7f\x03\x00" + b"NULL".ljust(20, b"\x00") + bytes(32)
-              + bytes([0x04, len(ready)]) + ready)
-    got = b""
-    while b"READY" not in got:
-        got += s.recv(4096)
-    return s
 
 
 @pytest.mark.skipif(SANITIZED, reason="the heap of a sanitizer's malloc says nothing")
