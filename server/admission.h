@@ -43,7 +43,8 @@ struct aps_admission {
 
 void aps_admission_init(struct aps_admission *a, uint32_t limit);
 
-/* The IP address of a conns.h "ip:port" into ip; false for "local" (ipc) or "unknown". */
+/* The IP address of a conns.h "ip:port" into ip (conns.c matches connections by
+ * it); false for "local" (ipc) or "unknown". */
 bool aps_admission_ip_of(const char *address, char ip[INET6_ADDRSTRLEN]);
 
 /* Addresses never turned away: 127.0.0.1, ::1, ipc ("localhost:UID:GID:PID"). */

@@ -1,6 +1,8 @@
 /* The daemon's connections: ids, duplicates, deadlines, causes of closes (conns.h). */
 #include "server/conns.h"
 
+#include "server/admission.h"
+
 #include "common/err.h"
 
 #include <arpa/inet.h>
@@ -250,14 +252,12 @@ int aps_conns_closed(struct aps_conns *t, int fd, const char **address)
 	return cause;
 }
 
-/* Whether c, open, is from ip: its "ip:port" up to the last colon is ip. */
+/* Whether c, open, is from ip (its "ip:port", admission.h). */
 static bool open_from(const struct aps_conn *c, const char *ip)
 {
-	const char *colon = strrchr(c->address, ':');
-	size_t len = strlen(ip);
+	char its[INET6_ADDRSTRLEN];
 
-	return c->id != 0 && colon != NULL && (size_t)(colon - c->address) == len &&
-	       strncmp(c->address, ip, len) == 0;
+	return c->id != 0 && aps_admission_ip_of(c->address, its) && strcmp(its, ip) == 0;
 }
 
 bool aps_conns_joined_from(const struct aps_conns *t, const char *ip)

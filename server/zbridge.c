@@ -355,12 +355,13 @@ static void log_dropped(uint64_t count, const char *why, uint64_t limit, const c
  * shows as the heap's growth from it. Looked at every tick, parked or not: a
  * flood that parks within one tick must not set the floor. (A job that grows
  * after the floor bears out a wrong guess too: then apsd resets, as before.) */
-static void watch_heap(struct aps_zbridge *b)
+static uint64_t watch_heap(struct aps_zbridge *b)
 {
 	uint64_t heap = aps_hostlimits_heap_in_use();
 
 	if (heap != 0 && (b->heap_floor == 0 || heap < b->heap_floor))
 		b->heap_floor = heap;
+	return heap;
 }
 
 /* Whether the heap grew by half of what parked connections are said to hold.
@@ -368,9 +369,8 @@ static void watch_heap(struct aps_zbridge *b)
  * a message, but libzmq frees an unfinished message at the close: 8 such
  * connections of 8 MiB each, from new addresses, reset the socket every 10 s
  * and cut every worker for nothing (an attack, 2026-12-06). */
-static bool heap_bears_out(struct aps_zbridge *b, uint64_t held, uint64_t now)
+static bool heap_bears_out(struct aps_zbridge *b, uint64_t heap, uint64_t held, uint64_t now)
 {
-	uint64_t heap = aps_hostlimits_heap_in_use();
 	uint64_t grown = heap > b->heap_floor ? heap - b->heap_floor : 0;
 
 	if (heap == 0 || b->heap_floor == 0 || grown >= held / 2)
@@ -390,7 +390,7 @@ static void on_tick(uv_timer_t *t)
 	struct aps_zbridge *b = t->data;
 	uint64_t now = aps__zbridge_now_ms(b);
 	size_t stuck, parked;
-	uint64_t held;
+	uint64_t held, heap;
 	char why[200];
 
 	uint64_t unjoined = b->conns.cnt.unjoined_dropped;
@@ -409,7 +409,7 @@ static void on_tick(uv_timer_t *t)
 	stuck = aps_conns_tick(&b->conns, now);
 	parked = aps_conns_parked(&b->conns);
 	held = aps_conns_parked_bytes(&b->conns);
-	watch_heap(b);
+	heap = watch_heap(b); /* this tick's, for the floor and for the reset below */
 	log_dropped(b->conns.cnt.unfinished - unfinished, "read over",
 	            b->conns.max_unfinished_bytes,
 	            "bytes of a message never finished (frames flagged MORE)");
@@ -431,7 +431,7 @@ static void on_tick(uv_timer_t *t)
 		return;
 	if (b->last_reset_ms != 0 && now - b->last_reset_ms < RESET_URGENT_MS)
 		return;
-	if (stuck == 0 && !heap_bears_out(b, held, now))
+	if (stuck == 0 && !heap_bears_out(b, heap, held, now))
 		return;
 	snprintf(why, sizeof(why),
 	         "%zu connections ZeroMQ will never close, %zu it may have parked holding up to "
