@@ -10,6 +10,7 @@
 
 #include "server/config_keys.h"
 #include "server/keys.h"
+#include "server/netlist.h"
 #include "server/policy.h"
 
 #include "common/err.h"
@@ -108,6 +109,18 @@ static int check_security(struct loader *ld)
 	            where, c->listen);
 }
 
+/* Networks too: a typo must not let everyone in, nor nobody. */
+static int check_allow_from(struct loader *ld)
+{
+	struct aps_netlist nets;
+	char why[200], where[APS_CONFIG_ERROR_MAX];
+
+	if (aps_netlist_parse(&nets, ld->cfg.allow_from, why, sizeof(why)) == 0)
+		return 0;
+	origin_describe(origin_of(ld, "allow_from"), where, sizeof(where));
+	return fail(ld->err, "%s: %s", where, why);
+}
+
 /* Rules are checked once, here, so that a typo stops the daemon at start. */
 static int check_rules(struct loader *ld)
 {
@@ -166,7 +179,8 @@ static int check_cross(struct loader *ld)
 	char where[APS_CONFIG_ERROR_MAX];
 
 	if ((long long)timeout >= 2LL * hb)
-		return check_sum(ld) < 0 || check_rules(ld) < 0 || check_message_size(ld) < 0
+		return check_sum(ld) < 0 || check_rules(ld) < 0 || check_message_size(ld) < 0 ||
+		                       check_allow_from(ld) < 0
 		               ? APS_ECONFIG
 		               : check_security(ld);
 	origin_describe(a->seq > b->seq ? a : b, where, sizeof(where));

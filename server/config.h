@@ -64,10 +64,11 @@ struct aps_config {
 	char trace[APS_CONFIG_ENDPOINT_MAX + 1];          /* timeline file, "" for none */
 	char curve_secret_key_file[APS_CONFIG_ENDPOINT_MAX + 1]; /* "" no CURVE */
 	char curve_allow_file[APS_CONFIG_ENDPOINT_MAX + 1];
-	int elastic;                             /* 1: a lost rank shrinks its job */
-	int insecure;                            /* 1: listen beyond loopback without CURVE */
-	int policy;                              /* 0 off, 1 auto */
-	char rules[APS_CONFIG_ENDPOINT_MAX + 1]; /* "glob=format,..." */
+	char allow_from[APS_CONFIG_ENDPOINT_MAX + 1]; /* networks that may connect; "" any */
+	int elastic;                                  /* 1: a lost rank shrinks its job */
+	int insecure;                                 /* 1: listen beyond loopback without CURVE */
+	int policy;                                   /* 0 off, 1 auto */
+	char rules[APS_CONFIG_ENDPOINT_MAX + 1];      /* "glob=format,..." */
 	int schedule_steps;
 	int schedule_format; /* index of fp32, fp16, bf16 */
 	int small_tensor_elems;

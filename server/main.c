@@ -176,6 +176,7 @@ static struct aps_server_opts server_opts(struct daemon *d)
 		.chunk_elems = (size_t)(cfg->chunk_bytes / sizeof(float)) & ~(size_t)7,
 		.summary = d->summary,
 		.trace = d->trace,
+		.allow_from = cfg->allow_from,
 		.checkpoint_dir = checkpoint_dir(cfg),
 		.checkpoint_steps = (uint64_t)cfg->checkpoint_steps,
 		.checkpoint_keep = (unsigned)cfg->checkpoint_keep,

@@ -266,6 +266,7 @@ int aps_server_new(struct aps_server **out, uv_loop_t *loop, const struct aps_se
 		.curve_secret = o->curve_secret,
 		.curve_allow = o->curve_allow,
 		.n_curve_allow = o->n_curve_allow,
+		.allow_from = o->allow_from,
 	};
 	struct aps_server *srv = calloc(1, sizeof(*srv));
 	int ret;

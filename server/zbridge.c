@@ -68,19 +68,20 @@ static int set_int(void *sock, int opt, int value)
 	return zmq_setsockopt(sock, opt, &value, sizeof(value));
 }
 
-/* The ZAP handler (started once) on the ROUTER: it refuses addresses turned away
- * and, with CURVE, keys not allowed. Without either it is not asked. */
+/* The ZAP handler (started once) on the ROUTER: it refuses addresses outside
+ * allow_from or turned away and, with CURVE, keys not allowed. Without any of
+ * them it is not asked. */
 static int enable_zap(struct aps_zbridge *b, void *router)
 {
 	const struct aps_zbridge_opts *o = &b->opts;
 	bool curve = o->curve_secret != NULL;
 	int ret = 0;
 
-	if (!curve && o->max_silent_closes == 0)
+	if (!curve && o->max_silent_closes == 0 && (o->allow_from == NULL || !o->allow_from[0]))
 		return 0;
 	if (b->zap == NULL)
 		ret = aps_zap_start(&b->zap, b->zctx, b->loop, b, curve, o->curve_allow,
-		                    o->n_curve_allow);
+		                    o->n_curve_allow, o->allow_from);
 	if (ret < 0) {
 		aps_log_error("zbridge", "cannot start the ZAP handler: %s", aps_strerror(ret));
 		return ret;

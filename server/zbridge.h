@@ -51,6 +51,7 @@ struct aps_zbridge_opts {
 	const char *curve_secret;       /* Z85 secret key of the daemon; NULL: no CURVE */
 	const char *const *curve_allow; /* Z85 public keys of the workers let in */
 	size_t n_curve_allow;
+	const char *allow_from; /* networks that may connect (netlist.h); NULL, "": any */
 };
 
 /* The bridge's counters: X(name, Prometheus name, help). */
@@ -82,7 +83,9 @@ struct aps_zbridge_opts {
 	X(addresses_turned_away, "addresses_turned_away",                                       \
 	  "Times an address was turned away: max_silent_closes in a minute.")                   \
 	X(handshakes_turned_away, "handshakes_turned_away",                                     \
-	  "Handshakes refused because their address was turned away.")
+	  "Handshakes refused because their address was turned away.")                          \
+	X(handshakes_not_allowed, "handshakes_not_allowed",                                     \
+	  "Handshakes refused because their address is outside allow_from.")
 
 struct aps_zbridge_counters {
 #define APS_ZBRIDGE_COUNTER_FIELD(name, metric, help) uint64_t name;

@@ -36,7 +36,7 @@ struct aps_zbridge {
 	struct aps_zbridge_ops ops;
 	void *ctx;
 	struct aps_zbridge_counters cnt;
-	struct aps_zap *zap; /* NULL without CURVE and without max_silent_closes */
+	struct aps_zap *zap; /* NULL without CURVE, max_silent_closes and allow_from */
 	struct aps_admission admission;
 	struct aps_conns conns;
 	char endpoint[256];       /* as bound (ZMQ_LAST_ENDPOINT): what a reset binds again */

@@ -46,7 +46,8 @@ const struct aps_zbridge_counters *aps_zbridge_counters(struct aps_zbridge *b)
 {
 	const struct aps_conns_counters *c = &b->conns.cnt;
 
-	aps_zap_counts(b->zap, &b->cnt.auth_accepted, &b->cnt.auth_refused);
+	aps_zap_counts(b->zap, &b->cnt.auth_accepted, &b->cnt.auth_refused,
+	               &b->cnt.handshakes_not_allowed);
 	b->cnt.addresses_turned_away = b->admission.quarantined;
 	b->cnt.handshakes_turned_away = b->admission.refused;
 	b->cnt.connections = c->accepted;

@@ -1,13 +1,15 @@
 /*
  * The ZAP handler of the socket bridge: a REP socket in the bridge's context,
  * drained from the libuv loop like the ROUTER (its ZMQ_FD is edge-triggered
- * too), that counts each handshake for the address it names, turns away the
+ * too), that refuses addresses outside allow_from, counts each handshake for
+ * the address it names, turns away the
  * addresses whose handshakes lead to no message (admission.h; a first message
  * is counted by zbridge_pump.c), refuses the handshakes of those turned away,
  * and checks each CURVE client key against the allowlist.
  */
 #include "server/zbridge_zap.h"
 
+#include "server/netlist.h"
 #include "server/zbridge_impl.h"
 
 #include "common/err.h"
@@ -29,8 +31,28 @@ struct aps_zap {
 	bool curve;
 	uint8_t (*keys)[KEY_BYTES];
 	size_t n_keys;
-	uint64_t accepted, refused;
+	struct aps_netlist allow_from; /* no networks: any address */
+	struct aps_log_gate not_allowed_log;
+	uint64_t accepted, refused, not_allowed;
 };
+
+/* Outside allow_from: refused before anything is counted for the address. The
+ * host's own workers (127.0.0.1, ::1, ipc) always come in. */
+static bool outside(struct aps_zap *z, const char *ip)
+{
+	uint64_t now = uv_now(z->loop);
+
+	if (z->allow_from.n == 0 || ip[0] == '\0' || aps_admission_exempt(ip) ||
+	    aps_netlist_has(&z->allow_from, ip))
+		return false;
+	z->not_allowed++;
+	if (aps_log_gate_open(&z->not_allowed_log, now, 1000))
+		aps_log_warn("zap",
+		             "refused a handshake address=%s reason=\"not in allow_from\" "
+		             "held_back=%llu",
+		             ip, (unsigned long long)aps_log_gate_pass(&z->not_allowed_log, now));
+	return true;
+}
 
 static bool allowed(const struct aps_zap *z, const uint8_t *key)
 {
@@ -168,6 +190,11 @@ static void answer(struct aps_zap *z, zmq_msg_t *f, size_t n)
 
 	if (ip_len < sizeof(ip))
 		memcpy(ip, zmq_msg_data(&f[3]), ip_len);
+	if (outside(z, ip)) {
+		if (n >= 2)
+			reply(z->sock, &f[1], NULL, "address not allowed");
+		return;
+	}
 	judge(z, ip, uv_now(z->loop));
 	if (ip[0] != '\0' && !aps_admission_allows(&z->bridge->admission, ip, uv_now(z->loop))) {
 		refusal = "address turned away";
@@ -221,8 +248,9 @@ static int decode_keys(struct aps_zap *z, const char *const *allow, size_t n)
 }
 
 int aps_zap_start(struct aps_zap **out, void *zctx, uv_loop_t *loop, struct aps_zbridge *bridge,
-                  bool curve, const char *const *allow, size_t n)
+                  bool curve, const char *const *allow, size_t n, const char *allow_from)
 {
+	char why[200];
 	struct aps_zap *z = calloc(1, sizeof(*z));
 	int fd, ret, linger = 0;
 	size_t len = sizeof(fd);
@@ -233,6 +261,11 @@ int aps_zap_start(struct aps_zap **out, void *zctx, uv_loop_t *loop, struct aps_
 	z->bridge = bridge;
 	z->curve = curve;
 	ret = decode_keys(z, allow, n);
+	if (ret == 0 && allow_from != NULL &&
+	    aps_netlist_parse(&z->allow_from, allow_from, why, sizeof(why)) < 0) {
+		aps_log_error("zap", "%s", why);
+		ret = APS_EINVAL;
+	}
 	z->sock = ret == 0 ? zmq_socket(zctx, ZMQ_REP) : NULL;
 	if (ret == 0 && (z->sock == NULL || zmq_bind(z->sock, "inproc://zeromq.zap.01") < 0 ||
 	                 zmq_getsockopt(z->sock, ZMQ_FD, &fd, &len) < 0))
@@ -269,8 +302,10 @@ void aps_zap_stop(struct aps_zap *z)
 	uv_close((uv_handle_t *)&z->poll, on_closed);
 }
 
-void aps_zap_counts(const struct aps_zap *z, uint64_t *accepted, uint64_t *refused)
+void aps_zap_counts(const struct aps_zap *z, uint64_t *accepted, uint64_t *refused,
+                    uint64_t *not_allowed)
 {
 	*accepted = z != NULL ? z->accepted : 0;
 	*refused = z != NULL ? z->refused : 0;
+	*not_allowed = z != NULL ? z->not_allowed : 0;
 }

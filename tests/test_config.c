@@ -139,7 +139,7 @@ static void test_config_defaults(void **state)
 	              "max_message_bytes=0 "
 	              "drain_batch=256 threads=0 io_threads=0 scaling=local sum=fp32 stats= "
 	              "metrics_listen= trace= "
-	              "curve_secret_key_file= curve_allow_file= elastic=no insecure=no "
+	              "curve_secret_key_file= curve_allow_file= allow_from= elastic=no insecure=no "
 	              "policy=off rules= schedule_steps=0 schedule_format=fp32 "
 	              "small_tensor_elems=1024 flush_up=0.5 flush_down=0.05 error_up=0.35 "
 	              "error_down=0.1 window_up=3 window_down=50 chunk_bytes=4M checkpoint_dir= "
@@ -586,6 +586,28 @@ static void test_config_policy_keys(void **state)
 	assert_string_equal(err.message, "--rules: rule 'fc.*' is not GLOB=FORMAT");
 }
 
+/* allow_from's networks are checked at start: a typo would let in everyone or nobody. */
+static void test_config_allow_from(void **state)
+{
+	struct aps_config_error err;
+	struct aps_config cfg;
+	bool exit_now;
+
+	(void)state;
+	assert_int_equal(load("allow_from = 10.20.0.0/16, 192.168.7.12, fd00::/8\n", &cfg, &err),
+	                 0);
+	assert_string_equal(cfg.allow_from, "10.20.0.0/16, 192.168.7.12, fd00::/8");
+	expect_file_error("\nallow_from = 10.20.0.1/16\n",
+	                  "2: network '10.20.0.1/16' has bits set past its prefix: write "
+	                  "10.20.0.0/16 for the network, or the address alone");
+	expect_file_error("allow_from = node7\n",
+	                  "1: network 'node7' is not an IPv4 or IPv6 address (write ADDRESS or "
+	                  "ADDRESS/PREFIX, comma-separated; host names are not looked up)");
+	assert_int_equal(PARSE(&cfg, &err, "--allow_from", "10.0.0.0/8,"), APS_ECONFIG);
+	assert_string_equal(err.message,
+	                    "--allow_from: an empty item in the networks '10.0.0.0/8,'");
+}
+
 static void test_config_did_you_mean(void **state)
 {
 	(void)state;
@@ -702,6 +724,7 @@ int main(void)
 		cmocka_unit_test(test_config_cross_key),
 		cmocka_unit_test(test_config_lowp_sum_needs_global_scaling),
 		cmocka_unit_test(test_config_policy_keys),
+		cmocka_unit_test(test_config_allow_from),
 		cmocka_unit_test(test_config_did_you_mean),
 		cmocka_unit_test(test_config_describe_truncates),
 		cmocka_unit_test(test_config_downlink_format),

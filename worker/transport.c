@@ -319,9 +319,9 @@ static void note_refusal(struct aps_transport *t, uint16_t event, int32_t value)
 		return;
 	if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH && !t->curve)
 		snprintf(t->refusal, sizeof(t->refusal),
-		         "apsd at %.120s turned this client's address away (status %d): too many "
-		         "of its connections closed without a message (max_silent_closes); its "
-		         "log says for how long",
+		         "apsd at %.120s turned this client's address away (status %d): it is not "
+		         "in the daemon's allow_from, or too many of its connections closed "
+		         "without a message (max_silent_closes); its log says which",
 		         t->endpoint, (int)value);
 	else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
 		snprintf(t->refusal, sizeof(t->refusal),

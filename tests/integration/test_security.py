@@ -4,7 +4,11 @@ leave the host only encrypted unless the operator says otherwise."""
 import subprocess
 import time
 
+import pytest
+
+import aps
 from conftest import APSD, BUILD, free_port, run_workers
+from peers import EACCES, HELLO, Peer
 from test_daemon import assert_all_ok
 
 APSCTL = BUILD / "worker" / "apsctl"
@@ -125,3 +129,44 @@ def test_allowlist_job_names_are_checked(tmp_path):
                        text=True, timeout=10)
     assert p.returncode == 2 and "allow:1: a job name is longer than 64 bytes" in p.stderr, \
         p.stderr
+
+
+def from_address(endpoint, ip):
+    """endpoint, connected from source address ip (ZeroMQ's "tcp://SRC:0;DST")."""
+    return endpoint.replace("tcp://", f"tcp://{ip}:0;")
+
+
+def test_allow_from_refuses_other_networks_at_the_handshake(daemon_factory):
+    # Before: anyone who reached the port could start jobs, and a stranger with
+    # max_jobs / max_jobs_per_address addresses (4) held every job slot. With
+    # allow_from, a peer from elsewhere is refused at the handshake, before its
+    # first message.
+    d = daemon_factory(extra=["--allow_from", "127.0.0.2, 127.0.0.16/30",
+                              "--max_jobs", "8", "--max_jobs_per_address", "2"])
+    # the host's own address (127.0.0.1, always let in) and the networks listed
+    assert_all_ok(run_workers(d.endpoint, 2, [7, 4097], steps=2), 2, 2)
+    for ip in ("127.0.0.2", "127.0.0.16", "127.0.0.19"):
+        aps.Client(from_address(d.endpoint, ip), rank=0, world_size=1, job=f"in-{ip}",
+                   timeout_ms=10000).close()
+    # anyone else: refused at once, told why
+    for ip in ("127.0.0.3", "127.0.0.15", "127.0.0.20"):
+        began = time.monotonic()
+        with pytest.raises(aps.Error) as refused:
+            aps.Client(from_address(d.endpoint, ip), rank=0, world_size=1, job="out",
+                       timeout_ms=10000)
+        assert time.monotonic() - began < 5
+        assert refused.value.code == EACCES, refused.value
+        assert "allow_from" in str(refused.value), refused.value
+    # the stranger with 4 addresses that filled the job table: none of its HELLOs
+    # gets a job, and an honest job still starts
+    squatters = [Peer(from_address(d.endpoint, f"127.0.0.{x}")) for x in range(4, 8)
+                 for _ in range(2)]
+    for i, p in enumerate(squatters):
+        p.send(type=HELLO, job=f"squat{i}", rank=0, world_size=2)
+    assert all(p.recv(timeout_ms=1000) is None for p in squatters)
+    assert d.ask("stats")["jobs"] == 0
+    assert_all_ok(run_workers(d.endpoint, 2, [7], steps=2, job="after"), 2, 1)
+    assert d.counter("handshakes_not_allowed") >= 3 + len(squatters)
+    assert "reason=\"not in allow_from\"" in d.log_path.read_text()
+    for p in squatters:
+        p.close()
