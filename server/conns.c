@@ -281,20 +281,38 @@ uint32_t aps_conns_quiet_from(const struct aps_conns *t, const char *ip, uint32_
 	return n;
 }
 
-bool aps_conns_delivered(struct aps_conns *t, uint64_t id, const struct aps_peer *peer)
+/* c, a TCP connection, read more than a handshake and a HELLO before its first
+ * message (conns.h): it is dropped. */
+static bool read_unheard(struct aps_conns *t, struct aps_conn *c, uint64_t now)
+{
+	uint64_t read;
+
+	if (c->dropped_ms != 0 || c->dup < 0 || !tcp_bytes_read(c, &read) ||
+	    read <= APS_CONNS_UNHEARD_MAX)
+		return false;
+	c->unheard = true;
+	t->cnt.unheard++;
+	aps_conns_drop(t, c->id, now);
+	return true;
+}
+
+enum aps_conns_delivery aps_conns_delivered(struct aps_conns *t, uint64_t id,
+                                            const struct aps_peer *peer, uint64_t now)
 {
 	uint64_t fd = (id & 0xffffffffu) - 1;
 	struct aps_conn *c;
 
 	/* Also when its close was read already: the last messages come after it. */
 	if (id == 0 || fd >= t->cap || t->slots[fd].accepts != (uint32_t)(id >> 32))
-		return false;
+		return APS_CONNS_LATER;
 	c = &t->slots[fd];
+	if (c->unheard) /* dropped at a tick, before its first message came */
+		return APS_CONNS_UNHEARD;
 	if (c->msgs++ != 0)
-		return false;
+		return APS_CONNS_LATER;
 	c->peer = *peer;
 	t->delivering++;
-	return true;
+	return read_unheard(t, c, now) ? APS_CONNS_UNHEARD : APS_CONNS_FIRST;
 }
 
 void aps_conns_admit(struct aps_conns *t, uint64_t id, bool admitted, uint64_t now)
@@ -428,9 +446,13 @@ size_t aps_conns_tick(struct aps_conns *t, uint64_t now)
 	size_t n_stuck = 0;
 
 	for (size_t fd = 0; fd < t->cap; fd++) {
-		if (t->slots[fd].id != 0 && orphaned((int)fd, t->slots[fd].dup))
-			retire(t, &t->slots[fd]);
-		check_unfinished(t, &t->slots[fd], now);
+		struct aps_conn *c = &t->slots[fd];
+		if (c->id != 0 && orphaned((int)fd, c->dup))
+			retire(t, c);
+		if (c->id != 0 &&
+		    c->msgs == 0) /* in its handshake, or parked, or its HELLO waits */
+			read_unheard(t, c, now);
+		check_unfinished(t, c, now);
 	}
 	for (size_t fd = 0; fd < t->cap; fd++) {
 		struct aps_conn *c = &t->slots[fd];

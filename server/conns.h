@@ -37,6 +37,14 @@
 #include <stdint.h>
 
 #define APS_CONNS_STUCK_MS 3000
+/* Bytes a TCP connection may read before it delivers its first message. The
+ * ZMTP greeting, a handshake and a HELLO take about 1 KiB, and a client sends
+ * nothing more before its WELCOME. Past it the connection is dropped: a
+ * handshake that large (libzmq keeps every property of a READY or INITIATE for
+ * the connection's life, at about 40 times its bytes: 4 MB of 3-byte
+ * properties held 160 MB), a connection libzmq parked (its routing id in use:
+ * it never delivers what it read), or a client that sent before its WELCOME. */
+#define APS_CONNS_UNHEARD_MAX (32 * 1024)
 /* What libzmq keeps of a parked connection besides its messages (measured: ~11 KiB). */
 #define APS_CONNS_PARKED_BYTES (16 * 1024)
 
@@ -54,6 +62,7 @@ struct aps_conn {
 	uint64_t accepted_ms;
 	uint64_t deadline_ms;  /* dropped when not admitted by then; 0: admitted, or no deadline */
 	bool admitted;         /* a session joined a job on it */
+	bool unheard;          /* dropped: read past APS_CONNS_UNHEARD_MAX before a message */
 	uint64_t dropped_ms;   /* when apsd shut it down; 0: it did not */
 	uint64_t gone_ms;      /* when its peer was first seen gone; 0: not yet */
 	uint64_t msgs;         /* messages it delivered */
@@ -72,6 +81,7 @@ struct aps_conns_counters {
 	uint64_t unjoined_dropped; /* not admitted within join_timeout_ms */
 	uint64_t zmtp_refused;     /* closed by ZeroMQ after the handshake */
 	uint64_t unfinished;       /* dropped: read past max_unfinished_bytes, nothing delivered */
+	uint64_t unheard;          /* dropped: read past APS_CONNS_UNHEARD_MAX before a message */
 	uint64_t handshakes_failed;
 };
 
@@ -140,8 +150,16 @@ struct aps_conn *aps_conns_find(struct aps_conns *t, uint64_t id);
 uint32_t aps_conns_quiet_from(const struct aps_conns *t, const char *ip, uint32_t most,
                               uint64_t since_ms);
 
-/* A message arrived on connection id from peer: true when it was the first. */
-bool aps_conns_delivered(struct aps_conns *t, uint64_t id, const struct aps_peer *peer);
+enum aps_conns_delivery {
+	APS_CONNS_LATER,   /* a message after the connection's first */
+	APS_CONNS_FIRST,   /* its first: it spoke */
+	APS_CONNS_UNHEARD, /* one after the connection read over APS_CONNS_UNHEARD_MAX
+	                      before its first: it is dropped, the message goes unread */
+};
+
+/* A message arrived on connection id from peer, at now. */
+enum aps_conns_delivery aps_conns_delivered(struct aps_conns *t, uint64_t id,
+                                            const struct aps_peer *peer, uint64_t now);
 
 /* Admitted (a session joined on it): no deadline; or not any more (from now). */
 void aps_conns_admit(struct aps_conns *t, uint64_t id, bool admitted, uint64_t now);

@@ -34,9 +34,12 @@ uint64_t aps_hostlimits_memory(void);
  */
 void aps_hostlimits_malloc_policy(void);
 
-/* Bytes malloc has handed out and not taken back (mallinfo2: the arena's in
- * use and what it mapped); 0 where that does not tell (a sanitizer's malloc). */
-uint64_t aps_hostlimits_heap_in_use(void);
+/* The process's resident bytes (/proc/self/statm: a read, whatever the heap's
+ * shape; glibc's mallinfo2 walks every free chunk under the arena's lock, 30 ms
+ * a call once a 4 MB handshake's 500000 properties were freed, blocking every
+ * thread's malloc); 0 where that does not tell (a sanitizer, whose quarantine
+ * keeps what was freed). */
+uint64_t aps_hostlimits_resident(void);
 
 /* The cores of the daemon's CPU set (sched_getaffinity), at least 1. */
 unsigned aps_hostlimits_cpus(void);

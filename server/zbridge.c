@@ -43,6 +43,11 @@
 /* libzmq's reaper frees a closed socket's pipes later, on its own thread: after a
  * reset the heap is trimmed at every tick for this long, not only once. */
 #define RESET_TRIM_MS 3000
+/* The same after a connection that read too much before it spoke was dropped
+ * (what libzmq parsed of a large handshake is freed on its I/O thread, up to a
+ * second later), but once a second at most: a trim walks the heap under
+ * malloc's lock (30 ms once a 4 MB handshake's 500000 properties were freed). */
+#define UNHEARD_TRIM_EVERY_MS 1000
 /* A flood on a parked connection costs one listener reset, at most this often. */
 #define RESET_INTERVAL_MS 10000
 #define STUCK_URGENT      64             /* descriptors: reset now */
@@ -336,7 +341,7 @@ static void reset_socket(struct aps_zbridge *b, const char *why)
 	b->cnt.listener_resets++;
 	b->last_reset_ms = aps__zbridge_now_ms(b);
 	b->parked_since_ms = 0;
-	b->heap_floor = 0; /* from the next tick: the reset frees what was parked */
+	b->rss_floor = 0; /* from the next tick: the reset frees what was parked */
 	close_socket(b, 0);
 	aps_conns_forget_all(&b->conns);
 	b->cnt.dropped += aps_outq_clear(&b->outq);
@@ -352,34 +357,36 @@ static void log_dropped(uint64_t count, const char *why, uint64_t limit, const c
 		             (unsigned long long)count, why, (unsigned long long)limit, unit);
 }
 
-/* The heap's lowest point since the last reset: what parked connections hold
- * shows as the heap's growth from it. Looked at every tick, parked or not: a
- * flood that parks within one tick must not set the floor. (A job that grows
- * after the floor bears out a wrong guess too: then apsd resets, as before.) */
-static uint64_t watch_heap(struct aps_zbridge *b)
+/* Resident memory's lowest point since the last reset: what parked connections
+ * hold shows as growth from it. Looked at every tick, parked or not: a flood
+ * that parks within one tick must not set the floor. (A job that grows after
+ * the floor bears out a wrong guess too: then apsd resets, as before. Memory
+ * freed stays resident, for the next malloc to reuse: a half-sent message
+ * freed at its close and the next one's frames take the same pages.) */
+static uint64_t watch_rss(struct aps_zbridge *b)
 {
-	uint64_t heap = aps_hostlimits_heap_in_use();
+	uint64_t rss = aps_hostlimits_resident();
 
-	if (heap != 0 && (b->heap_floor == 0 || heap < b->heap_floor))
-		b->heap_floor = heap;
-	return heap;
+	if (rss != 0 && (b->rss_floor == 0 || rss < b->rss_floor))
+		b->rss_floor = rss;
+	return rss;
 }
 
-/* Whether the heap grew by half of what parked connections are said to hold.
+/* Whether resident memory grew by half of what parked connections are said to hold.
  * The guess counts every byte ZeroMQ read of a connection that closed without
  * a message, but libzmq frees an unfinished message at the close: 8 such
  * connections of 8 MiB each, from new addresses, reset the socket every 10 s
  * and cut every worker for nothing (an attack, 2026-12-06). */
-static bool heap_bears_out(struct aps_zbridge *b, uint64_t heap, uint64_t held, uint64_t now)
+static bool rss_bears_out(struct aps_zbridge *b, uint64_t rss, uint64_t held, uint64_t now)
 {
-	uint64_t grown = heap > b->heap_floor ? heap - b->heap_floor : 0;
+	uint64_t grown = rss > b->rss_floor ? rss - b->rss_floor : 0;
 
-	if (heap == 0 || b->heap_floor == 0 || grown >= held / 2)
+	if (rss == 0 || b->rss_floor == 0 || grown >= held / 2)
 		return true;
 	if (aps_log_gate_open(&b->unborne_log, now, 60000))
 		aps_log_info(
 		        "zbridge",
-		        "no reset: parked connections may hold %llu KiB, but the heap grew "
+		        "no reset: parked connections may hold %llu KiB, but resident memory grew "
 		        "%llu KiB since the last reset (connections that closed with a message "
 		        "half sent: libzmq freed it)",
 		        (unsigned long long)(held >> 10), (unsigned long long)(grown >> 10));
@@ -391,11 +398,12 @@ static void on_tick(uv_timer_t *t)
 	struct aps_zbridge *b = t->data;
 	uint64_t now = aps__zbridge_now_ms(b);
 	size_t stuck, parked;
-	uint64_t held, heap;
+	uint64_t held, rss;
 	char why[200];
 
 	uint64_t unjoined = b->conns.cnt.unjoined_dropped;
 	uint64_t unfinished = b->conns.cnt.unfinished;
+	uint64_t unheard = b->conns.cnt.unheard;
 
 	if (b->router == NULL)
 		return;
@@ -410,10 +418,21 @@ static void on_tick(uv_timer_t *t)
 	stuck = aps_conns_tick(&b->conns, now);
 	parked = aps_conns_parked(&b->conns);
 	held = aps_conns_parked_bytes(&b->conns);
-	heap = watch_heap(b); /* this tick's, for the floor and for the reset below */
+	rss = watch_rss(b); /* this tick's, for the floor and for the reset below */
 	log_dropped(b->conns.cnt.unfinished - unfinished, "read over",
 	            b->conns.max_unfinished_bytes,
 	            "bytes of a message never finished (frames flagged MORE)");
+	log_dropped(b->conns.cnt.unheard - unheard, "read over", APS_CONNS_UNHEARD_MAX,
+	            "bytes before a message (a handshake that large, a connection parked, or a "
+	            "client that did not wait for its WELCOME)");
+	if (b->conns.cnt.unheard != unheard)
+		b->unheard_trim_until_ms = now + RESET_TRIM_MS;
+	if (b->unheard_trim_until_ms != 0 && now - b->unheard_trim_ms >= UNHEARD_TRIM_EVERY_MS) {
+		malloc_trim(0);
+		b->unheard_trim_ms = now;
+		if (now >= b->unheard_trim_until_ms)
+			b->unheard_trim_until_ms = 0;
+	}
 	log_dropped(b->conns.cnt.unjoined_dropped - unjoined,
 	            "not joined a job within "
 	            "join_timeout_ms =",
@@ -432,7 +451,7 @@ static void on_tick(uv_timer_t *t)
 		return;
 	if (b->last_reset_ms != 0 && now - b->last_reset_ms < RESET_URGENT_MS)
 		return;
-	if (stuck == 0 && !heap_bears_out(b, heap, held, now))
+	if (stuck == 0 && !rss_bears_out(b, rss, held, now))
 		return;
 	snprintf(why, sizeof(why),
 	         "%zu connections ZeroMQ will never close, %zu it may have parked holding up to "

@@ -72,6 +72,9 @@ struct aps_zbridge_opts {
 	X(unfinished_dropped, "unfinished_dropped",                                             \
 	  "Connections dropped that read over twice max_message_bytes of a message never "      \
 	  "finished.")                                                                          \
+	X(unheard_dropped, "unheard_dropped",                                                   \
+	  "Connections dropped that read over 32 KiB before their first message: a large "      \
+	  "handshake (libzmq keeps its properties, at 40 times their bytes), or parked.")       \
 	X(zmtp_refused, "zmtp_refused",                                                         \
 	  "Connections ZeroMQ closed: a frame over max_message_bytes, or not ZMTP.")            \
 	X(handshakes_failed, "handshakes_failed", "ZMTP or CURVE handshakes that failed.")      \

@@ -39,16 +39,18 @@ struct aps_zbridge {
 	struct aps_zap *zap; /* NULL without CURVE, max_silent_closes and allow_from */
 	struct aps_admission admission;
 	struct aps_conns conns;
-	char endpoint[256];       /* as bound (ZMQ_LAST_ENDPOINT): what a reset binds again */
-	int listen_fd;            /* a duplicate of the listening socket, for the next socket
-	                             (ZMQ_USE_FD): the port is never free across a reset; -1 */
-	uint64_t last_reset_ms;   /* 0: never */
-	uint64_t trim_until_ms;   /* after a reset: trim at every tick until then (0: no) */
-	uint64_t parked_since_ms; /* when a parked connection was first counted; 0: none */
+	char endpoint[256];             /* as bound (ZMQ_LAST_ENDPOINT): what a reset binds again */
+	int listen_fd;                  /* a duplicate of the listening socket, for the next socket
+	                                   (ZMQ_USE_FD): the port is never free across a reset; -1 */
+	uint64_t last_reset_ms;         /* 0: never */
+	uint64_t trim_until_ms;         /* after a reset: trim at every tick until then (0: no) */
+	uint64_t unheard_trim_until_ms; /* after unheard connections were dropped: trim until */
+	uint64_t unheard_trim_ms;       /* then, the last trim */
+	uint64_t parked_since_ms;       /* when a parked connection was first counted; 0: none */
 	struct aps_log_gate refused_log, zmtp_log; /* refused_connections, zmtp_refused: 1 line/s */
 	uint64_t behind_since_ms; /* messages have waited at every look since (0: none wait) */
-	uint64_t heap_floor;      /* the heap's lowest in use since the last reset (0: unknown) */
-	struct aps_log_gate unborne_log; /* resets the heap did not bear out: a line a minute */
+	uint64_t rss_floor;       /* resident memory's lowest since the last reset (0: unknown) */
+	struct aps_log_gate unborne_log; /* resets memory did not bear out: a line a minute */
 };
 
 /* zbridge_pump.c, for zbridge.c. */

@@ -55,6 +55,7 @@ const struct aps_zbridge_counters *aps_zbridge_counters(struct aps_zbridge *b)
 	b->cnt.unjoined_dropped = c->unjoined_dropped;
 	b->cnt.zmtp_refused = c->zmtp_refused;
 	b->cnt.unfinished_dropped = c->unfinished;
+	b->cnt.unheard_dropped = c->unheard;
 	b->cnt.handshakes_failed = c->handshakes_failed;
 	b->cnt.open_connections = b->conns.live;
 	b->cnt.parked_bytes = aps_conns_parked_bytes(&b->conns);
@@ -125,8 +126,15 @@ static void deliver(struct aps_zbridge *b, struct frames *f)
 	memcpy(m.peer.id, zmq_msg_data(&f->part[0]), id_len);
 	m.conn = aps_conns_id(&b->conns, zmq_msg_get(&f->part[1], ZMQ_SRCFD));
 	m.address = property(&f->part[1], "Peer-Address");
-	if (aps_conns_delivered(&b->conns, m.conn, &m.peer)) /* its first: it spoke */
+	switch (aps_conns_delivered(&b->conns, m.conn, &m.peer, aps__zbridge_now_ms(b))) {
+	case APS_CONNS_FIRST: /* it spoke */
 		aps_admission_spoke(&b->admission, m.address, aps__zbridge_now_ms(b));
+		break;
+	case APS_CONNS_UNHEARD: /* dropped: it read too much before it spoke */
+		return;
+	case APS_CONNS_LATER:
+		break;
+	}
 	m.user = property(&f->part[1], "User-Id");
 	m.hdr = zmq_msg_data(&f->part[1]);
 	m.hdr_len = zmq_msg_size(&f->part[1]);

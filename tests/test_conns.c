@@ -143,7 +143,7 @@ static void test_conns_tell_who_closed(void **state)
 	aps_conns_accepted(&t, a.zmq, 1);
 	aps_conns_accepted(&t, b.zmq, 1);
 	aps_conns_accepted(&t, c.zmq, 1);
-	aps_conns_delivered(&t, aps_conns_id(&t, b.zmq), &who);
+	aps_conns_delivered(&t, aps_conns_id(&t, b.zmq), &who, 2);
 	close(a.peer); /* the peer hung up */
 	assert_int_equal(aps_conns_closed(&t, a.zmq, &address), APS_CONN_PEER);
 	assert_string_equal(address, "local");
@@ -182,7 +182,7 @@ static void test_conns_find_the_stuck_ones(void **state)
 	assert_int_equal(aps_conns_tick(&t, 5000), 1);
 	assert_int_equal(aps_conns_tick(&t, 5000 + APS_CONNS_STUCK_MS), 2);
 	/* a delivers: it was only slow, not stuck */
-	aps_conns_delivered(&t, aps_conns_id(&t, a.zmq), &who);
+	aps_conns_delivered(&t, aps_conns_id(&t, a.zmq), &who, 2);
 	assert_int_equal(aps_conns_tick(&t, 9000), 1);
 	aps_conns_free(&t);
 	close(a.zmq);
@@ -255,7 +255,7 @@ static void test_conns_drop_a_message_without_end(void **state)
 	aps_conns_tick(&t, 2); /* the mark: nothing read */
 	assert_int_equal(send(p.peer, buf, 1500, 0), 1500);
 	assert_int_equal(recv(p.zmq, buf, 1500, MSG_WAITALL), 1500);
-	aps_conns_delivered(&t, aps_conns_id(&t, p.zmq), &who); /* a message came of it */
+	aps_conns_delivered(&t, aps_conns_id(&t, p.zmq), &who, 2); /* a message came of it */
 	aps_conns_tick(&t, 3);
 	assert_int_equal(t.cnt.unfinished, 0);
 	assert_int_equal(send(p.peer, buf, 900, 0), 900); /* under the bound */
@@ -285,7 +285,7 @@ static void test_conns_count_parked_connections(void **state)
 		aps_conns_accepted(&t, p[i].zmq, 1);
 		aps_conns_handshake_succeeded(&t);
 	}
-	aps_conns_delivered(&t, aps_conns_id(&t, p[0].zmq), &who);
+	aps_conns_delivered(&t, aps_conns_id(&t, p[0].zmq), &who, 2);
 	assert_int_equal(aps_conns_parked(&t), 0); /* the quiet ones may still speak */
 	for (int i = 1; i < 3; i++) {
 		close(p[i].peer);
@@ -333,8 +333,8 @@ static void test_conns_drop_every_connection_of_a_peer(void **state)
 	aps_conns_init(&t, 8, 600000);
 	aps_conns_accepted(&t, a.zmq, 1);
 	aps_conns_accepted(&t, b.zmq, 1);
-	aps_conns_delivered(&t, aps_conns_id(&t, a.zmq), &slow);
-	aps_conns_delivered(&t, aps_conns_id(&t, b.zmq), &other);
+	aps_conns_delivered(&t, aps_conns_id(&t, a.zmq), &slow, 2);
+	aps_conns_delivered(&t, aps_conns_id(&t, b.zmq), &other, 2);
 	assert_int_equal(aps_conns_drop_peer(&t, &slow, 5), 1);
 	assert_true(peer_sees_eof(a.peer));
 	assert_false(peer_sees_eof(b.peer));
