@@ -76,6 +76,7 @@ static void free_job(struct aps_job *job)
 	for (uint32_t i = 0; i < job->n_tensors; i++)
 		free_tensor(job->tensors[i]);
 	free(job->tensors);
+	free(job->by_name);
 	aps_ckpt_free(&job->resume);
 	free(job->ranks);
 	free(job->barrier_has);
@@ -141,13 +142,27 @@ uint32_t aps_job_connected(const struct aps_job *job)
 	return n;
 }
 
+/* Where name is in by_name, or would go: the first place whose name is not before it. */
+static uint32_t name_place(const struct aps_job *job, const char *name)
+{
+	uint32_t lo = 0, hi = job->n_tensors;
+
+	while (lo < hi) {
+		uint32_t mid = lo + (hi - lo) / 2;
+		if (strcmp(job->by_name[mid]->name, name) < 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
 struct aps_tensor *aps_job_tensor_by_name(struct aps_job *job, const char *name)
 {
-	for (uint32_t i = 0; i < job->n_tensors; i++) {
-		if (strcmp(job->tensors[i]->name, name) == 0)
-			return job->tensors[i];
-	}
-	return NULL;
+	uint32_t i = name_place(job, name);
+
+	return i < job->n_tensors && strcmp(job->by_name[i]->name, name) == 0 ? job->by_name[i]
+	                                                                      : NULL;
 }
 
 struct aps_tensor *aps_job_tensor(struct aps_job *job, uint32_t id)
@@ -159,10 +174,15 @@ static int grow_tensors(struct aps_job *job)
 {
 	uint32_t cap = job->cap_tensors ? 2 * job->cap_tensors : 16;
 	struct aps_tensor **t = realloc(job->tensors, cap * sizeof(*t));
+	struct aps_tensor **n;
 
 	if (t == NULL)
 		return APS_ENOMEM;
 	job->tensors = t;
+	n = realloc(job->by_name, cap * sizeof(*n));
+	if (n == NULL)
+		return APS_ENOMEM; /* tensors grew, by_name did not: cap_tensors says the lesser */
+	job->by_name = n;
 	job->cap_tensors = cap;
 	return 0;
 }
@@ -205,6 +225,10 @@ int aps_job_add_tensor(struct aps_job *job, const char *name, uint64_t count, ui
 	snprintf(t->name, sizeof(t->name), "%s", name);
 	t->id = job->n_tensors;
 	t->count = count;
+	uint32_t at = name_place(job, t->name);
+	memmove(&job->by_name[at + 1], &job->by_name[at],
+	        (job->n_tensors - at) * sizeof(*job->by_name));
+	job->by_name[at] = t;
 	job->tensors[job->n_tensors++] = t;
 	*out = t;
 	return 0;

@@ -100,7 +100,8 @@ struct aps_job {
 	 * for the job's next barrier to take part again. Every round reads it.
 	 */
 	bool *absent;
-	struct aps_tensor **tensors;
+	struct aps_tensor **tensors; /* by id, the order they were registered in */
+	struct aps_tensor **by_name; /* the same, sorted by name (aps_job_tensor_by_name) */
 	uint32_t n_tensors, cap_tensors;
 	uint64_t tensor_bytes;   /* fp32 bytes of its tensors (optimize mode: with weights and
 	                            state): what max_job_bytes bounds */
@@ -159,6 +160,8 @@ void aps_job_forget_rank(struct aps_job *job, uint32_t rank);
 /* Ranks that take part in the job's rounds (all but the absent ones). */
 uint32_t aps_job_members(const struct aps_job *job);
 
+/* The tensor of that name, NULL if none: a binary search (a REGISTER scanned
+ * every name, 0.46 ms a call at 16384 tensors, an attack on 2026-12-07). */
 struct aps_tensor *aps_job_tensor_by_name(struct aps_job *job, const char *name);
 struct aps_tensor *aps_job_tensor(struct aps_job *job, uint32_t id);
 /* Bytes a tensor of count elements keeps besides its values, most of it per rank of

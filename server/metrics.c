@@ -1,7 +1,12 @@
 /*
  * The Prometheus endpoint: a TCP listener (server/oneshot.c) that answers
  * GET /metrics with every daemon counter, per-kind bad-message counters,
- * round latency quantiles, and per-job and per-tensor series.
+ * round latency quantiles, and per-job and per-tensor series. A scrape costs
+ * the loop a few ms whatever peers do: at most TENSOR_SERIES_MAX tensors are
+ * listed, shared out among the jobs, and the text is rendered at most once
+ * every RENDER_EVERY_MS (an attack, 2026-12-07: a stranger's job of 30000
+ * tensors made each GET 28 MB and 1-2.4 s of the loop, and 3 GETs a second
+ * stalled every job).
  */
 #include "server/metrics.h"
 
@@ -14,10 +19,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Tensors listed in the per-tensor series, of every job together. */
+#define TENSOR_SERIES_MAX 4096
+/* Scrapes within this long of a render get its text again. */
+#define RENDER_EVERY_MS 1000
+
 struct aps_metrics {
 	uv_tcp_t tcp;
 	const struct aps_server *srv;
 	struct aps_oneshot *oneshot;
+	char *body; /* the last render; NULL: none yet */
+	uint64_t rendered_ms;
 };
 
 static void counter(FILE *f, const char *name, const char *help, uint64_t value)
@@ -85,14 +97,19 @@ static void render_latency(FILE *f, const struct aps_server *srv)
 	        (unsigned long long)srv->latency.count);
 }
 
-/* Job and tensor names are visible ASCII (the validator insists); quotes and backslashes escaped.
- */
+/* Job and tensor names are visible ASCII (the validator insists); quotes and
+ * backslashes escaped. A run at a time: a character at a time took the stream's
+ * lock 500 times a name. */
 static void label(FILE *f, const char *s)
 {
-	for (; *s; s++) {
-		if (*s == '"' || *s == '\\')
-			fputc('\\', f);
-		fputc(*s, f);
+	for (;;) {
+		size_t run = strcspn(s, "\"\\");
+		fwrite(s, 1, run, f);
+		if (s[run] == '\0')
+			return;
+		fputc('\\', f);
+		fputc(s[run], f);
+		s += run + 1;
 	}
 }
 
@@ -114,7 +131,41 @@ static void render_jobs(FILE *f, const struct aps_server *srv)
 	}
 }
 
-static void render_tensors(FILE *f, const struct aps_server *srv)
+struct job_size {
+	uint32_t tensors, index; /* the job's tensors, its place in the list */
+};
+
+static int by_tensors(const void *a, const void *b)
+{
+	const struct job_size *x = a, *y = b;
+
+	return (x->tensors > y->tensors) - (x->tensors < y->tensors);
+}
+
+/* How many of its tensors each job lists (quota[i] for the i-th job of the
+ * list, n of them): TENSOR_SERIES_MAX shared out, smallest jobs first, so that
+ * a job with many tensors cannot crowd the others out. false: out of memory. */
+static bool tensor_quotas(const struct aps_server *srv, uint32_t *quota, size_t n)
+{
+	struct job_size *size = malloc((n ? n : 1) * sizeof(*size));
+	size_t i = 0, left = TENSOR_SERIES_MAX;
+
+	if (size == NULL)
+		return false;
+	for (const struct aps_job *j = srv->jobs.jobs; j != NULL && i < n; j = j->next, i++)
+		size[i] = (struct job_size){ j->n_tensors, (uint32_t)i };
+	qsort(size, n, sizeof(*size), by_tensors);
+	for (i = 0; i < n; i++) {
+		size_t share = left / (n - i);
+		quota[size[i].index] =
+		        (uint32_t)(size[i].tensors < share ? size[i].tensors : share);
+		left -= quota[size[i].index];
+	}
+	free(size);
+	return true;
+}
+
+static void render_tensors(FILE *f, const struct aps_server *srv, const uint32_t *quota)
 {
 	static const char *const names[] = { "tensor_bytes_in_total", "tensor_bytes_out_total",
 		                             "tensor_flushed_fraction" };
@@ -122,12 +173,14 @@ static void render_tensors(FILE *f, const struct aps_server *srv)
 		"Payload bytes received for the tensor.", "Payload bytes sent for the tensor.",
 		"Share of non-zero values flushed to zero, last step."
 	};
+	const struct aps_job *j;
+	size_t n;
 
 	for (int k = 0; k < 3; k++) {
 		fprintf(f, "# HELP apsd_%s %s\n# TYPE apsd_%s %s\n", names[k], helps[k], names[k],
 		        k < 2 ? "counter" : "gauge");
-		for (const struct aps_job *j = srv->jobs.jobs; j != NULL; j = j->next) {
-			for (uint32_t i = 0; i < j->n_tensors; i++) {
+		for (j = srv->jobs.jobs, n = 0; j != NULL; j = j->next, n++) {
+			for (uint32_t i = 0; i < quota[n]; i++) {
 				const struct aps_tensor *t = j->tensors[i];
 				double v = k == 0   ? (double)t->stats.bytes_in
 				           : k == 1 ? (double)t->stats.bytes_out
@@ -140,20 +193,35 @@ static void render_tensors(FILE *f, const struct aps_server *srv)
 			}
 		}
 	}
+	fprintf(f,
+	        "# HELP apsd_job_tensors_unlisted Tensors of the job without series of their "
+	        "own (at most %d are listed, of every job together).\n"
+	        "# TYPE apsd_job_tensors_unlisted gauge\n",
+	        TENSOR_SERIES_MAX);
+	for (j = srv->jobs.jobs, n = 0; j != NULL; j = j->next, n++) {
+		fputs("apsd_job_tensors_unlisted{job=\"", f);
+		label(f, j->name);
+		fprintf(f, "\"} %u\n", j->n_tensors - quota[n]);
+	}
 }
 
 char *aps_metrics_render(const struct aps_server *srv)
 {
+	size_t n_jobs = srv->jobs.n_jobs, len = 0;
+	uint32_t *quota = calloc(n_jobs ? n_jobs : 1, sizeof(*quota));
 	char *text = NULL;
-	size_t len = 0;
-	FILE *f = open_memstream(&text, &len);
+	FILE *f = quota != NULL && tensor_quotas(srv, quota, n_jobs) ? open_memstream(&text, &len)
+	                                                             : NULL;
 
-	if (f == NULL)
+	if (f == NULL) {
+		free(quota);
 		return NULL;
+	}
 	render_daemon(f, srv);
 	render_latency(f, srv);
 	render_jobs(f, srv);
-	render_tensors(f, srv);
+	render_tensors(f, srv, quota);
+	free(quota);
 	if (fclose(f) != 0) {
 		free(text);
 		return NULL;
@@ -161,23 +229,57 @@ char *aps_metrics_render(const struct aps_server *srv)
 	return text;
 }
 
+/* The text of a render at most RENDER_EVERY_MS old; NULL: out of memory. */
+static const char *body_of(struct aps_metrics *m)
+{
+	uint64_t now = uv_now(m->srv->loop);
+
+	if (m->body == NULL || now - m->rendered_ms >= RENDER_EVERY_MS) {
+		char *fresh = aps_metrics_render(m->srv);
+		if (fresh == NULL)
+			return NULL;
+		free(m->body);
+		m->body = fresh;
+		m->rendered_ms = now;
+	}
+	return m->body;
+}
+
 static char *http_answer(void *ctx, const char *request, size_t *len)
 {
 	struct aps_metrics *m = ctx;
 	bool wanted = strncmp(request, "GET /metrics ", 13) == 0 ||
 	              strncmp(request, "GET /metrics?", 13) == 0;
-	char *body = wanted ? aps_metrics_render(m->srv) : NULL;
+	const char *body = wanted ? body_of(m) : NULL;
 	char *reply = NULL;
 	int n;
 
 	if (wanted && body == NULL)
 		return NULL;
-	n = asprintf(&reply,
-	             "HTTP/1.0 %s\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
-	             "Content-Length: %zu\r\nConnection: close\r\n\r\n%s",
-	             wanted ? "200 OK" : "404 Not Found", wanted ? strlen(body) : 10,
-	             wanted ? body : "not found\n");
-	free(body);
+	if (wanted) {
+		uint64_t evicted, refused;
+		char own[640];
+		aps_oneshot_counts(m->oneshot, &evicted, &refused);
+		snprintf(
+		        own, sizeof(own),
+		        "# HELP apsd_metrics_clients_evicted_total Clients of this endpoint closed "
+		        "for a new one: no whole request, or an answer unread for a second.\n"
+		        "# TYPE apsd_metrics_clients_evicted_total counter\n"
+		        "apsd_metrics_clients_evicted_total %llu\n"
+		        "# HELP apsd_metrics_clients_refused_total Clients of this endpoint refused: "
+		        "16 were being answered.\n"
+		        "# TYPE apsd_metrics_clients_refused_total counter\n"
+		        "apsd_metrics_clients_refused_total %llu\n",
+		        (unsigned long long)evicted, (unsigned long long)refused);
+		n = asprintf(
+		        &reply,
+		        "HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4; "
+		        "charset=utf-8\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n%s%s",
+		        strlen(body) + strlen(own), body, own);
+	} else {
+		n = asprintf(&reply, "HTTP/1.0 404 Not Found\r\nContent-Length: 10\r\n"
+		                     "Connection: close\r\n\r\nnot found\n");
+	}
 	if (n < 0)
 		return NULL;
 	*len = (size_t)n;
@@ -205,7 +307,10 @@ static int parse_listen(const char *listen, struct sockaddr_storage *addr)
 
 static void free_metrics(void *ctx)
 {
-	free(ctx);
+	struct aps_metrics *m = ctx;
+
+	free(m->body);
+	free(m);
 }
 
 static void on_unused_tcp_closed(uv_handle_t *h)

@@ -7,6 +7,7 @@
 #include "common/err.h"
 #include "common/log.h"
 
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,8 +17,10 @@ struct aps_oneshot {
 	const char *terminator;
 	aps_oneshot_handler handler;
 	void *ctx;
-	struct client *clients;
+	struct client *clients; /* the newest first */
 	int n_clients;
+	uint64_t evicted, refused;
+	struct aps_log_gate evicted_log;
 	bool listener_closed;
 	void (*on_closed)(void *ctx);
 };
@@ -34,6 +37,7 @@ struct client {
 	char request[APS_ONESHOT_REQUEST_MAX + 1];
 	size_t len;
 	char *answer;
+	uint64_t answered_ms; /* when its answer began to be written */
 	int open_handles;
 };
 
@@ -86,6 +90,7 @@ static void answer(struct client *cl)
 	cl->request[cl->len] = '\0';
 	uv_read_stop((uv_stream_t *)&cl->conn);
 	cl->answer = cl->o->handler(cl->o->ctx, cl->request, &len);
+	cl->answered_ms = uv_now(cl->o->loop);
 	if (cl->answer == NULL) {
 		close_client(cl);
 		return;
@@ -137,12 +142,69 @@ static int init_conn(struct aps_oneshot *o, struct client *cl)
 	return uv_tcp_init(o->loop, &cl->conn.tcp);
 }
 
+/* A client that has not taken its answer in this long reads too slowly to keep
+ * its place from a new one (a scraper takes a few ms). */
+#define SLOW_READER_MS 1000
+
+/* The client that has waited longest without a whole request, one that sent
+ * nothing before one that sent part of it, else the one whose answer has
+ * waited longest past SLOW_READER_MS; NULL: none. */
+static struct client *least_useful(struct aps_oneshot *o)
+{
+	struct client *idle = NULL, *partial = NULL, *slow = NULL;
+	uint64_t now = uv_now(o->loop);
+
+	/* the list is newest first: the last one found is the oldest */
+	for (struct client *cl = o->clients; cl != NULL; cl = cl->next) {
+		if (uv_is_closing((uv_handle_t *)&cl->conn))
+			continue;
+		if (cl->answer != NULL && now - cl->answered_ms >= SLOW_READER_MS)
+			slow = cl;
+		else if (cl->answer == NULL && cl->len == 0)
+			idle = cl;
+		else if (cl->answer == NULL)
+			partial = cl;
+	}
+	return idle != NULL ? idle : partial != NULL ? partial : slow;
+}
+
+/* Every place is taken: a new client takes the least useful one's, or is refused. */
+static bool make_room(struct aps_oneshot *o)
+{
+	struct client *victim;
+	uint64_t now = uv_now(o->loop);
+	int live = 0;
+
+	for (struct client *cl = o->clients; cl != NULL; cl = cl->next)
+		live += !uv_is_closing((uv_handle_t *)&cl->conn);
+	if (live < APS_ONESHOT_MAX_CLIENTS)
+		return true;
+	victim = least_useful(o);
+	if (victim == NULL) {
+		o->refused++;
+		return false;
+	}
+	o->evicted++;
+	if (aps_log_gate_open(&o->evicted_log, now, 1000))
+		aps_log_warn("oneshot",
+		             "closed a client that had not sent a whole request or read its "
+		             "answer: %d clients at once, a new one came held_back=%llu",
+		             APS_ONESHOT_MAX_CLIENTS,
+		             (unsigned long long)aps_log_gate_pass(&o->evicted_log, now));
+	close_client(victim);
+	return true;
+}
+
 static void on_connection(uv_stream_t *listener, int status)
 {
 	struct aps_oneshot *o = listener->data;
 	struct client *cl;
+	bool room;
 
-	if (status < 0 || (cl = calloc(1, sizeof(*cl))) == NULL)
+	if (status < 0)
+		return;
+	room = make_room(o);
+	if ((cl = calloc(1, sizeof(*cl))) == NULL)
 		return;
 	cl->o = o;
 	init_conn(o, cl);
@@ -153,8 +215,7 @@ static void on_connection(uv_stream_t *listener, int status)
 	o->clients = cl;
 	o->n_clients++;
 	/* Accepted in any case, so that it does not linger in the backlog. */
-	if (uv_accept(listener, (uv_stream_t *)&cl->conn) < 0 ||
-	    o->n_clients > APS_ONESHOT_MAX_CLIENTS) {
+	if (uv_accept(listener, (uv_stream_t *)&cl->conn) < 0 || !room) {
 		close_client(cl);
 		return;
 	}
@@ -181,6 +242,12 @@ int aps_oneshot_start(struct aps_oneshot **out, uv_stream_t *listener, const cha
 	listener->data = o;
 	*out = o;
 	return 0;
+}
+
+void aps_oneshot_counts(const struct aps_oneshot *o, uint64_t *evicted, uint64_t *refused)
+{
+	*evicted = o != NULL ? o->evicted : 0;
+	*refused = o != NULL ? o->refused : 0;
 }
 
 static void on_listener_closed(uv_handle_t *h)

@@ -3,8 +3,13 @@
  * terminator such as "\n" or "\r\n\r\n", at most APS_ONESHOT_REQUEST_MAX
  * bytes), the handler answers with one buffer, the connection closes. Few
  * clients at once and a deadline per client, so that nobody can stall the
- * loop or make the daemon hold more than a bounded number of answers. The
- * stats socket and the metrics endpoint are built on it.
+ * loop or make the daemon hold more than a bounded number of answers. When
+ * every place is taken, a new client takes the place of the one that has
+ * waited longest without a whole request (those that sent nothing first), or
+ * else of one that has not read its answer for a second: 16 idle
+ * connections, opened again as they were closed, had kept every scraper out
+ * (an attack, 2026-12-07). The stats socket and the metrics
+ * endpoint are built on it.
  */
 #ifndef APS_SERVER_ONESHOT_H
 #define APS_SERVER_ONESHOT_H
@@ -32,6 +37,10 @@ struct aps_oneshot;
  */
 int aps_oneshot_start(struct aps_oneshot **out, uv_stream_t *listener, const char *terminator,
                       aps_oneshot_handler handler, void *ctx);
+
+/* Clients that lost their place to a newer one, and clients refused because
+ * every place was taken by one being answered. */
+void aps_oneshot_counts(const struct aps_oneshot *o, uint64_t *evicted, uint64_t *refused);
 
 /* Closes the listener and every client; on_closed(ctx) runs when all are closed. */
 void aps_oneshot_close(struct aps_oneshot *o, void (*on_closed)(void *ctx));

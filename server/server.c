@@ -215,10 +215,21 @@ static void on_tick(uv_timer_t *timer)
 
 	srv->last_tick_ms = now;
 	/* The loop was held up (a long step, a trim): what waits to be read is not
-	 * silence. The silences are judged at the next tick, after the drain. */
+	 * silence, and a rank whose connection closed could not be taken back
+	 * meanwhile. The time held up is not counted against anyone: before, a
+	 * stall of 9.7 s ended every rank of every job ("connection silent for
+	 * 9724 ms", an attack on the metrics endpoint, 2026-12-07). */
 	if (last != 0 && now - last > STALL_MS) {
-		for (struct aps_session *s = srv->jobs.sessions; s != NULL; s = s->next)
-			s->last_seen_ms = s->last_seen_ms > last ? s->last_seen_ms : last;
+		uint64_t held = now - last - TICK_MS;
+		for (struct aps_session *s = srv->jobs.sessions; s != NULL; s = s->next) {
+			s->last_seen_ms =
+			        s->last_seen_ms + held < now ? s->last_seen_ms + held : now;
+			if (s->detached_ms != 0)
+				s->detached_ms =
+				        s->detached_ms + held < now ? s->detached_ms + held : now;
+		}
+		aps_log_warn("server", "the loop was held up for %llu ms: not counted as silence",
+		             (unsigned long long)(now - last));
 	}
 	aps_reconnect_tick(srv, now);
 	aps_leave_trim(srv);

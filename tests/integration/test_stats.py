@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -180,6 +181,84 @@ def test_prometheus_metrics_pass_promtool(daemon_factory):
     assert err.value.code == 404
     for p in procs:
         assert p.wait(timeout=30) == 0
+
+
+def scrape(port):
+    import urllib.request
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        return r.read().decode()
+
+
+def test_a_job_of_many_tensors_costs_a_scrape_little(daemon_factory):
+    # Before: every tensor of every job had 3 series, written a character at a
+    # time, on the loop, at every GET: a stranger's job of 30000 tensors made each
+    # GET 28 MB and 1-2.4 s of the loop, and 3 GETs a second stalled every job
+    # (an attack, 2026-12-07). Now 4096 tensors are listed, shared out among the
+    # jobs, and the text is rendered at most once a second.
+    from conftest import free_port
+    from peers import REGISTER, REGISTERED, WELCOME, Peer
+    port = free_port()
+    d = daemon_factory(extra=["--metrics_listen", f"127.0.0.1:{port}"])
+    big = Peer(d.endpoint)
+    assert big.hello("big", 0, 1)["type"] == WELCOME
+    for i in range(6000):
+        big.send(type=REGISTER, job="big", rank=0, world_size=1, tensor_name=f"t{i}",
+                 total_count=1, format="fp32")
+    assert all(big.recv_type(REGISTERED, 10000) is not None for _ in range(6000))
+    procs = [start_worker(d.endpoint, r, 2, [7, 4097], steps=3, sleep_ms=1500)
+             for r in range(2)]
+    d.wait_for_log("round job=default tensor=layer1.weight step=1 ")
+    text = scrape(port)
+    series = [line for line in text.splitlines()
+              if line.startswith("apsd_tensor_bytes_in_total{")]
+    assert len(series) == 4096, len(series)
+    # the small job's tensors are listed whatever the big one holds
+    assert 'apsd_tensor_bytes_in_total{job="default",tensor="layer1.weight"}' in text
+    assert 'apsd_job_tensors_unlisted{job="big"} 1906' in text, text[-500:]
+    assert 'apsd_job_tensors_unlisted{job="default"} 0' in text
+    # 50 scrapes within a second: one render
+    began = time.monotonic()
+    assert all(scrape(port) == text for _ in range(50)) or time.monotonic() - began > 0.9
+    assert len(text) < 1 << 20
+    big.close()
+    for p in procs:
+        assert p.wait(timeout=30) == 0
+
+
+def test_idle_connections_do_not_keep_a_scraper_out(daemon_factory):
+    # Before: 16 connections that never said a word, opened again as apsd closed
+    # them, held every place of the metrics endpoint and of the stats socket:
+    # 20 of 20 scrapes failed (an attack, 2026-12-07). Now a new client takes the
+    # place of the oldest that sent nothing, or of one that has not read its
+    # answer for a second.
+    from conftest import free_port
+    port = free_port()
+    d = daemon_factory(extra=["--metrics_listen", f"127.0.0.1:{port}"])
+    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(16)]
+    local = []
+    for _ in range(16):
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(stats_path(d))
+        local.append(s)
+    time.sleep(0.2)
+    for _ in range(5):
+        assert "apsd_rounds_total" in scrape(port)
+        assert "counters" in ask(stats_path(d), "stats")
+    # GETs whose answers are never read: their places go to new clients too
+    unread = []
+    for _ in range(16):
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+        s.connect(("127.0.0.1", port))
+        s.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+        unread.append(s)
+    time.sleep(1.2)
+    text = scrape(port)
+    evicted = int(re.search(r"^apsd_metrics_clients_evicted_total (\d+)$", text, re.M)[1])
+    assert evicted >= 5 + 1, text[-600:]
+    assert "closed a client that had not sent a whole request" in d.log_path.read_text()
+    for s in idle + local + unread:
+        s.close()
 
 
 def test_trace_timelines_of_daemon_and_workers(daemon_factory, tmp_path):
