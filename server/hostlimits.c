@@ -101,24 +101,18 @@ void aps_hostlimits_malloc_policy(void)
 			return;
 	}
 	mallopt(M_ARENA_MAX, 1);
+	mallopt(M_MXFAST, 0);
 	mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD);
 	mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD);
 }
 
-uint64_t aps_hostlimits_resident(void)
+uint64_t aps_hostlimits_heap_in_use(void)
 {
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-	return 0; /* its quarantine keeps what was freed: everything would seem to grow */
+	return 0; /* its malloc is not glibc's: mallinfo2 would say nothing moved */
 #else
-	unsigned long long size, resident = 0;
-	long page = sysconf(_SC_PAGESIZE);
-	FILE *f = fopen("/proc/self/statm", "re");
+	struct mallinfo2 mi = mallinfo2();
 
-	if (f == NULL)
-		return 0;
-	if (fscanf(f, "%llu %llu", &size, &resident) != 2)
-		resident = 0;
-	fclose(f);
-	return page > 0 ? (uint64_t)resident * (uint64_t)page : 0;
+	return (uint64_t)mi.uordblks + (uint64_t)mi.hblkhd;
 #endif
 }

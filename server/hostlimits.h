@@ -23,7 +23,9 @@ uint64_t aps_hostlimits_memory(void);
 
 /*
  * glibc's malloc, set before any thread starts: one arena, message bodies up
- * to 16 MiB from the heap, up to 32 MiB of free heap kept for the next step.
+ * to 16 MiB from the heap, up to 32 MiB of free heap kept for the next step,
+ * no fastbins (small chunks freed are merged at once, as larger ones are: the
+ * same steps a second, 4 Ki and 1 Mi elements, 3 runs each way).
  * A step's bodies then reuse the pages the last step freed (glibc's sliding
  * thresholds gave them back and faulted them in again: the daemon's CPU per
  * step fell by a quarter to a third), and malloc_trim at a job's end gives
@@ -34,12 +36,12 @@ uint64_t aps_hostlimits_memory(void);
  */
 void aps_hostlimits_malloc_policy(void);
 
-/* The process's resident bytes (/proc/self/statm: a read, whatever the heap's
- * shape; glibc's mallinfo2 walks every free chunk under the arena's lock, 30 ms
- * a call once a 4 MB handshake's 500000 properties were freed, blocking every
- * thread's malloc); 0 where that does not tell (a sanitizer, whose quarantine
- * keeps what was freed). */
-uint64_t aps_hostlimits_resident(void);
+/* Bytes malloc has handed out and not taken back (mallinfo2: the arena's in
+ * use and what it mapped); 0 where that does not tell (a sanitizer's malloc).
+ * mallinfo2 walks every free chunk under the arena's lock: the policy above
+ * keeps no fastbins (M_MXFAST 0), whose chunks are never merged (500000 of a
+ * large handshake's freed properties made each call 30 ms). */
+uint64_t aps_hostlimits_heap_in_use(void);
 
 /* The cores of the daemon's CPU set (sched_getaffinity), at least 1. */
 unsigned aps_hostlimits_cpus(void);

@@ -13,12 +13,15 @@
 
 #define ITEM_MAX 64 /* longer than any address with its prefix */
 
-/* An address as text into family and 16 bytes; an IPv4-mapped IPv6 one as IPv4. */
-static bool address_of(const char *text, int *family, uint8_t addr[16])
+/* An address as text into family and 16 bytes; an IPv4-mapped IPv6 one as IPv4
+ * (*mapped says so, when not NULL). */
+static bool address_of(const char *text, int *family, uint8_t addr[16], bool *mapped)
 {
-	static const uint8_t mapped[12] = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff };
+	static const uint8_t v4_in_v6[12] = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff };
 
 	memset(addr, 0, 16);
+	if (mapped != NULL)
+		*mapped = false;
 	if (inet_pton(AF_INET, text, addr) == 1) {
 		*family = AF_INET;
 		return true;
@@ -26,10 +29,12 @@ static bool address_of(const char *text, int *family, uint8_t addr[16])
 	if (inet_pton(AF_INET6, text, addr) != 1)
 		return false;
 	*family = AF_INET6;
-	if (memcmp(addr, mapped, sizeof(mapped)) == 0) {
+	if (memcmp(addr, v4_in_v6, sizeof(v4_in_v6)) == 0) {
 		memmove(addr, addr + 12, 4);
 		memset(addr + 4, 0, 12);
 		*family = AF_INET;
+		if (mapped != NULL)
+			*mapped = true;
 	}
 	return true;
 }
@@ -48,7 +53,8 @@ static int parse_item(struct aps_net *net, const char *item, char *why, size_t w
 	char addr[ITEM_MAX];
 	const char *slash = strchr(item, '/');
 	size_t len = slash != NULL ? (size_t)(slash - item) : strlen(item);
-	unsigned max;
+	unsigned max, skip;
+	bool mapped;
 
 	if (len >= sizeof(addr)) {
 		snprintf(why, why_len, "network '%.40s...' is not an address", item);
@@ -56,24 +62,27 @@ static int parse_item(struct aps_net *net, const char *item, char *why, size_t w
 	}
 	memcpy(addr, item, len);
 	addr[len] = '\0';
-	if (!address_of(addr, &net->family, net->addr)) {
+	if (!address_of(addr, &net->family, net->addr, &mapped)) {
 		snprintf(why, why_len,
 		         "network '%s' is not an IPv4 or IPv6 address (write ADDRESS or "
 		         "ADDRESS/PREFIX, comma-separated; host names are not looked up)",
 		         item);
 		return APS_EINVAL;
 	}
+	/* ::ffff:10.9.0.0/112 is 10.9.0.0/16: its prefix counts the 96 bits before */
+	skip = mapped ? 96 : 0;
 	max = net->family == AF_INET ? 32 : 128;
 	net->prefix = max;
 	if (slash != NULL) {
 		char *end;
 		unsigned long p = strtoul(slash + 1, &end, 10);
-		if (!isdigit((unsigned char)slash[1]) || *end != '\0' || p > max) {
-			snprintf(why, why_len, "network '%s': the prefix must be 0 to %u", item,
-			         max);
+		if (!isdigit((unsigned char)slash[1]) || *end != '\0' || p < skip ||
+		    p > skip + max) {
+			snprintf(why, why_len, "network '%s': the prefix must be %u to %u", item,
+			         skip, skip + max);
 			return APS_EINVAL;
 		}
-		net->prefix = (unsigned)p;
+		net->prefix = (unsigned)p - skip;
 	}
 	/* 10.1.2.3/8 most likely means 10.0.0.0/8 or 10.1.2.3: say so, do not guess */
 	if (net->prefix < max) {
@@ -142,7 +151,7 @@ bool aps_netlist_has(const struct aps_netlist *l, const char *ip)
 	uint8_t addr[16];
 	int family;
 
-	if (!address_of(ip, &family, addr))
+	if (!address_of(ip, &family, addr, NULL))
 		return false;
 	for (size_t i = 0; i < l->n; i++) {
 		if (l->nets[i].family == family &&

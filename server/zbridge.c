@@ -341,7 +341,8 @@ static void reset_socket(struct aps_zbridge *b, const char *why)
 	b->cnt.listener_resets++;
 	b->last_reset_ms = aps__zbridge_now_ms(b);
 	b->parked_since_ms = 0;
-	b->rss_floor = 0; /* from the next tick: the reset frees what was parked */
+	b->heap_floor = 0; /* from the next tick: the reset frees what was parked */
+	b->heap_next = 0;
 	close_socket(b, 0);
 	aps_conns_forget_all(&b->conns);
 	b->cnt.dropped += aps_outq_clear(&b->outq);
@@ -357,38 +358,44 @@ static void log_dropped(uint64_t count, const char *why, uint64_t limit, const c
 		             (unsigned long long)count, why, (unsigned long long)limit, unit);
 }
 
-/* Resident memory's lowest point since the last reset: what parked connections
+/* The heap's lowest point in use since the last reset: what parked connections
  * hold shows as growth from it. Looked at every tick, parked or not: a flood
  * that parks within one tick must not set the floor. (A job that grows after
- * the floor bears out a wrong guess too: then apsd resets, as before. Memory
- * freed stays resident, for the next malloc to reuse: a half-sent message
- * freed at its close and the next one's frames take the same pages.) */
-static uint64_t watch_rss(struct aps_zbridge *b)
+ * the floor bears out a wrong guess too: then apsd resets, as before.) Returns
+ * the least of the last ticks' readings: what stays, not a moment's peak (a
+ * large handshake being parsed holds 100 MB for a second; one every 0.5 s from
+ * new addresses, read at a peak, would bear out a reset that nothing parked
+ * called for). */
+static uint64_t watch_heap(struct aps_zbridge *b)
 {
-	uint64_t rss = aps_hostlimits_resident();
+	uint64_t heap = aps_hostlimits_heap_in_use(), least = heap;
 
-	if (rss != 0 && (b->rss_floor == 0 || rss < b->rss_floor))
-		b->rss_floor = rss;
-	return rss;
+	if (heap != 0 && (b->heap_floor == 0 || heap < b->heap_floor))
+		b->heap_floor = heap;
+	b->heap_recent[b->heap_next++ % APS_ZBRIDGE_HEAP_WINDOW] = heap;
+	for (size_t i = 0; i < APS_ZBRIDGE_HEAP_WINDOW && i < b->heap_next; i++)
+		least = b->heap_recent[i] < least ? b->heap_recent[i] : least;
+	return least;
 }
 
-/* Whether resident memory grew by half of what parked connections are said to hold.
+/* Whether the heap grew by half of what parked connections are said to hold.
  * The guess counts every byte ZeroMQ read of a connection that closed without
- * a message, but libzmq frees an unfinished message at the close: 8 such
- * connections of 8 MiB each, from new addresses, reset the socket every 10 s
- * and cut every worker for nothing (an attack, 2026-12-06). */
-static bool rss_bears_out(struct aps_zbridge *b, uint64_t rss, uint64_t held, uint64_t now)
+ * a message, but libzmq frees an unfinished message (or a large handshake's
+ * properties) at the close: 8 such connections of 8 MiB each, from new
+ * addresses, reset the socket every 10 s and cut every worker for nothing (an
+ * attack, 2026-12-06). */
+static bool heap_bears_out(struct aps_zbridge *b, uint64_t heap, uint64_t held, uint64_t now)
 {
-	uint64_t grown = rss > b->rss_floor ? rss - b->rss_floor : 0;
+	uint64_t grown = heap > b->heap_floor ? heap - b->heap_floor : 0;
 
-	if (rss == 0 || b->rss_floor == 0 || grown >= held / 2)
+	if (heap == 0 || b->heap_floor == 0 || grown >= held / 2)
 		return true;
 	if (aps_log_gate_open(&b->unborne_log, now, 60000))
 		aps_log_info(
 		        "zbridge",
-		        "no reset: parked connections may hold %llu KiB, but resident memory grew "
+		        "no reset: parked connections may hold %llu KiB, but the heap grew "
 		        "%llu KiB since the last reset (connections that closed with a message "
-		        "half sent: libzmq freed it)",
+		        "half sent, or a large handshake: libzmq freed it)",
 		        (unsigned long long)(held >> 10), (unsigned long long)(grown >> 10));
 	return false;
 }
@@ -398,12 +405,12 @@ static void on_tick(uv_timer_t *t)
 	struct aps_zbridge *b = t->data;
 	uint64_t now = aps__zbridge_now_ms(b);
 	size_t stuck, parked;
-	uint64_t held, rss;
+	uint64_t held, heap;
 	char why[200];
 
 	uint64_t unjoined = b->conns.cnt.unjoined_dropped;
 	uint64_t unfinished = b->conns.cnt.unfinished;
-	uint64_t unheard = b->conns.cnt.unheard;
+	uint64_t unheard = b->unheard_logged; /* drops at a message, since the last tick, too */
 
 	if (b->router == NULL)
 		return;
@@ -418,13 +425,14 @@ static void on_tick(uv_timer_t *t)
 	stuck = aps_conns_tick(&b->conns, now);
 	parked = aps_conns_parked(&b->conns);
 	held = aps_conns_parked_bytes(&b->conns);
-	rss = watch_rss(b); /* this tick's, for the floor and for the reset below */
+	heap = watch_heap(b); /* the floor, and the least of the last ticks for the reset below */
 	log_dropped(b->conns.cnt.unfinished - unfinished, "read over",
 	            b->conns.max_unfinished_bytes,
 	            "bytes of a message never finished (frames flagged MORE)");
 	log_dropped(b->conns.cnt.unheard - unheard, "read over", APS_CONNS_UNHEARD_MAX,
 	            "bytes before a message (a handshake that large, a connection parked, or a "
 	            "client that did not wait for its WELCOME)");
+	b->unheard_logged = b->conns.cnt.unheard;
 	if (b->conns.cnt.unheard != unheard)
 		b->unheard_trim_until_ms = now + RESET_TRIM_MS;
 	if (b->unheard_trim_until_ms != 0 && now - b->unheard_trim_ms >= UNHEARD_TRIM_EVERY_MS) {
@@ -451,7 +459,7 @@ static void on_tick(uv_timer_t *t)
 		return;
 	if (b->last_reset_ms != 0 && now - b->last_reset_ms < RESET_URGENT_MS)
 		return;
-	if (stuck == 0 && !rss_bears_out(b, rss, held, now))
+	if (stuck == 0 && !heap_bears_out(b, heap, held, now))
 		return;
 	snprintf(why, sizeof(why),
 	         "%zu connections ZeroMQ will never close, %zu it may have parked holding up to "

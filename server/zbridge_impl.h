@@ -20,6 +20,9 @@
 
 #define RESET_WAIT_MS 2000 /* a reset that cannot listen again this long says so */
 
+/* The heap bears out a reset only when it stayed up this many ticks (5 s). */
+#define APS_ZBRIDGE_HEAP_WINDOW 20
+
 struct aps_zbridge {
 	uv_loop_t *loop;
 	void *zctx;
@@ -46,10 +49,13 @@ struct aps_zbridge {
 	uint64_t trim_until_ms;         /* after a reset: trim at every tick until then (0: no) */
 	uint64_t unheard_trim_until_ms; /* after unheard connections were dropped: trim until */
 	uint64_t unheard_trim_ms;       /* then, the last trim */
+	uint64_t unheard_logged;        /* conns.cnt.unheard at the last tick's log line */
 	uint64_t parked_since_ms;       /* when a parked connection was first counted; 0: none */
 	struct aps_log_gate refused_log, zmtp_log; /* refused_connections, zmtp_refused: 1 line/s */
 	uint64_t behind_since_ms; /* messages have waited at every look since (0: none wait) */
-	uint64_t rss_floor;       /* resident memory's lowest since the last reset (0: unknown) */
+	uint64_t heap_floor;      /* the heap's lowest in use since the last reset (0: unknown) */
+	uint64_t heap_recent[APS_ZBRIDGE_HEAP_WINDOW]; /* the last ticks' readings */
+	size_t heap_next;
 	struct aps_log_gate unborne_log; /* resets memory did not bear out: a line a minute */
 };
 

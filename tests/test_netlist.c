@@ -66,6 +66,20 @@ static void test_networks_hold_their_addresses_and_no_others(void **state)
 	assert_false(aps_netlist_has(&nets, "localhost"));
 }
 
+/* IPv6's way of writing an IPv4 network: its prefix counts the 96 bits before. */
+static void test_a_mapped_network_is_its_ipv4_one(void **state)
+{
+	(void)state;
+	parses("::ffff:10.9.0.0/112, ::ffff:192.168.7.12", 2);
+	assert_true(aps_netlist_has(&nets, "10.9.1.1"));
+	assert_true(aps_netlist_has(&nets, "::ffff:10.9.255.255"));
+	assert_false(aps_netlist_has(&nets, "10.10.0.0"));
+	assert_true(aps_netlist_has(&nets, "192.168.7.12"));
+	assert_false(aps_netlist_has(&nets, "192.168.7.13"));
+	refused("::ffff:10.9.0.0/95", "'::ffff:10.9.0.0/95': the prefix must be 96 to 128");
+	refused("::ffff:10.9.0.1/112", "write 10.9.0.0/16");
+}
+
 static void test_prefix_zero_holds_its_whole_family(void **state)
 {
 	(void)state;
@@ -116,6 +130,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_an_empty_text_is_an_empty_list_that_holds_nobody),
 		cmocka_unit_test(test_networks_hold_their_addresses_and_no_others),
+		cmocka_unit_test(test_a_mapped_network_is_its_ipv4_one),
 		cmocka_unit_test(test_prefix_zero_holds_its_whole_family),
 		cmocka_unit_test(test_a_typo_is_refused_with_its_reason),
 		cmocka_unit_test(test_a_list_holds_at_most_its_limit),

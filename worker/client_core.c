@@ -75,8 +75,10 @@ int aps_client_send(struct aps_client *c, struct aps_msg *m, struct aps_sbuf *bu
 	    (len > c->max_message_bytes || hdr_len > c->max_message_bytes))
 		return APS_ERANGE;
 	c->last_sent_ms = aps_client_now_ms();
-	/* No connection now: what would go now goes again when the session is back. */
-	if (c->send_lost != NULL || !aps_transport_connected(c->tr))
+	/* No connection now, or one whose HELLO flagged RESUME waits for its WELCOME
+	 * (apsd drops a connection that sends much before its first message is
+	 * read): what would go now goes again when the session is back. */
+	if (c->send_lost != NULL || !aps_transport_connected(c->tr) || c->resuming)
 		return 0;
 	if (data != NULL)
 		ret = aps_transport_send_shared(c->tr, hdr, hdr_len, buf, data, len);
