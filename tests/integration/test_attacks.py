@@ -382,8 +382,11 @@ def test_messages_left_half_sent_cost_no_reset(daemon_factory):
     frame = b"\x03" + struct.pack(">Q", 1 << 20) + bytes(1 << 20)
     for i in range(24):
         s = raw_zmtp(d.endpoint, f"127.0.0.{2 + i}")
-        for _ in range(8):
-            s.sendall(frame)
+        try:  # a tick may find it read over 32 KiB before a message: dropped
+            for _ in range(8):
+                s.sendall(frame)
+        except OSError:
+            pass
         time.sleep(0.1)
         s.close()
     time.sleep(1)
