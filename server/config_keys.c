@@ -103,7 +103,7 @@ const struct key aps_config_keys[] = {
 	  .help = "public keys of the workers let in, one per line (with curve_secret_key_file)" },
 	{ KEY(allow_from), .type = KEY_STRING, .def = "", .unset = "anyone NETS",
 	  .help = "networks whose peers may connect, comma-separated: \"10.1.0.0/16, 10.2.0.7\" "
-	          "(127.0.0.1, ::1 and ipc always may; others get APS_EACCES at the handshake)" },
+	          "(127.0.0.1, ::1 and ipc always may; others are closed at accept)" },
 	{ KEY(elastic), .type = KEY_CHOICE, .choices = yes_no, .def = "no",
 	  .help = "yes: a lost rank shrinks its job (means over the ranks that contributed) and "
 	          "may come back at a barrier; no: the others get APS_EPEERLOST" },

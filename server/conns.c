@@ -292,6 +292,7 @@ static bool read_unheard(struct aps_conns *t, struct aps_conn *c, uint64_t now)
 		return false;
 	c->unheard = true;
 	t->cnt.unheard++;
+	snprintf(t->unheard_address, sizeof(t->unheard_address), "%s", c->address);
 	aps_conns_drop(t, c->id, now);
 	return true;
 }
@@ -441,6 +442,15 @@ static void check_unfinished(struct aps_conns *t, struct aps_conn *c, uint64_t n
 	aps_conns_drop(t, c->id, now);
 }
 
+void aps_conns_drop_unheard(struct aps_conns *t, uint64_t now)
+{
+	for (size_t fd = 0; fd < t->cap; fd++) {
+		struct aps_conn *c = &t->slots[fd];
+		if (c->id != 0 && c->msgs == 0) /* in its handshake, or parked */
+			read_unheard(t, c, now);
+	}
+}
+
 size_t aps_conns_tick(struct aps_conns *t, uint64_t now)
 {
 	size_t n_stuck = 0;
@@ -449,9 +459,6 @@ size_t aps_conns_tick(struct aps_conns *t, uint64_t now)
 		struct aps_conn *c = &t->slots[fd];
 		if (c->id != 0 && orphaned((int)fd, c->dup))
 			retire(t, c);
-		if (c->id != 0 &&
-		    c->msgs == 0) /* in its handshake, or parked, or its HELLO waits */
-			read_unheard(t, c, now);
 		check_unfinished(t, c, now);
 	}
 	for (size_t fd = 0; fd < t->cap; fd++) {

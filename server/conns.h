@@ -101,6 +101,7 @@ struct aps_conns {
 	                                    connections whose first message came */
 	uint64_t silent_read;            /* since the last reset: bytes ZeroMQ read of connections
 	                                    that closed without a message */
+	char unheard_address[48];        /* of the last connection dropped unheard */
 	struct aps_conns_counters cnt;
 };
 
@@ -172,6 +173,11 @@ size_t aps_conns_drop_peer(struct aps_conns *t, const struct aps_peer *peer, uin
 
 /* Drops connections past their deadline; returns how many are stuck. */
 size_t aps_conns_tick(struct aps_conns *t, uint64_t now);
+
+/* Drops the TCP connections that read over APS_CONNS_UNHEARD_MAX and delivered
+ * nothing. The caller asks once every message that waited was read (a HELLO
+ * that waits unread is not silence), or messages have waited for a second. */
+void aps_conns_drop_unheard(struct aps_conns *t, uint64_t now);
 
 /* The listener was terminated and every connection with it: all are closed. */
 void aps_conns_forget_all(struct aps_conns *t);

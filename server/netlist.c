@@ -146,6 +146,15 @@ int aps_netlist_parse(struct aps_netlist *l, const char *text, char *why, size_t
 	return 0;
 }
 
+void aps_netlist_format(const struct aps_net *net, char *out, size_t len)
+{
+	char addr[INET6_ADDRSTRLEN];
+
+	if (inet_ntop(net->family, net->addr, addr, sizeof(addr)) == NULL)
+		addr[0] = '\0';
+	snprintf(out, len, "%s/%u", addr, net->prefix);
+}
+
 bool aps_netlist_has(const struct aps_netlist *l, const char *ip)
 {
 	uint8_t addr[16];

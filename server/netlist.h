@@ -30,6 +30,9 @@ struct aps_netlist {
  * naming the item) in why. An empty text is an empty list. */
 int aps_netlist_parse(struct aps_netlist *l, const char *text, char *why, size_t why_len);
 
+/* net as ADDRESS/PREFIX into out (INET6_ADDRSTRLEN + 4 bytes suffice). */
+void aps_netlist_format(const struct aps_net *net, char *out, size_t len);
+
 /* Whether ip (text, as the ZAP handler gets it; an IPv4-mapped IPv6 address
  * counts as its IPv4 one) is in one of l's networks. */
 bool aps_netlist_has(const struct aps_netlist *l, const char *ip);

@@ -20,6 +20,7 @@
  * stranger's flood costs no reset.
  */
 #include "server/hostlimits.h"
+#include "server/netlist.h"
 #include "server/zbridge_impl.h"
 
 #include "common/err.h"
@@ -63,10 +64,10 @@
 /* What a parked connection can hold: its pipe's messages (each up to max_message_bytes). */
 #define ROUTER_RCVHWM 256
 #define RESET_POLL_MS 10
-#define MONITOR_EVENTS                                                                 \
-	(ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED | \
-	 ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |  \
-	 ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
+#define MONITOR_EVENTS                                                           \
+	(ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_ACCEPT_FAILED | ZMQ_EVENT_DISCONNECTED | \
+	 ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |  \
+	 ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
 
 static int set_int(void *sock, int opt, int value)
 {
@@ -99,6 +100,36 @@ static int enable_zap(struct aps_zbridge *b, void *router)
 		}
 	}
 	return zmq_setsockopt(router, ZMQ_ZAP_DOMAIN, "apsd", 4) < 0 ? APS_ECONN : 0;
+}
+
+/* allow_from, at accept: libzmq closes a connection from elsewhere before it
+ * reads a byte of it. The ZAP handler refuses only once libzmq has parsed the
+ * handshake, and 4 MB of handshake properties cost its I/O thread 0.7 s: 47
+ * from outside allow_from in 6 s cut an honest job from 1150 to 4-11 steps a
+ * second (an attack, 2026-12-07). 127.0.0.1 and ::1 come in, as at ZAP. */
+static int set_accept_filters(const struct aps_zbridge_opts *o, void *router)
+{
+	static const char *const host[] = { "127.0.0.1", "::1" };
+	struct aps_netlist nets;
+	char why[200], net[INET6_ADDRSTRLEN + 8];
+
+	if (o->allow_from == NULL || o->allow_from[0] == '\0')
+		return 0;
+	if (aps_netlist_parse(&nets, o->allow_from, why, sizeof(why)) < 0) {
+		aps_log_error("zbridge", "allow_from: %s", why);
+		return APS_EINVAL;
+	}
+	for (size_t i = 0; i < nets.n; i++) {
+		aps_netlist_format(&nets.nets[i], net, sizeof(net));
+		if (zmq_setsockopt(router, ZMQ_TCP_ACCEPT_FILTER, net, strlen(net)) < 0) {
+			aps_log_error("zbridge", "libzmq takes no accept filter %s: %s", net,
+			              zmq_strerror(zmq_errno()));
+			return APS_ECONN;
+		}
+	}
+	for (size_t i = 0; i < sizeof(host) / sizeof(host[0]); i++)
+		zmq_setsockopt(router, ZMQ_TCP_ACCEPT_FILTER, host[i], strlen(host[i]));
+	return 0;
 }
 
 /* ROUTER options: no ZMTP heartbeats and no handover (see the top of this file). */
@@ -256,7 +287,8 @@ static int open_socket(struct aps_zbridge *b, const char *endpoint)
 	/* The monitor before the bind: after a reset, clients wait in the backlog and
 	 * are accepted at once; an accept the monitor did not see leaves its
 	 * connection unknown, and its HELLO dropped as a closed connection's. */
-	if (enable_zap(b, b->router) < 0 || open_monitor(b) < 0) {
+	if (set_accept_filters(&b->opts, b->router) < 0 || enable_zap(b, b->router) < 0 ||
+	    open_monitor(b) < 0) {
 		if (fd >= 0)
 			close(fd); /* not taken by ZeroMQ: only a bind takes it */
 		return APS_ECONN;
@@ -422,6 +454,8 @@ static void on_tick(uv_timer_t *t)
 	aps__zbridge_read_monitor(b);
 	if (b->zap != NULL)
 		aps_zap_judge_all(b->zap, now);
+	if (aps__zbridge_may_judge(b, now)) /* the lower bound first, where it can be judged */
+		aps_conns_drop_unheard(&b->conns, now);
 	stuck = aps_conns_tick(&b->conns, now);
 	parked = aps_conns_parked(&b->conns);
 	held = aps_conns_parked_bytes(&b->conns);
@@ -429,9 +463,13 @@ static void on_tick(uv_timer_t *t)
 	log_dropped(b->conns.cnt.unfinished - unfinished, "read over",
 	            b->conns.max_unfinished_bytes,
 	            "bytes of a message never finished (frames flagged MORE)");
-	log_dropped(b->conns.cnt.unheard - unheard, "read over", APS_CONNS_UNHEARD_MAX,
-	            "bytes before a message (a handshake that large, a connection parked, or a "
-	            "client that did not wait for its WELCOME)");
+	if (b->conns.cnt.unheard != unheard)
+		aps_log_warn("zbridge",
+		             "dropped connections count=%llu last=%s reason=\"read over %d bytes "
+		             "before a message (a handshake that large, a connection parked, or a "
+		             "client that did not wait for its WELCOME)\"",
+		             (unsigned long long)(b->conns.cnt.unheard - unheard),
+		             b->conns.unheard_address, APS_CONNS_UNHEARD_MAX);
 	b->unheard_logged = b->conns.cnt.unheard;
 	if (b->conns.cnt.unheard != unheard)
 		b->unheard_trim_until_ms = now + RESET_TRIM_MS;

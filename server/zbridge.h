@@ -72,6 +72,8 @@ struct aps_zbridge_opts {
 	X(unfinished_dropped, "unfinished_dropped",                                             \
 	  "Connections dropped that read over twice max_message_bytes of a message never "      \
 	  "finished.")                                                                          \
+	X(accepts_closed, "accepts_closed",                                                     \
+	  "Connections closed at accept: outside allow_from, or the accept failed.")            \
 	X(unheard_dropped, "unheard_dropped",                                                   \
 	  "Connections dropped that read over 32 KiB before their first message: a large "      \
 	  "handshake (libzmq keeps its properties, at 40 times their bytes), or parked.")       \

@@ -52,6 +52,7 @@ struct aps_zbridge {
 	uint64_t unheard_logged;        /* conns.cnt.unheard at the last tick's log line */
 	uint64_t parked_since_ms;       /* when a parked connection was first counted; 0: none */
 	struct aps_log_gate refused_log, zmtp_log; /* refused_connections, zmtp_refused: 1 line/s */
+	struct aps_log_gate accept_closed_log;     /* accepts_closed: 1 line/s */
 	uint64_t behind_since_ms; /* messages have waited at every look since (0: none wait) */
 	uint64_t heap_floor;      /* the heap's lowest in use since the last reset (0: unknown) */
 	uint64_t heap_recent[APS_ZBRIDGE_HEAP_WINDOW]; /* the last ticks' readings */
@@ -65,6 +66,9 @@ uint64_t aps__zbridge_now_ms(const struct aps_zbridge *b);
 void aps__zbridge_schedule_drain(struct aps_zbridge *b);
 /* Reads the monitor's events in order (accepts before their connections' messages). */
 void aps__zbridge_read_monitor(struct aps_zbridge *b);
+/* Whether connections may be judged by what they have not said: no message
+ * waits unread on the ROUTER, or messages have waited for a second. */
+bool aps__zbridge_may_judge(struct aps_zbridge *b, uint64_t now);
 /* Reports closed connections once no message waits; true when there were some. */
 bool aps__zbridge_report_closed(struct aps_zbridge *b);
 /* Sends what waits in the peers' queues, as far as their pipes take it. */

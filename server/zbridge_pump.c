@@ -72,6 +72,24 @@ static bool readable(void *sock)
 	return events & ZMQ_POLLIN;
 }
 
+/* Judgements wait until every message that waits was read (a connection's
+ * first message may be among them), or until messages have waited at every
+ * look for JUDGE_BEHIND_MS (a flood must not stop judgement). */
+#define JUDGE_BEHIND_MS 1000
+
+bool aps__zbridge_may_judge(struct aps_zbridge *b, uint64_t now)
+{
+	if (b->router == NULL)
+		return false;
+	if (!readable(b->router)) {
+		b->behind_since_ms = 0;
+		return true;
+	}
+	if (b->behind_since_ms == 0)
+		b->behind_since_ms = now;
+	return now - b->behind_since_ms >= JUDGE_BEHIND_MS;
+}
+
 /* Reads one whole multipart message; false when none is waiting. */
 static bool recv_frames(void *sock, struct frames *f)
 {
@@ -213,12 +231,29 @@ static void on_closed_fd(struct aps_zbridge *b, int fd)
 		aps_log_debug("zbridge", "handshake failed address=%s", address);
 }
 
+static void log_accept_closed(struct aps_zbridge *b, int err)
+{
+	uint64_t now = aps__zbridge_now_ms(b);
+
+	if (!aps_log_gate_open(&b->accept_closed_log, now, 1000))
+		return;
+	aps_log_warn("zbridge",
+	             "closed connections at accept count=%llu reason=\"outside allow_from, or "
+	             "the accept failed (%s)\"",
+	             (unsigned long long)aps_log_gate_pass(&b->accept_closed_log, now) + 1,
+	             strerror(err));
+}
+
 static void on_event(struct aps_zbridge *b, uint16_t event, int32_t value)
 {
 	switch (event) {
 	case ZMQ_EVENT_ACCEPTED:
 		if (aps_conns_accepted(&b->conns, value, aps__zbridge_now_ms(b)) == APS_EBUSY)
 			log_refused(b);
+		break;
+	case ZMQ_EVENT_ACCEPT_FAILED: /* outside allow_from (libzmq closed it), or an error */
+		b->cnt.accepts_closed++;
+		log_accept_closed(b, value);
 		break;
 	case ZMQ_EVENT_DISCONNECTED:
 		on_closed_fd(b, value);

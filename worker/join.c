@@ -116,8 +116,8 @@ static int join_again(struct aps_client *c, unsigned closes, unsigned tries, int
 	if (closes >= JOIN_CLOSES_MAX)
 		return aps_api_fail(APS_ECONN,
 		                    "joining the job: apsd at %s closed the connection %u times "
-		                    "before it answered (it may be at max_connections, or not take "
-		                    "this client: its log says why)",
+		                    "before it answered (this host may be outside its allow_from, "
+		                    "or it at max_connections: its log says which)",
 		                    c->endpoint, closes);
 	aps_transport_drop(c->tr); /* not to be connected again under its old routing id */
 	ms = ms < max_pause_ms ? ms : max_pause_ms;

@@ -5,6 +5,8 @@ likes) and read the replies. Also what a test reads off the daemon's process:
 its open descriptors and its resident memory."""
 
 import os
+import socket
+import struct
 import time
 
 import zmq
@@ -208,3 +210,36 @@ def settle(measure, target, timeout=10.0, slack=0):
         time.sleep(0.1)
         value = measure()
     return value
+
+
+def zmtp_frame(body, more=False, command=False):
+    flags = (1 if more else 0) | (4 if command else 0)
+    if len(body) > 255:
+        return bytes([flags | 2]) + struct.pack(">Q", len(body)) + body
+    return bytes([flags, len(body)]) + body
+
+
+def ready_bomb(endpoint, source, hello=True):
+    """A connection from source whose handshake's READY carries 500000 properties
+    (4 MB), then a HELLO; True when apsd closed it within 5 s."""
+    props = b"".join(b"\x03" + struct.pack(">I", i)[1:] + bytes(4) for i in range(1, 500000))
+    ready = b"\x05READY\x0bSocket-Type" + struct.pack(">I", 6) + b"DEALER" + props
+    host, port = endpoint[len("tcp://"):].rsplit(":", 1)
+    s = socket.create_connection((host, int(port)), timeout=10, source_address=(source, 0))
+    began, got, closed = time.monotonic(), b"", False
+    try:  # (closed at accept, or cut off while it is sent) the daemon's READY, a HELLO
+        s.sendall(b"\xff" + bytes(8) + b"\x7f\x03\x00" + b"NULL".ljust(20, b"\x00") + bytes(32))
+        closed = len(s.recv(64, socket.MSG_WAITALL)) < 64
+        if not closed:
+            s.sendall(zmtp_frame(ready, command=True))
+        while b"READY" not in got and not closed:
+            more = s.recv(4096)
+            got, closed = got + more, more == b""
+        if not closed and hello:
+            s.sendall(zmtp_frame(envelope(type=HELLO, job="meta", rank=0, world_size=2)))
+        while time.monotonic() - began < 5 and not closed:
+            closed = s.recv(4096) == b""
+    except (ConnectionResetError, BrokenPipeError):
+        closed = True
+    s.close()
+    return closed

@@ -1,6 +1,7 @@
 """CURVE between workers and the daemon, the allowlist, and the rule that gradients
 leave the host only encrypted unless the operator says otherwise."""
 
+import os
 import subprocess
 import time
 
@@ -8,8 +9,10 @@ import pytest
 
 import aps
 from conftest import APSD, BUILD, free_port, run_workers
-from peers import EACCES, HELLO, Peer
+from peers import HELLO, Peer, ready_bomb
 from test_daemon import assert_all_ok
+
+ECONN = -10  # common/err.h
 
 APSCTL = BUILD / "worker" / "apsctl"
 
@@ -136,11 +139,17 @@ def from_address(endpoint, ip):
     return endpoint.replace("tcp://", f"tcp://{ip}:0;")
 
 
-def test_allow_from_refuses_other_networks_at_the_handshake(daemon_factory):
+def cpu_seconds(pid):
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_allow_from_closes_other_networks_at_accept(daemon_factory):
     # Before: anyone who reached the port could start jobs, and a stranger with
     # max_jobs / max_jobs_per_address addresses (4) held every job slot. With
-    # allow_from, a peer from elsewhere is refused at the handshake, before its
-    # first message.
+    # allow_from, libzmq closes a connection from elsewhere at accept, before it
+    # reads a byte: a refusal at the handshake (ZAP) came after libzmq had parsed
+    # the handshake, and 4 MB of its properties cost 0.7 s of libzmq's I/O thread.
     d = daemon_factory(extra=["--allow_from", "127.0.0.2, 127.0.0.16/30",
                               "--max_jobs", "8", "--max_jobs_per_address", "2"])
     # the host's own address (127.0.0.1, always let in) and the networks listed
@@ -148,14 +157,14 @@ def test_allow_from_refuses_other_networks_at_the_handshake(daemon_factory):
     for ip in ("127.0.0.2", "127.0.0.16", "127.0.0.19"):
         aps.Client(from_address(d.endpoint, ip), rank=0, world_size=1, job=f"in-{ip}",
                    timeout_ms=10000).close()
-    # anyone else: refused at once, told why
+    # anyone else: refused within seconds, told what to look at
     for ip in ("127.0.0.3", "127.0.0.15", "127.0.0.20"):
         began = time.monotonic()
         with pytest.raises(aps.Error) as refused:
             aps.Client(from_address(d.endpoint, ip), rank=0, world_size=1, job="out",
-                       timeout_ms=10000)
-        assert time.monotonic() - began < 5
-        assert refused.value.code == EACCES, refused.value
+                       timeout_ms=20000)
+        assert time.monotonic() - began < 10
+        assert refused.value.code == ECONN, refused.value
         assert "allow_from" in str(refused.value), refused.value
     # the stranger with 4 addresses that filled the job table: none of its HELLOs
     # gets a job, and an honest job still starts
@@ -166,7 +175,13 @@ def test_allow_from_refuses_other_networks_at_the_handshake(daemon_factory):
     assert all(p.recv(timeout_ms=1000) is None for p in squatters)
     assert d.ask("stats")["jobs"] == 0
     assert_all_ok(run_workers(d.endpoint, 2, [7], steps=2, job="after"), 2, 1)
-    assert d.counter("handshakes_not_allowed") >= 3 + len(squatters)
-    assert "reason=\"not in allow_from\"" in d.log_path.read_text()
+    # a handshake of 500000 properties from outside is never parsed
+    cpu = cpu_seconds(d.proc.pid)
+    for x in range(4):
+        assert ready_bomb(d.endpoint, f"127.0.0.{40 + x}")
+    assert cpu_seconds(d.proc.pid) - cpu < 0.5  # 0.7 s each when parsed
+    assert d.counter("accepts_closed") >= 3 * 8 + len(squatters) + 4
+    assert d.counter("unheard_dropped") == 0
+    assert "closed connections at accept" in d.log_path.read_text()
     for p in squatters:
         p.close()
