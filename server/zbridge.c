@@ -454,7 +454,7 @@ static void on_tick(uv_timer_t *t)
 	aps__zbridge_read_monitor(b);
 	if (b->zap != NULL)
 		aps_zap_judge_all(b->zap, now);
-	if (aps__zbridge_may_judge(b, now)) /* the lower bound first, where it can be judged */
+	if (aps_zap_may_judge(b, now)) /* the lower bound first, where it can be judged */
 		aps_conns_drop_unheard(&b->conns, now);
 	stuck = aps_conns_tick(&b->conns, now);
 	parked = aps_conns_parked(&b->conns);

@@ -66,9 +66,6 @@ uint64_t aps__zbridge_now_ms(const struct aps_zbridge *b);
 void aps__zbridge_schedule_drain(struct aps_zbridge *b);
 /* Reads the monitor's events in order (accepts before their connections' messages). */
 void aps__zbridge_read_monitor(struct aps_zbridge *b);
-/* Whether connections may be judged by what they have not said: no message
- * waits unread on the ROUTER, or messages have waited for a second. */
-bool aps__zbridge_may_judge(struct aps_zbridge *b, uint64_t now);
 /* Reports closed connections once no message waits; true when there were some. */
 bool aps__zbridge_report_closed(struct aps_zbridge *b);
 /* Sends what waits in the peers' queues, as far as their pipes take it. */

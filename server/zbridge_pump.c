@@ -72,24 +72,6 @@ static bool readable(void *sock)
 	return events & ZMQ_POLLIN;
 }
 
-/* Judgements wait until every message that waits was read (a connection's
- * first message may be among them), or until messages have waited at every
- * look for JUDGE_BEHIND_MS (a flood must not stop judgement). */
-#define JUDGE_BEHIND_MS 1000
-
-bool aps__zbridge_may_judge(struct aps_zbridge *b, uint64_t now)
-{
-	if (b->router == NULL)
-		return false;
-	if (!readable(b->router)) {
-		b->behind_since_ms = 0;
-		return true;
-	}
-	if (b->behind_since_ms == 0)
-		b->behind_since_ms = now;
-	return now - b->behind_since_ms >= JUDGE_BEHIND_MS;
-}
-
 /* Reads one whole multipart message; false when none is waiting. */
 static bool recv_frames(void *sock, struct frames *f)
 {

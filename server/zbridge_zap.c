@@ -125,12 +125,33 @@ static void consider(struct aps_zbridge *b, const char *ip, uint32_t n, uint64_t
 	             ip, (unsigned long long)away, n, b->admission.limit);
 }
 
+/* Judgements wait until every message that waits was read (a connection's
+ * first message may be among them), or until messages have waited at every
+ * look for JUDGE_BEHIND_MS (a flood must not stop judgement). */
+#define JUDGE_BEHIND_MS 1000
+
+bool aps_zap_may_judge(struct aps_zbridge *b, uint64_t now)
+{
+	int events = 0;
+	size_t len = sizeof(events);
+
+	if (b->router == NULL || zmq_getsockopt(b->router, ZMQ_EVENTS, &events, &len) < 0)
+		return false;
+	if (!(events & ZMQ_POLLIN)) {
+		b->behind_since_ms = 0;
+		return true;
+	}
+	if (b->behind_since_ms == 0)
+		b->behind_since_ms = now;
+	return now - b->behind_since_ms >= JUDGE_BEHIND_MS;
+}
+
 void aps_zap_judge_all(struct aps_zap *z, uint64_t now)
 {
 	const char *ip;
 	uint32_t n;
 
-	if (!aps__zbridge_may_judge(z->bridge, now))
+	if (!aps_zap_may_judge(z->bridge, now))
 		return;
 	for (size_t i = 0; (ip = aps_admission_over(&z->bridge->admission, &i, &n, now)) != NULL;)
 		consider(z->bridge, ip, n, now);
@@ -153,7 +174,7 @@ static void judge(struct aps_zap *z, const char *ip, uint64_t now)
 		return;
 	}
 	n = aps_admission_unspoken(&b->admission, ip, now);
-	if (n > b->admission.limit && aps__zbridge_may_judge(b, now) &&
+	if (n > b->admission.limit && aps_zap_may_judge(b, now) &&
 	    aps_admission_check_due(&b->admission, ip, now))
 		consider(b, ip, n, now);
 }

@@ -30,6 +30,11 @@ int aps_zap_start(struct aps_zap **out, void *zctx, uv_loop_t *loop, struct aps_
 /* Closes the socket (before the context terminates); frees z once its handle closed. */
 void aps_zap_stop(struct aps_zap *z);
 
+/* Whether connections may be judged by what they have not said (admission,
+ * and conns.h's 32 KiB before a first message): no message waits unread on
+ * the bridge's ROUTER, or messages have waited for a second. */
+bool aps_zap_may_judge(struct aps_zbridge *b, uint64_t now);
+
 /* Turns away the addresses past max_silent_closes (admission.h): at each tick
  * (an address is also judged at each of its handshakes). */
 void aps_zap_judge_all(struct aps_zap *z, uint64_t now);
