@@ -101,7 +101,6 @@ void aps_hostlimits_malloc_policy(void)
 			return;
 	}
 	mallopt(M_ARENA_MAX, 1);
-	mallopt(M_MXFAST, 0);
 	mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD);
 	mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD);
 }

@@ -23,9 +23,7 @@ uint64_t aps_hostlimits_memory(void);
 
 /*
  * glibc's malloc, set before any thread starts: one arena, message bodies up
- * to 16 MiB from the heap, up to 32 MiB of free heap kept for the next step,
- * no fastbins (small chunks freed are merged at once, as larger ones are: the
- * same steps a second, 4 Ki and 1 Mi elements, 3 runs each way).
+ * to 16 MiB from the heap, up to 32 MiB of free heap kept for the next step.
  * A step's bodies then reuse the pages the last step freed (glibc's sliding
  * thresholds gave them back and faulted them in again: the daemon's CPU per
  * step fell by a quarter to a third), and malloc_trim at a job's end gives
@@ -38,9 +36,10 @@ void aps_hostlimits_malloc_policy(void);
 
 /* Bytes malloc has handed out and not taken back (mallinfo2: the arena's in
  * use and what it mapped); 0 where that does not tell (a sanitizer's malloc).
- * mallinfo2 walks every free chunk under the arena's lock: the policy above
- * keeps no fastbins (M_MXFAST 0), whose chunks are never merged (500000 of a
- * large handshake's freed properties made each call 30 ms). */
+ * mallinfo2 walks every free chunk under the arena's lock: 500000 of a large
+ * handshake's freed properties in glibc's fastbins, never merged, made each
+ * call 30 ms, until the trim after such a connection is dropped (zbridge.c),
+ * which merges them. */
 uint64_t aps_hostlimits_heap_in_use(void);
 
 /* The cores of the daemon's CPU set (sched_getaffinity), at least 1. */

@@ -78,13 +78,6 @@ int aps_client_send(struct aps_client *c, struct aps_msg *m, struct aps_sbuf *bu
 	/* No connection now: what would go now goes again when the session is back. */
 	if (c->send_lost != NULL || !aps_transport_connected(c->tr))
 		return 0;
-	/* Nor past APS_RESUME_SEND_MAX bytes while the WELCOME of a HELLO flagged
-	 * RESUME is due: apsd drops a connection that read over 32 KiB before its
-	 * first message (a blip's new connection had sent a call of 4 MB). */
-	if (c->resuming && c->resume_sent + hdr_len + m->payload_len > APS_RESUME_SEND_MAX)
-		return 0;
-	if (c->resuming)
-		c->resume_sent += hdr_len + m->payload_len;
 	if (data != NULL)
 		ret = aps_transport_send_shared(c->tr, hdr, hdr_len, buf, data, len);
 	else

@@ -31,10 +31,6 @@
 #define APS_CLIENT_ERROR_MAX         320
 #define APS_CLIENT_WAITING_MAX       16 /* ranks a timeout message names */
 #define APS_CLIENT_CODEC_THREADS_MAX 64
-/* Bytes sent on a connection whose HELLO flagged RESUME waits for its WELCOME
- * (what goes past it is sent again once the session is back): under the
- * 32 KiB apsd lets a connection read before its first message is read. */
-#define APS_RESUME_SEND_MAX (16 * 1024)
 /* The exponent an all-zero tensor has on the wire (the codec's own is out of range there). */
 #define WIRE_ZERO_EXPONENT (-APS_CODEC_SCALE_MAX)
 
@@ -191,7 +187,6 @@ struct aps_client {
 	const char *send_lost; /* a send on the session's connection failed: renewed next */
 	int64_t last_sent_ms, last_recv_ms;
 	bool resuming;         /* HELLO flagged RESUME sent, WELCOME RESUMED due */
-	size_t resume_sent;    /* bytes sent since, at most APS_RESUME_SEND_MAX */
 	int64_t renew_due_ms;  /* the connection closed: a new one at this time (0: none) */
 	int64_t last_renew_ms; /* when the last new one went: the next waits RENEW_MS */
 };

@@ -39,8 +39,6 @@ static void say_resume(struct aps_client *c)
 	m.flags = APS_MSG_FLAG_RESUME;
 	memcpy(m.session, c->session, sizeof(m.session));
 	m.has_session = true;
-	c->resuming = false; /* an earlier connection's HELLO may still wait: this one goes */
-	c->resume_sent = 0;
 	c->resuming = aps_client_send(c, &m, NULL, NULL, 0) == 0;
 }
 

@@ -175,7 +175,10 @@ def test_takeovers_leak_no_descriptor_and_no_memory(daemon_factory):
     # have read their 256 KiB by the time apsd reads their first message, are
     # dropped then (unheard_dropped), and were never parked (1156 of 1221 in a
     # CI run): what is said parked may then stay under the 64 MiB.
-    assert d.counter("listener_resets") >= 1 or (SANITIZED and parked_kib < 64 << 10), \
+    # Dropped at their first message or by a tick (unheard_dropped), fewer are
+    # parked than before; what is said parked then stays under the 64 MiB that
+    # calls for a reset (53 MiB after 1200 in one CI run) or a reset cleared it.
+    assert d.counter("listener_resets") >= 1 or parked_kib < 64 << 10, \
         str({k: v for k, v in c.items() if v and k != "bad_messages"})
     # What was parked since then waits for a later reset, within what apsd counts.
     assert parked_kib < 64 << 10
