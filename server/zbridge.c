@@ -83,11 +83,11 @@ static int enable_zap(struct aps_zbridge *b, void *router)
 	bool curve = o->curve_secret != NULL;
 	int ret = 0;
 
-	if (!curve && o->max_silent_closes == 0 && (o->allow_from == NULL || !o->allow_from[0]))
+	if (!curve && o->max_silent_closes == 0 && b->allow_from.n == 0)
 		return 0;
 	if (b->zap == NULL)
 		ret = aps_zap_start(&b->zap, b->zctx, b->loop, b, curve, o->curve_allow,
-		                    o->n_curve_allow, o->allow_from);
+		                    o->n_curve_allow);
 	if (ret < 0) {
 		aps_log_error("zbridge", "cannot start the ZAP handler: %s", aps_strerror(ret));
 		return ret;
@@ -107,20 +107,15 @@ static int enable_zap(struct aps_zbridge *b, void *router)
  * handshake, and 4 MB of handshake properties cost its I/O thread 0.7 s: 47
  * from outside allow_from in 6 s cut an honest job from 1150 to 4-11 steps a
  * second (an attack, 2026-12-07). 127.0.0.1 and ::1 come in, as at ZAP. */
-static int set_accept_filters(const struct aps_zbridge_opts *o, void *router)
+static int set_accept_filters(const struct aps_netlist *nets, void *router)
 {
 	static const char *const host[] = { "127.0.0.1", "::1" };
-	struct aps_netlist nets;
-	char why[200], net[INET6_ADDRSTRLEN + 8];
+	char net[INET6_ADDRSTRLEN + 8];
 
-	if (o->allow_from == NULL || o->allow_from[0] == '\0')
+	if (nets->n == 0)
 		return 0;
-	if (aps_netlist_parse(&nets, o->allow_from, why, sizeof(why)) < 0) {
-		aps_log_error("zbridge", "allow_from: %s", why);
-		return APS_EINVAL;
-	}
-	for (size_t i = 0; i < nets.n; i++) {
-		aps_netlist_format(&nets.nets[i], net, sizeof(net));
+	for (size_t i = 0; i < nets->n; i++) {
+		aps_netlist_format(&nets->nets[i], net, sizeof(net));
 		if (zmq_setsockopt(router, ZMQ_TCP_ACCEPT_FILTER, net, strlen(net)) < 0) {
 			aps_log_error("zbridge", "libzmq takes no accept filter %s: %s", net,
 			              zmq_strerror(zmq_errno()));
@@ -287,7 +282,7 @@ static int open_socket(struct aps_zbridge *b, const char *endpoint)
 	/* The monitor before the bind: after a reset, clients wait in the backlog and
 	 * are accepted at once; an accept the monitor did not see leaves its
 	 * connection unknown, and its HELLO dropped as a closed connection's. */
-	if (set_accept_filters(&b->opts, b->router) < 0 || enable_zap(b, b->router) < 0 ||
+	if (set_accept_filters(&b->allow_from, b->router) < 0 || enable_zap(b, b->router) < 0 ||
 	    open_monitor(b) < 0) {
 		if (fd >= 0)
 			close(fd); /* not taken by ZeroMQ: only a bind takes it */
@@ -463,16 +458,16 @@ static void on_tick(uv_timer_t *t)
 	log_dropped(b->conns.cnt.unfinished - unfinished, "read over",
 	            b->conns.max_unfinished_bytes,
 	            "bytes of a message never finished (frames flagged MORE)");
-	if (b->conns.cnt.unheard != unheard)
+	if (b->conns.cnt.unheard != unheard) {
 		aps_log_warn("zbridge",
 		             "dropped connections count=%llu last=%s reason=\"read over %d bytes "
 		             "before a message (a handshake that large, a connection parked, or a "
 		             "client that did not wait for its WELCOME)\"",
 		             (unsigned long long)(b->conns.cnt.unheard - unheard),
 		             b->conns.unheard_address, APS_CONNS_UNHEARD_MAX);
-	b->unheard_logged = b->conns.cnt.unheard;
-	if (b->conns.cnt.unheard != unheard)
+		b->unheard_logged = b->conns.cnt.unheard;
 		b->unheard_trim_until_ms = now + RESET_TRIM_MS;
+	}
 	if (b->unheard_trim_until_ms != 0 && now - b->unheard_trim_ms >= UNHEARD_TRIM_EVERY_MS) {
 		malloc_trim(0);
 		b->unheard_trim_ms = now;
@@ -524,6 +519,7 @@ int aps_zbridge_new(struct aps_zbridge **out, uv_loop_t *loop, const struct aps_
 {
 	struct aps_zbridge *b = calloc(1, sizeof(*b));
 	int ret = APS_ENOMEM;
+	char why[200];
 
 	if (b == NULL)
 		return ret;
@@ -531,6 +527,12 @@ int aps_zbridge_new(struct aps_zbridge **out, uv_loop_t *loop, const struct aps_
 	b->ops = *ops;
 	b->ctx = ctx;
 	b->opts = *o;
+	if (o->allow_from != NULL &&
+	    aps_netlist_parse(&b->allow_from, o->allow_from, why, sizeof(why)) < 0) {
+		aps_log_error("zbridge", "allow_from: %s", why);
+		free(b);
+		return APS_EINVAL;
+	}
 	b->listen_fd = -1;
 	b->drain_batch = o->drain_batch > 0 ? o->drain_batch : 256;
 	b->max_message_bytes = o->max_message_bytes;

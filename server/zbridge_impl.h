@@ -10,6 +10,7 @@
 #include "common/log.h"
 #include "server/admission.h"
 #include "server/conns.h"
+#include "server/netlist.h"
 #include "server/outq.h"
 #include "server/zbridge.h"
 #include "server/zbridge_zap.h"
@@ -39,7 +40,8 @@ struct aps_zbridge {
 	struct aps_zbridge_ops ops;
 	void *ctx;
 	struct aps_zbridge_counters cnt;
-	struct aps_zap *zap; /* NULL without CURVE, max_silent_closes and allow_from */
+	struct aps_zap *zap;           /* NULL without CURVE, max_silent_closes and allow_from */
+	struct aps_netlist allow_from; /* opts.allow_from, parsed once; no networks: any */
 	struct aps_admission admission;
 	struct aps_conns conns;
 	char endpoint[256];             /* as bound (ZMQ_LAST_ENDPOINT): what a reset binds again */

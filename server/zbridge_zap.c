@@ -31,7 +31,6 @@ struct aps_zap {
 	bool curve;
 	uint8_t (*keys)[KEY_BYTES];
 	size_t n_keys;
-	struct aps_netlist allow_from; /* no networks: any address */
 	struct aps_log_gate not_allowed_log;
 	uint64_t accepted, refused, not_allowed;
 };
@@ -42,8 +41,10 @@ static bool outside(struct aps_zap *z, const char *ip)
 {
 	uint64_t now = uv_now(z->loop);
 
-	if (z->allow_from.n == 0 || ip[0] == '\0' || aps_admission_exempt(ip) ||
-	    aps_netlist_has(&z->allow_from, ip))
+	const struct aps_netlist *allow = &z->bridge->allow_from;
+
+	if (allow->n == 0 || ip[0] == '\0' || aps_admission_exempt(ip) ||
+	    aps_netlist_has(allow, ip))
 		return false;
 	z->not_allowed++;
 	if (aps_log_gate_open(&z->not_allowed_log, now, 1000))
@@ -248,9 +249,8 @@ static int decode_keys(struct aps_zap *z, const char *const *allow, size_t n)
 }
 
 int aps_zap_start(struct aps_zap **out, void *zctx, uv_loop_t *loop, struct aps_zbridge *bridge,
-                  bool curve, const char *const *allow, size_t n, const char *allow_from)
+                  bool curve, const char *const *allow, size_t n)
 {
-	char why[200];
 	struct aps_zap *z = calloc(1, sizeof(*z));
 	int fd, ret, linger = 0;
 	size_t len = sizeof(fd);
@@ -261,11 +261,6 @@ int aps_zap_start(struct aps_zap **out, void *zctx, uv_loop_t *loop, struct aps_
 	z->bridge = bridge;
 	z->curve = curve;
 	ret = decode_keys(z, allow, n);
-	if (ret == 0 && allow_from != NULL &&
-	    aps_netlist_parse(&z->allow_from, allow_from, why, sizeof(why)) < 0) {
-		aps_log_error("zap", "%s", why);
-		ret = APS_EINVAL;
-	}
 	z->sock = ret == 0 ? zmq_socket(zctx, ZMQ_REP) : NULL;
 	if (ret == 0 && (z->sock == NULL || zmq_bind(z->sock, "inproc://zeromq.zap.01") < 0 ||
 	                 zmq_getsockopt(z->sock, ZMQ_FD, &fd, &len) < 0))

@@ -22,10 +22,11 @@ struct aps_zbridge;
  * away; with curve, 200 for a key among the n Z85
  * public keys of allow and 400 for any other; else 200. Each handshake counts
  * for its address, which is judged first (admission.h). bridge must outlive z. Returns 0,
- * APS_EINVAL (a key is not Z85, or allow_from is not a list of networks) or APS_ECONN.
+ * APS_EINVAL (a key is not Z85) or APS_ECONN. The networks of allow_from are
+ * the bridge's (parsed once, when it is made).
  */
 int aps_zap_start(struct aps_zap **out, void *zctx, uv_loop_t *loop, struct aps_zbridge *bridge,
-                  bool curve, const char *const *allow, size_t n, const char *allow_from);
+                  bool curve, const char *const *allow, size_t n);
 
 /* Closes the socket (before the context terminates); frees z once its handle closed. */
 void aps_zap_stop(struct aps_zap *z);
