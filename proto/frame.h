@@ -15,9 +15,11 @@
 #include <stdint.h>
 
 #define APS_PROTO_VERSION_MAJOR 1
-#define APS_PROTO_VERSION_MINOR 9
+#define APS_PROTO_VERSION_MINOR 10
 /* The oldest minor apsd lets join: 1.6 brought keepalives and session tokens. */
 #define APS_PROTO_VERSION_MINOR_JOIN 6
+/* The first minor whose clients answer AGAIN: an early PUSH apsd declines waits for it. */
+#define APS_PROTO_VERSION_MINOR_AGAIN 10
 
 #define APS_MSG_JOB_MAX     64  /* bytes of a job name, NUL excluded */
 #define APS_MSG_NAME_MAX    255 /* bytes of a tensor name, NUL excluded */
@@ -63,7 +65,8 @@
 	X(EXPONENTS, 12)    \
 	X(SCALES, 13)       \
 	X(PULL, 14)         \
-	X(WEIGHTS, 15)
+	X(WEIGHTS, 15)      \
+	X(AGAIN, 16)
 
 enum aps_msg_type {
 	APS_MSG_UNSPECIFIED = 0,

@@ -66,6 +66,7 @@ static const struct type_rule rules[APS_MSG_TYPE_COUNT] = {
 	[APS_MSG_SCALES] = { false, true, ID | NEED_IDS, PAYLOAD_NONE },
 	[APS_MSG_PULL] = { true, false, ID, PAYLOAD_NONE },
 	[APS_MSG_WEIGHTS] = { false, true, DAT, PAYLOAD_FP32 },
+	[APS_MSG_AGAIN] = { false, true, DAT, PAYLOAD_NONE },
 };
 
 #undef ID

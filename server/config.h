@@ -50,6 +50,7 @@ struct aps_config {
 	uint64_t max_job_bytes;     /* fp32 bytes of one job's tensors */
 	uint64_t max_message_bytes; /* largest frame accepted; 0: chunk_bytes + 64k */
 	uint64_t max_total_bytes;   /* of every job together; 0: half the memory */
+	uint64_t max_held_bytes;    /* early pushes held, every job; 0: max_total_bytes / 4 */
 	int max_connections;        /* 0: from RLIMIT_NOFILE */
 	int join_timeout_ms;        /* to join, and for a job to fill */
 	int max_silent_closes;      /* an address's, a minute; 0: no limit */

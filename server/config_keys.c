@@ -73,6 +73,10 @@ const struct key aps_config_keys[] = {
 	{ KEY(max_total_bytes), .type = KEY_SIZE, .min = 0, .max = 1024 * 1024 * GIB, .def = "0",
 	  .help = "bytes the tensors of every job together may hold, their values and what "
 	          "each keeps per rank (0: half the memory of the machine or of its cgroup)" },
+	{ KEY(max_held_bytes), .type = KEY_SIZE, .min = 0, .max = 1024 * 1024 * GIB, .def = "0",
+	  .help = "bytes of pushes that came before a lower rank's, held until their turn, over "
+	          "every job; past it such a push is not kept and its rank is asked for it again "
+	          "when its turn comes (0: a quarter of max_total_bytes)" },
 	{ KEY(max_message_bytes), .type = KEY_SIZE, .min = 0, .max = 4 * GIB, .def = "0",
 	  .help = "largest frame accepted; a larger one closes its connection (0: chunk_bytes "
 	          "+ 64k, the largest a worker sends)" },

@@ -227,6 +227,8 @@ void aps_finish_recheck(struct aps_server *srv, struct aps_job *job)
 		for (uint32_t c = 0; c < t->round.n_chunks && aps_round_busy(&t->round); c++) {
 			if (aps_round_recheck(&t->round, c))
 				aps_finish_chunk(srv, job, t, c, now);
+			else
+				aps_outbox_again(srv, job, t, c);
 		}
 		if (t->exp_arrived == 0 || aps_tensor_exponents_complete(job, t, &max) != 1)
 			continue;

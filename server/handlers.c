@@ -26,6 +26,7 @@ static void init_tensor(struct aps_server *srv, struct aps_job *job, struct aps_
 {
 	t->round.trace = srv->opts.trace;
 	t->round.engine = srv->engine;
+	t->round.budget = &srv->held;
 	t->round.lane = t->id; /* a tensor's first chunk on its own thread, the next on the next */
 	t->round.label = t->name;
 	t->round.job_label = job->name;
@@ -217,6 +218,24 @@ static void note_push(struct aps_tensor *t, uint32_t rank, uint32_t chunk, const
 	}
 }
 
+/*
+ * A push that came before a lower rank's while max_held_bytes of such pushes
+ * are held was not kept: its rank is asked for it again (AGAIN) when its turn
+ * comes. A client older than AGAIN would wait forever: its call fails now.
+ */
+static void declined(struct aps_server *srv, struct aps_session *s, const struct aps_tensor *t,
+                     const struct aps_msg *m)
+{
+	srv->counters.pushes_declined++;
+	if (s->minor >= APS_PROTO_VERSION_MINOR_AGAIN)
+		return;
+	aps_outbox_error(srv, &s->peer, APS_ENOMEM, m,
+	                 "tensor '%.80s': apsd holds max_held_bytes = %llu of pushes that came "
+	                 "before a lower rank's; a client of protocol 1.%d would be asked again",
+	                 t->name, (unsigned long long)srv->held.limit,
+	                 APS_PROTO_VERSION_MINOR_AGAIN);
+}
+
 void aps_handle_push(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m,
                      struct aps_inmsg *in)
 {
@@ -227,6 +246,7 @@ void aps_handle_push(struct aps_server *srv, struct aps_session *s, const struct
 	uint32_t chunk;
 	struct aps_tensor *t = pushed_chunk(srv, s, m, &chunk);
 	char why[160];
+	int ret;
 
 	if (t == NULL) {
 		srv->counters.bad_state++;
@@ -249,15 +269,20 @@ void aps_handle_push(struct aps_server *srv, struct aps_session *s, const struct
 		return;
 	}
 	note_push(t, s->rank, chunk, m, arrived_ns);
-	if (aps_round_add(&t->round, s->rank, m->step, chunk, kind, &c, why, sizeof(why)) < 0) {
+	ret = aps_round_add(&t->round, s->rank, m->step, chunk, kind, &c, why, sizeof(why));
+	if (ret != 0) {
 		if (c.payload.release != NULL)
 			c.payload.release(c.payload.ctx);
+		if (ret == APS_ROUND_ADD_DECLINED)
+			return declined(srv, s, t, m);
 		srv->counters.bad_state++;
 		aps_outbox_error(srv, &s->peer, APS_EPROTO, m, "tensor '%.80s': %s", t->name, why);
 		return;
 	}
 	if (aps_round_chunk_complete(&t->round, chunk))
 		aps_finish_chunk(srv, s->job, t, chunk, arrived_ns);
+	else
+		aps_outbox_again(srv, s->job, t, chunk);
 }
 
 /* Global mode: a rank's exponents for a batch of tensors; the max of every tensor

@@ -34,6 +34,7 @@ struct aps_session {
 	                         reconnect (reconnect_grace_ms); 0: connected */
 	struct aps_job *job;  /* NULL until its HELLO was accepted */
 	uint32_t rank;
+	uint32_t minor; /* protocol minor version of its HELLO */
 	uint64_t joined_ms, last_seen_ms;
 	uint64_t msgs_in, bytes_in, bytes_out;
 	uint32_t reconnects; /* connections that came back: resent calls are expected */

@@ -321,6 +321,7 @@ void aps_handle_hello(struct aps_server *srv, struct aps_session *s, const struc
 	}
 	if (!aps_access_let_in(srv, s, m))
 		return;
+	s->minor = m->version_minor;
 	if (take_token(s, m) < 0)
 		return refuse_hello(srv, s, m, APS_ESYS,
 		                    "no randomness for a session token (getrandom failed)");

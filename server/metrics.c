@@ -69,6 +69,10 @@ static void render_daemon(FILE *f, const struct aps_server *srv)
 	      "What connections libzmq parked (a live routing id reused) may hold until the "
 	      "next listener reset, at most.",
 	      (double)z->parked_bytes);
+	gauge(f, "held_bytes",
+	      "Bytes of pushes that came before a lower rank's, held until their turn "
+	      "(max_held_bytes bounds them).",
+	      (double)srv->held.bytes);
 	gauge(f, "uptime_seconds", "Seconds since the daemon started.",
 	      (double)(uv_now(srv->loop) - srv->started_ms) / 1000.0);
 	gauge(f, "jobs", "Jobs being served.", srv->jobs.n_jobs);

@@ -128,6 +128,26 @@ void aps_outbox_registered(struct aps_server *srv, struct aps_job *job, struct a
 	aps_outbox_send(srv, &s->peer, &r, NULL);
 }
 
+void aps_outbox_again(struct aps_server *srv, struct aps_job *job, struct aps_tensor *t,
+                      uint32_t chunk)
+{
+	uint64_t off = (uint64_t)chunk * t->round.chunk_elems;
+	struct aps_msg m;
+	uint32_t rank;
+
+	if (!aps_round_wanted(&t->round, chunk, &rank) || job->ranks[rank] == NULL)
+		return; /* a rank not here sends its calls again when it is back */
+	aps_outbox_init(&m, APS_MSG_AGAIN, job, rank);
+	m.tensor_id = t->id;
+	m.step = t->round.step;
+	m.chunk_offset = off;
+	m.chunk_count =
+	        t->count - off < t->round.chunk_elems ? t->count - off : t->round.chunk_elems;
+	m.total_count = t->count;
+	srv->counters.asked_again++;
+	aps_outbox_send(srv, &job->ranks[rank]->peer, &m, NULL);
+}
+
 /* The SCALES r (tensor ids and their exponents) to every member of job. */
 void aps_outbox_scales(struct aps_server *srv, struct aps_job *job, struct aps_msg *r)
 {

@@ -50,6 +50,11 @@ void aps_outbox_error_rank(struct aps_server *srv, struct aps_job *job, uint32_t
 void aps_outbox_registered(struct aps_server *srv, struct aps_job *job, struct aps_session *s,
                            const struct aps_tensor *t);
 
+/* AGAIN to the rank whose declined push chunk of t now waits for, if one does
+ * (aps_round_wanted): it sends that push again. */
+void aps_outbox_again(struct aps_server *srv, struct aps_job *job, struct aps_tensor *t,
+                      uint32_t chunk);
+
 /* The SCALES r (tensor ids and their exponents) to every member of job. */
 void aps_outbox_scales(struct aps_server *srv, struct aps_job *job, struct aps_msg *r);
 

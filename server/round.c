@@ -37,7 +37,8 @@ uint64_t aps_round_overhead(uint32_t world_size, size_t count, size_t chunk_elem
 	struct aps_round *r = NULL;
 
 	return n_chunks *
-	       (sizeof(*r->chunks) + (uint64_t)world_size * (sizeof(*r->has) + sizeof(*r->held)));
+	       (sizeof(*r->chunks) +
+	        (uint64_t)world_size * (sizeof(*r->has) + sizeof(*r->held) + sizeof(*r->declined)));
 }
 
 int aps_round_init(struct aps_round *r, uint32_t world_size, size_t count, size_t chunk_elems,
@@ -55,11 +56,12 @@ int aps_round_init(struct aps_round *r, uint32_t world_size, size_t count, size_
 	r->chunks = calloc(r->n_chunks, sizeof(*r->chunks));
 	r->has = calloc(cells, sizeof(*r->has));
 	r->held = calloc(cells, sizeof(*r->held));
+	r->declined = calloc(cells, sizeof(*r->declined));
 	r->acc = malloc((count ? count : 1) * sizeof(float));
 	if (lowp)
 		r->scratch = malloc(r->chunk_elems * sizeof(float));
-	if (r->chunks == NULL || r->has == NULL || r->held == NULL || r->acc == NULL ||
-	    (lowp && r->scratch == NULL)) {
+	if (r->chunks == NULL || r->has == NULL || r->held == NULL || r->declined == NULL ||
+	    r->acc == NULL || (lowp && r->scratch == NULL)) {
 		aps_round_fini(r);
 		return APS_ENOMEM;
 	}
@@ -73,16 +75,27 @@ static void release(struct aps_payload *p)
 	memset(p, 0, sizeof(*p));
 }
 
+/* A held contribution leaves the cell: summed, or dropped with its step. */
+static void unhold(struct aps_round *r, struct aps_contribution *c)
+{
+	if (r->budget != NULL && c->payload.data != NULL)
+		r->budget->bytes -= c->payload.len;
+}
+
 static void reset_step(struct aps_round *r)
 {
 	size_t cells = (size_t)r->n_chunks * r->world_size;
 
 	if (r->in_flight > 0) /* its tasks first: their results are dropped */
 		aps_engine_quiesce(r->engine, r);
-	for (size_t i = 0; r->held != NULL && i < cells; i++)
+	for (size_t i = 0; r->held != NULL && i < cells; i++) {
+		unhold(r, &r->held[i]);
 		release(&r->held[i].payload);
+	}
 	if (r->has != NULL)
 		memset(r->has, 0, cells * sizeof(*r->has));
+	if (r->declined != NULL)
+		memset(r->declined, 0, cells * sizeof(*r->declined));
 	if (r->chunks != NULL)
 		memset(r->chunks, 0, r->n_chunks * sizeof(*r->chunks));
 	r->kind = APS_ROUND_IDLE;
@@ -98,6 +111,7 @@ void aps_round_fini(struct aps_round *r)
 	free(r->chunks);
 	free(r->has);
 	free(r->held);
+	free(r->declined);
 	free(r->acc);
 	free(r->scratch);
 	free(r->err_scratch);
@@ -244,6 +258,7 @@ static void sum_ready(struct aps_round *r, uint32_t chunk)
 	while (ch->next_rank < r->world_size) {
 		struct aps_contribution *c = &r->held[base + ch->next_rank];
 		if (r->has[base + ch->next_rank]) {
+			unhold(r, c);
 			sum_in_order(r, chunk, c, ch->summed == 0);
 			ch->summed++;
 		} else if (!is_absent(r, ch->next_rank)) {
@@ -310,6 +325,45 @@ static int check_add(const struct aps_round *r, uint32_t rank, uint64_t step, ui
 	return check_lowp(r, c, why, why_len);
 }
 
+/* Whether rank's contribution to chunk would be summed at once: every rank below
+ * it has been summed, has sent its own, or is absent. */
+static bool its_turn(const struct aps_round *r, uint32_t chunk, uint32_t rank)
+{
+	size_t base = (size_t)chunk * r->world_size;
+
+	for (uint32_t q = r->chunks[chunk].next_rank; q < rank; q++) {
+		if (!r->has[base + q] && !is_absent(r, q))
+			return false;
+	}
+	return true;
+}
+
+/* An early contribution that would pass the budget is not kept. */
+static bool decline(struct aps_round *r, uint32_t chunk, uint32_t rank,
+                    const struct aps_contribution *c)
+{
+	struct aps_round_held *b = r->budget;
+
+	if (b == NULL || b->limit == 0 || c->payload.data == NULL ||
+	    b->bytes + c->payload.len <= b->limit || its_turn(r, chunk, rank))
+		return false;
+	r->declined[(size_t)chunk * r->world_size + rank] = APS_ROUND_DECLINED;
+	return true;
+}
+
+bool aps_round_wanted(struct aps_round *r, uint32_t chunk, uint32_t *rank)
+{
+	const struct aps_round_chunk *ch = &r->chunks[chunk];
+	size_t cell = (size_t)chunk * r->world_size + ch->next_rank;
+
+	if (ch->finished || ch->next_rank >= r->world_size ||
+	    r->declined[cell] != APS_ROUND_DECLINED)
+		return false;
+	r->declined[cell] = APS_ROUND_ASKED;
+	*rank = ch->next_rank;
+	return true;
+}
+
 int aps_round_add(struct aps_round *r, uint32_t rank, uint64_t step, uint32_t chunk,
                   enum aps_round_kind kind, struct aps_contribution *c, char *why, size_t why_len)
 {
@@ -318,6 +372,9 @@ int aps_round_add(struct aps_round *r, uint32_t rank, uint64_t step, uint32_t ch
 
 	if (ret < 0)
 		return ret;
+	if (kind == APS_ROUND_ALLREDUCE && decline(r, chunk, rank, c))
+		return APS_ROUND_ADD_DECLINED;
+	r->declined[cell] = APS_ROUND_KEPT;
 	if (r->kind != kind) /* written once a step: engine threads read it */
 		r->kind = kind;
 	r->has[cell] = true;
@@ -331,6 +388,8 @@ int aps_round_add(struct aps_round *r, uint32_t rank, uint64_t step, uint32_t ch
 	r->held[cell] = *c;
 	memset(&c->payload, 0, sizeof(c->payload));
 	if (kind == APS_ROUND_ALLREDUCE) {
+		if (r->budget != NULL && r->held[cell].payload.data != NULL)
+			r->budget->bytes += r->held[cell].payload.len; /* sum_ready takes it off */
 		sum_ready(r, chunk);
 		return 0;
 	}

@@ -54,6 +54,23 @@ struct aps_round_chunk {
 	double err_num, err_den; /* its result's share of the step's error, once closed */
 };
 
+/*
+ * What contributions that came early (held until the lower ranks' come) may
+ * take together, over every round that points here; the loop thread's. One
+ * that would pass limit is declined (not kept: its rank is asked for it again
+ * when its turn comes, aps_round_wanted). limit 0: no bound.
+ */
+struct aps_round_held {
+	uint64_t bytes, limit;
+};
+
+/* Declined contributions, per chunk and rank (aps_round.declined). */
+enum aps_round_decline {
+	APS_ROUND_KEPT = 0,
+	APS_ROUND_DECLINED, /* not kept: its rank is asked for it when its turn comes */
+	APS_ROUND_ASKED,    /* its rank was asked for it */
+};
+
 struct aps_round {
 	uint32_t world_size;
 	const bool *absent; /* world_size, borrowed: ranks not expected (NULL: none) */
@@ -70,6 +87,8 @@ struct aps_round {
 	struct aps_round_chunk *chunks;
 	bool *has;                     /* n_chunks * world_size: rank sent chunk */
 	struct aps_contribution *held; /* n_chunks * world_size: waiting for lower ranks */
+	uint8_t *declined;             /* n_chunks * world_size: enum aps_round_decline */
+	struct aps_round_held *budget; /* borrowed; NULL: early contributions are all kept */
 	float *acc;                    /* count floats, the rank-ordered sum */
 	uint8_t *scratch;              /* lowp: one chunk's codes */
 	bool step_fmt_set;             /* the first contribution of the step fixed these: */
@@ -135,15 +154,21 @@ int64_t aps_round_chunk_of(const struct aps_round *r, uint64_t offset, uint64_t 
 
 /*
  * Adds rank's contribution to chunk of the round of step. Takes ownership of
- * c->payload on success only. Returns 0, or APS_EPROTO with a reason in why:
- * another step, a second contribution of the rank, a broadcast mixed with a
- * push, a lowp push in another format or with another exponent, a payload
- * scaled by other blocks than the round's.
+ * c->payload on success only. Returns 0, APS_ROUND_ADD_DECLINED (it came before
+ * a lower rank's and r->budget is spent: not kept, see aps_round_held), or
+ * APS_EPROTO with a reason in why: another step, a second contribution of the
+ * rank, a broadcast mixed with a push, a lowp push in another format or with
+ * another exponent, a payload scaled by other blocks than the round's.
  */
+#define APS_ROUND_ADD_DECLINED 1
 int aps_round_add(struct aps_round *r, uint32_t rank, uint64_t step, uint32_t chunk,
                   enum aps_round_kind kind, struct aps_contribution *c, char *why, size_t why_len);
 
 bool aps_round_chunk_complete(const struct aps_round *r, uint32_t chunk);
+
+/* True, with its rank, when the contribution the chunk waits for now was declined
+ * and its rank not asked yet; it counts as asked from here. */
+bool aps_round_wanted(struct aps_round *r, uint32_t chunk, uint32_t *rank);
 
 /* True when rank's chunk of step is in the round already (it was sent again). */
 bool aps_round_has(const struct aps_round *r, uint32_t rank, uint64_t step, uint32_t chunk);

@@ -290,6 +290,7 @@ int aps_server_new(struct aps_server **out, uv_loop_t *loop, const struct aps_se
 	aps_msg_limits_init(&srv->limits);
 	srv->limits.max_ranks = o->max_ranks;
 	srv->limits.max_tensors = o->max_tensors;
+	srv->held.limit = o->max_held_bytes;
 	ret = init_downlink(srv);
 	if (ret == 0 && o->checkpoint_dir != NULL && o->checkpoint_dir[0] != '\0')
 		ret = aps_ckpt_queue_new(&srv->ckpt, loop, o->checkpoint_dir, o->checkpoint_keep,

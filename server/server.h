@@ -38,7 +38,9 @@
 	X(refused_resume, "HELLOs to resume a session apsd does not know (token, job, rank)") \
 	X(silent_dropped, "ranks whose connection said nothing for heartbeat_timeout_ms")     \
 	X(jobs_expired, "jobs ended at join_timeout_ms: ranks missing, or a dead job kept")   \
-	X(refused_memory, "registrations refused: max_job_bytes or max_total_bytes")
+	X(refused_memory, "registrations refused: max_job_bytes or max_total_bytes")          \
+	X(pushes_declined, "pushes not kept: early, with max_held_bytes held; asked again")   \
+	X(asked_again, "AGAINs sent: a declined push's rank asked for it at its turn")
 
 struct aps_server_counters {
 #define APS_SERVER_COUNTER_FIELD(name, text) uint64_t name;
@@ -63,6 +65,7 @@ struct aps_server_opts {
 	uint32_t max_tensors;
 	uint64_t max_job_bytes;     /* fp32 bytes of the tensors of one job */
 	uint64_t max_total_bytes;   /* the same, of every job together */
+	uint64_t max_held_bytes;    /* pushes held until their rank's turn, every job together */
 	size_t max_connections;     /* open at once */
 	uint64_t join_timeout_ms;   /* to join (a connection), to fill (a job) */
 	unsigned max_silent_closes; /* an address's closes without a message a minute */

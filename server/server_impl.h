@@ -32,6 +32,7 @@ struct aps_server {
 	bool stopping;
 	struct aps_ckpt_queue *ckpt; /* NULL: no checkpoint_dir */
 	struct aps_engine *engine;   /* NULL: threads = 1, every sum on the loop */
+	struct aps_round_held held;  /* early pushes of every round (max_held_bytes) */
 	uv_timer_t *tick_timer;      /* graces, silences, job deadlines (owned) */
 	uint64_t last_tick_ms;
 };

@@ -124,6 +124,7 @@ static void test_config_defaults(void **state)
 	assert_int_equal(cfg.max_tensors, 65536);
 	assert_true(cfg.max_message_bytes == 0); /* chunk_bytes + 64k */
 	assert_true(cfg.max_total_bytes == 0);   /* half the memory */
+	assert_true(cfg.max_held_bytes == 0);    /* a quarter of max_total_bytes */
 	assert_int_equal(cfg.max_connections, 0);
 	assert_int_equal(cfg.join_timeout_ms, 60000);
 	assert_int_equal(cfg.drain_batch, 256);
@@ -136,7 +137,7 @@ static void test_config_defaults(void **state)
 	              "max_jobs=64 max_jobs_per_address=16 max_connections=0 join_timeout_ms=60000 "
 	              "max_silent_closes=32 "
 	              "max_ranks=1024 max_tensors=65536 max_job_bytes=8G max_total_bytes=0 "
-	              "max_message_bytes=0 "
+	              "max_held_bytes=0 max_message_bytes=0 "
 	              "drain_batch=256 threads=0 io_threads=0 scaling=local sum=fp32 stats= "
 	              "metrics_listen= trace= "
 	              "curve_secret_key_file= curve_allow_file= allow_from= elastic=no insecure=no "

@@ -47,7 +47,8 @@ static const struct aps_msg_limits *limits(bool from_server)
 static bool sent_by_server(enum aps_msg_type type)
 {
 	return type == APS_MSG_WELCOME || type == APS_MSG_REGISTERED || type == APS_MSG_RESULT ||
-	       type == APS_MSG_ERROR || type == APS_MSG_SCALES || type == APS_MSG_WEIGHTS;
+	       type == APS_MSG_ERROR || type == APS_MSG_SCALES || type == APS_MSG_WEIGHTS ||
+	       type == APS_MSG_AGAIN;
 }
 
 static void set_chunk(struct aps_msg *m, const char *format, const void *payload, size_t n,
@@ -101,6 +102,9 @@ static void make_valid(struct aps_msg *m, enum aps_msg_type type)
 		break;
 	case APS_MSG_BARRIER:
 		m->step = 3;
+		break;
+	case APS_MSG_AGAIN: /* which chunk of which call, no payload */
+		set_chunk(m, "", NULL, CHUNK, 0);
 		break;
 	case APS_MSG_ERROR:
 		m->error_code = APS_ETIMEDOUT;

@@ -134,6 +134,68 @@ static void test_round_same_bits_in_any_order(void **state)
 	}
 }
 
+/*
+ * max_held_bytes: with room for one early contribution, order 3, 2, 1, 0 keeps
+ * rank 3's, declines rank 2's and rank 1's (nothing kept, payload the caller's),
+ * and asks for each when its turn comes; the mean is the same bits, and the
+ * budget is back at 0 (every held byte counted out).
+ */
+static void test_round_declines_early_contributions_past_the_budget(void **state)
+{
+	static const int order[RANKS] = { 0, 1, 2, 3 };
+	struct aps_round_held budget = { 0 };
+	struct aps_round_result res;
+	struct aps_round r;
+	float want[N], got[N];
+	uint32_t rank;
+	char why[128];
+	int k;
+
+	(void)state;
+	make_data("e4m3", 11);
+	run_round(order, want, &k);
+	budget.limit = aps_format_packed_size(&ranks[3].fmt, N); /* one contribution */
+	assert_int_equal(aps_round_init(&r, RANKS, N, 0, false), 0);
+	r.budget = &budget;
+	released = 0;
+	struct aps_contribution c3 = contribution(3, true), c2 = contribution(2, true),
+	                        c1 = contribution(1, true), c0 = contribution(0, true);
+	assert_int_equal(aps_round_add(&r, 3, 0, 0, APS_ROUND_ALLREDUCE, &c3, why, sizeof(why)), 0);
+	assert_true(budget.bytes == budget.limit);
+	assert_int_equal(aps_round_add(&r, 2, 0, 0, APS_ROUND_ALLREDUCE, &c2, why, sizeof(why)),
+	                 APS_ROUND_ADD_DECLINED);
+	assert_non_null(c2.payload.data); /* not taken: the caller releases it */
+	assert_int_equal(aps_round_add(&r, 1, 0, 0, APS_ROUND_ALLREDUCE, &c1, why, sizeof(why)),
+	                 APS_ROUND_ADD_DECLINED);
+	assert_false(aps_round_wanted(&r, 0, &rank)); /* rank 0 is awaited, it sent nothing */
+	/* rank 0's turn is now: taken whatever the budget, rank 1 is asked for */
+	assert_int_equal(aps_round_add(&r, 0, 0, 0, APS_ROUND_ALLREDUCE, &c0, why, sizeof(why)), 0);
+	assert_true(aps_round_wanted(&r, 0, &rank));
+	assert_int_equal(rank, 1);
+	assert_false(aps_round_wanted(&r, 0, &rank)); /* asked once */
+	c1 = contribution(1, true);
+	assert_int_equal(aps_round_add(&r, 1, 0, 0, APS_ROUND_ALLREDUCE, &c1, why, sizeof(why)), 0);
+	assert_true(aps_round_wanted(&r, 0, &rank));
+	assert_int_equal(rank, 2);
+	c2 = contribution(2, true);
+	assert_int_equal(aps_round_add(&r, 2, 0, 0, APS_ROUND_ALLREDUCE, &c2, why, sizeof(why)), 0);
+	assert_true(aps_round_chunk_complete(&r, 0)); /* rank 3's held one summed last */
+	assert_true(budget.bytes == 0);
+	assert_int_equal(released, RANKS);
+	assert_int_equal(aps_round_finish_chunk(&r, 0, NULL, APS_SCALING_LOCAL, &res), 0);
+	assert_int_equal(res.scale_exp, k);
+	aps_codec_dequantize(&res.fmt, res.payload->data, res.payload->len, N, res.scale_exp, got);
+	assert_memory_equal(got, want, sizeof(got));
+	aps_sbuf_unref(res.payload);
+	/* an abort gives back what was held */
+	c3 = contribution(3, true);
+	assert_int_equal(aps_round_add(&r, 3, 1, 0, APS_ROUND_ALLREDUCE, &c3, why, sizeof(why)), 0);
+	assert_true(budget.bytes > 0);
+	aps_round_abort(&r);
+	assert_true(budget.bytes == 0);
+	aps_round_fini(&r);
+}
+
 static void test_round_fp32_is_the_exact_mean(void **state)
 {
 	static const int order[RANKS] = { 2, 1, 3, 0 };
@@ -466,6 +528,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_round_same_bits_in_any_order),
 		cmocka_unit_test(test_round_fp32_is_the_exact_mean),
+		cmocka_unit_test(test_round_declines_early_contributions_past_the_budget),
 		cmocka_unit_test(test_round_refuses_duplicates_and_wrong_steps),
 		cmocka_unit_test(test_round_broadcast_delivers_the_root),
 		cmocka_unit_test(test_round_downlink_format_and_no_scaling),

@@ -297,6 +297,9 @@ int aps_client_barrier_start(aps_client *c, int32_t timeout_ms, aps_request **re
 int aps_outbox_chunks(struct aps_client *c, struct aps_request *r);
 /* The chunks coded since the last send of r (I/O thread, on a wake-up). */
 int aps_outbox_more(struct aps_client *c, struct aps_request *r);
+/* Chunk of r once more (apsd's AGAIN: it had not kept it); nothing if not sent yet or
+ * answered. */
+int aps_outbox_chunk_again(struct aps_client *c, struct aps_request *r, uint32_t chunk);
 int aps_outbox_simple(struct aps_client *c, struct aps_request *r); /* REGISTER, BARRIER */
 int aps_outbox_exponents(struct aps_client *c, struct aps_request **batch, uint32_t n);
 int aps_outbox_pull(struct aps_client *c, struct aps_request *r);

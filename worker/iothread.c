@@ -444,6 +444,25 @@ static void on_heartbeat(struct aps_client *c, const struct aps_msg *m)
 	r->heard = true;
 }
 
+/* apsd did not keep a push that came before a lower rank's (its max_held_bytes):
+ * now that push's turn has come, it is sent again. */
+static void on_again(struct aps_client *c, const struct aps_msg *m)
+{
+	struct aps_request *r = find(c, REQ_ALLREDUCE, m->tensor_id, m->step);
+	uint32_t chunk;
+
+	if (r == NULL || !chunk_of(r, m, &chunk)) {
+		drop_noted(c, 3, "ignored an AGAIN for tensor %u step %llu", m->tensor_id,
+		           (unsigned long long)m->step);
+		return;
+	}
+	if (aps_outbox_chunk_again(c, r, chunk) < 0)
+		aps_client_log(c, 3,
+		               "AGAIN for '%.100s' chunk %u: the connection is down, the "
+		               "call goes again when it is back",
+		               r->name, chunk);
+}
+
 /* The request an ERROR answers, by the type it names (protocol 1.3). */
 static struct aps_request *about(struct aps_client *c, const struct aps_msg *m)
 {
@@ -511,6 +530,9 @@ static void on_message(struct aps_client *c, const struct aps_msg *m)
 		break;
 	case APS_MSG_ERROR:
 		on_error(c, m);
+		break;
+	case APS_MSG_AGAIN:
+		on_again(c, m);
 		break;
 	case APS_MSG_BYE:
 		if (c->rejoin)

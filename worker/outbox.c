@@ -13,10 +13,36 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Chunk i of r, a coded one. */
+static int send_chunk(struct aps_client *c, struct aps_request *r, uint32_t i)
+{
+	size_t off, n, len, at = aps_request_chunk(r, i, &off, &n, &len);
+	struct aps_msg m;
+
+	aps_client_msg(c, &m, r->kind == REQ_BROADCAST ? APS_MSG_BROADCAST : APS_MSG_PUSH);
+	m.tensor_id = r->tensor_id;
+	m.step = r->step;
+	m.chunk_offset = off;
+	m.chunk_count = n;
+	m.total_count = r->count;
+	m.scale_exp = r->scale_exp;
+	if (r->update) {
+		m.flags |= APS_MSG_FLAG_UPDATE;
+		m.lr = r->lr;
+	}
+	if (r->codes == NULL)
+		return aps_client_send(c, &m, NULL, NULL, 0) < 0 ? APS_ECONN : 0;
+	m.flushed = r->flushed[i]; /* apsd sums the chunks' counts */
+	if (c->no_crc)
+		m.flags |= APS_MSG_FLAG_NO_CRC;
+	snprintf(m.format, sizeof(m.format), "%s", r->fmt.name);
+	m.block_size = r->block;
+	return aps_client_send(c, &m, r->codes, r->codes->data + at, len) < 0 ? APS_ECONN : 0;
+}
+
 /* Chunks [from, coded) of r, less those answered already. */
 static int send_chunks(struct aps_client *c, struct aps_request *r, uint32_t from)
 {
-	enum aps_msg_type type = r->kind == REQ_BROADCAST ? APS_MSG_BROADCAST : APS_MSG_PUSH;
 	uint32_t ready;
 
 	r->chunks = aps_request_chunks(r);
@@ -28,32 +54,7 @@ static int send_chunks(struct aps_client *c, struct aps_request *r, uint32_t fro
 	if (from == 0)
 		r->push_ns = c->trace != NULL ? aps_trace_now() : 0;
 	for (uint32_t i = from; i < ready; i++) {
-		size_t off, n, len, at = aps_request_chunk(r, i, &off, &n, &len);
-		struct aps_msg m;
-		if (r->got[i])
-			continue;
-		aps_client_msg(c, &m, type);
-		m.tensor_id = r->tensor_id;
-		m.step = r->step;
-		m.chunk_offset = off;
-		m.chunk_count = n;
-		m.total_count = r->count;
-		m.scale_exp = r->scale_exp;
-		if (r->update) {
-			m.flags |= APS_MSG_FLAG_UPDATE;
-			m.lr = r->lr;
-		}
-		if (r->codes == NULL) {
-			if (aps_client_send(c, &m, NULL, NULL, 0) < 0)
-				return APS_ECONN;
-			continue;
-		}
-		m.flushed = r->flushed[i]; /* apsd sums the chunks' counts */
-		if (c->no_crc)
-			m.flags |= APS_MSG_FLAG_NO_CRC;
-		snprintf(m.format, sizeof(m.format), "%s", r->fmt.name);
-		m.block_size = r->block;
-		if (aps_client_send(c, &m, r->codes, r->codes->data + at, len) < 0)
+		if (!r->got[i] && send_chunk(c, r, i) < 0)
 			return APS_ECONN;
 	}
 	if (from < ready)
@@ -74,6 +75,13 @@ int aps_outbox_chunks(struct aps_client *c, struct aps_request *r)
 int aps_outbox_more(struct aps_client *c, struct aps_request *r)
 {
 	return send_chunks(c, r, r->sent);
+}
+
+int aps_outbox_chunk_again(struct aps_client *c, struct aps_request *r, uint32_t chunk)
+{
+	if (r->got == NULL || chunk >= r->sent || r->got[chunk])
+		return 0; /* not sent yet, or answered: nothing to send again */
+	return send_chunk(c, r, chunk);
 }
 
 int aps_outbox_simple(struct aps_client *c, struct aps_request *r)

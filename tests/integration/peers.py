@@ -13,11 +13,11 @@ import zmq
 
 # MsgType of aps.proto
 HELLO, WELCOME, REGISTER, REGISTERED, PUSH, RESULT, BROADCAST, BARRIER, HEARTBEAT, BYE, \
-    ERROR, EXPONENTS, SCALES, PULL, WEIGHTS = range(1, 16)
+    ERROR, EXPONENTS, SCALES, PULL, WEIGHTS, AGAIN = range(1, 17)
 TYPE_NAMES = {v: k for k, v in dict(
     HELLO=1, WELCOME=2, REGISTER=3, REGISTERED=4, PUSH=5, RESULT=6, BROADCAST=7,
     BARRIER=8, HEARTBEAT=9, BYE=10, ERROR=11, EXPONENTS=12, SCALES=13, PULL=14,
-    WEIGHTS=15).items()}
+    WEIGHTS=15, AGAIN=16).items()}
 
 # Field numbers and wire kinds of Envelope (aps.proto): u = varint, z = zigzag
 # varint (sint32), s = string, b = bytes, f = fixed32.
@@ -38,7 +38,7 @@ FLAG_RESUME = 1 << 6
 FLAG_ALIVE = 1 << 7
 
 # APS_E* codes (common/err.h)
-ERANGE, EPROTO, ETIMEDOUT, EBUSY, ENOSESSION, EACCES = -4, -7, -8, -13, -16, -17
+ENOMEM, ERANGE, EPROTO, ETIMEDOUT, EBUSY, ENOSESSION, EACCES = -2, -4, -7, -8, -13, -16, -17
 
 
 def _varint(n):
@@ -144,7 +144,8 @@ class Peer:
         """Sends one message (with its payload's length and CRC when it has one)."""
         if payload is not None:
             fields.setdefault("payload_len", len(payload))
-            fields.setdefault("payload_crc32c", crc32c(payload))
+            if "payload_crc32c" not in fields:  # a setdefault would take it anyway: slow
+                fields["payload_crc32c"] = crc32c(payload)
             self.sock.send_multipart([envelope(**fields), payload])
         else:
             self.sock.send(envelope(**fields))
