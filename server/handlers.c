@@ -203,12 +203,13 @@ static int contribution_of(struct aps_inmsg *in, const struct aps_msg *m,
 	return aps_zbridge_take_payload(in, &c->payload);
 }
 
+/* A push taken: started says it began its step. */
 static void note_push(struct aps_tensor *t, uint32_t rank, uint32_t chunk, const struct aps_msg *m,
-                      uint64_t arrived_ns)
+                      uint64_t arrived_ns, bool started)
 {
 	struct aps_tensor_stats *st = &t->stats;
 
-	if (!aps_round_busy(&t->round))
+	if (started)
 		st->step_started_ns = arrived_ns;
 	st->bytes_in += m->payload_len;
 	st->elements_in += m->payload != NULL ? m->chunk_count : 0;
@@ -221,19 +222,32 @@ static void note_push(struct aps_tensor *t, uint32_t rank, uint32_t chunk, const
 /*
  * A push that came before a lower rank's while max_held_bytes of such pushes
  * are held was not kept: its rank is asked for it again (AGAIN) when its turn
- * comes. A client older than AGAIN would wait forever: its call fails now.
+ * comes. A client older than AGAIN would wait forever, and its call made again
+ * would find its other chunks of the step taken: the tensor's step fails for
+ * every rank (they make their calls again together).
  */
-static void declined(struct aps_server *srv, struct aps_session *s, const struct aps_tensor *t,
+static void declined(struct aps_server *srv, struct aps_session *s, struct aps_tensor *t,
                      const struct aps_msg *m)
 {
+	struct aps_job *job = s->job;
+	struct aps_msg about = *m;
+
 	srv->counters.pushes_declined++;
 	if (s->minor >= APS_PROTO_VERSION_MINOR_AGAIN)
 		return;
-	aps_outbox_error(srv, &s->peer, APS_ENOMEM, m,
-	                 "tensor '%.80s': apsd holds max_held_bytes = %llu of pushes that came "
-	                 "before a lower rank's; a client of protocol 1.%d would be asked again",
-	                 t->name, (unsigned long long)srv->held.limit,
-	                 APS_PROTO_VERSION_MINOR_AGAIN);
+	aps_job_abort_tensor(job, t);
+	for (uint32_t r = 0; r < job->world_size; r++) {
+		if (job->ranks[r] == NULL)
+			continue;
+		about.rank = r;
+		aps_outbox_error(
+		        srv, &job->ranks[r]->peer, APS_ENOMEM, &about,
+		        "tensor '%.80s' step %llu: apsd holds max_held_bytes = %llu of "
+		        "pushes that came before a lower rank's, and rank %u's client "
+		        "(protocol 1.%u) cannot be asked for its own again (1.%d): call again",
+		        t->name, (unsigned long long)m->step, (unsigned long long)srv->held.limit,
+		        s->rank, s->minor, APS_PROTO_VERSION_MINOR_AGAIN);
+	}
 }
 
 void aps_handle_push(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m,
@@ -246,6 +260,7 @@ void aps_handle_push(struct aps_server *srv, struct aps_session *s, const struct
 	uint32_t chunk;
 	struct aps_tensor *t = pushed_chunk(srv, s, m, &chunk);
 	char why[160];
+	bool started;
 	int ret;
 
 	if (t == NULL) {
@@ -268,7 +283,7 @@ void aps_handle_push(struct aps_server *srv, struct aps_session *s, const struct
 		aps_outbox_error(srv, &s->peer, APS_ENOMEM, m, "out of memory");
 		return;
 	}
-	note_push(t, s->rank, chunk, m, arrived_ns);
+	started = !aps_round_busy(&t->round);
 	ret = aps_round_add(&t->round, s->rank, m->step, chunk, kind, &c, why, sizeof(why));
 	if (ret != 0) {
 		if (c.payload.release != NULL)
@@ -279,6 +294,7 @@ void aps_handle_push(struct aps_server *srv, struct aps_session *s, const struct
 		aps_outbox_error(srv, &s->peer, APS_EPROTO, m, "tensor '%.80s': %s", t->name, why);
 		return;
 	}
+	note_push(t, s->rank, chunk, m, arrived_ns, started);
 	if (aps_round_chunk_complete(&t->round, chunk))
 		aps_finish_chunk(srv, s->job, t, chunk, arrived_ns);
 	else

@@ -240,20 +240,22 @@ void aps_tensor_forget_answers(struct aps_tensor *t)
 	t->exp_done = false;
 }
 
+void aps_job_abort_tensor(struct aps_job *job, struct aps_tensor *t)
+{
+	/* Optimize mode: chunks already stepped cannot be taken back. */
+	if (t->opt.ready && t->round.kind == APS_ROUND_ALLREDUCE && t->round.chunks_finished > 0)
+		t->opt.torn = true;
+	t->opt.lr_rank = UINT32_MAX;
+	aps_round_abort(&t->round);
+	aps_tensor_forget_answers(t);
+	memset(t->exp_has, 0, job->world_size * sizeof(*t->exp_has));
+	t->exp_arrived = 0;
+}
+
 void aps_job_abort_rounds(struct aps_job *job)
 {
-	for (uint32_t i = 0; i < job->n_tensors; i++) {
-		struct aps_tensor *t = job->tensors[i];
-		/* Optimize mode: chunks already stepped cannot be taken back. */
-		if (t->opt.ready && t->round.kind == APS_ROUND_ALLREDUCE &&
-		    t->round.chunks_finished > 0)
-			t->opt.torn = true;
-		t->opt.lr_rank = UINT32_MAX;
-		aps_round_abort(&t->round);
-		aps_tensor_forget_answers(t);
-		memset(t->exp_has, 0, job->world_size * sizeof(*t->exp_has));
-		t->exp_arrived = 0;
-	}
+	for (uint32_t i = 0; i < job->n_tensors; i++)
+		aps_job_abort_tensor(job, job->tensors[i]);
 	memset(job->barrier_has, 0, job->world_size * sizeof(*job->barrier_has));
 	job->barrier_arrived = 0;
 }
@@ -274,7 +276,7 @@ static bool in_round(const struct aps_round *r, uint32_t rank)
 	if (!aps_round_busy(r)) /* nothing of this step: no chunk to look at */
 		return false;
 	for (uint32_t chunk = 0; chunk < r->n_chunks; chunk++) {
-		if (aps_round_has(r, rank, r->step, chunk))
+		if (aps_round_sent(r, rank, r->step, chunk))
 			return true;
 	}
 	return false;

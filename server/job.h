@@ -186,6 +186,9 @@ int aps_tensor_exponents_complete(const struct aps_job *job, struct aps_tensor *
 /* Forgets the answers kept for ranks that reconnect: its round starts over. */
 void aps_tensor_forget_answers(struct aps_tensor *t);
 
+/* Drops what t's round and exponent exchange collected this step. */
+void aps_job_abort_tensor(struct aps_job *job, struct aps_tensor *t);
+
 /* Drops what every round and the barrier collected this step (a rank was lost). */
 void aps_job_abort_rounds(struct aps_job *job);
 

@@ -135,7 +135,8 @@ void aps_outbox_again(struct aps_server *srv, struct aps_job *job, struct aps_te
 	struct aps_msg m;
 	uint32_t rank;
 
-	if (!aps_round_wanted(&t->round, chunk, &rank) || job->ranks[rank] == NULL)
+	if (!aps_round_wanted(&t->round, chunk, &rank) || job->ranks[rank] == NULL ||
+	    job->ranks[rank]->minor < APS_PROTO_VERSION_MINOR_AGAIN)
 		return; /* a rank not here sends its calls again when it is back */
 	aps_outbox_init(&m, APS_MSG_AGAIN, job, rank);
 	m.tensor_id = t->id;

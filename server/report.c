@@ -106,14 +106,16 @@ static json_t *jobs(const struct aps_server *srv)
 	json_t *a = json_array();
 
 	for (const struct aps_job *j = srv->jobs.jobs; j != NULL; j = j->next) {
-		uint64_t step = 0;
+		uint64_t step = 0, held = 0;
 		json_t *o;
-		for (uint32_t i = 0; i < j->n_tensors; i++)
+		for (uint32_t i = 0; i < j->n_tensors; i++) {
 			step = j->tensors[i]->round.step > step ? j->tensors[i]->round.step : step;
-		o = json_pack("{s:s, s:s, s:I}", "mode",
+			held += j->tensors[i]->round.held_bytes;
+		}
+		o = json_pack("{s:s, s:s, s:I, s:I}", "mode",
 		              j->optim.kind == APS_OPTIM_NONE ? "allreduce" : "optimize",
 		              "optimizer", j->optim_spec, "last_checkpoint_step",
-		              (json_int_t)j->last_ckpt_step);
+		              (json_int_t)j->last_ckpt_step, "held_bytes", (json_int_t)held);
 		json_array_append_new(a, o);
 		json_object_update_new(
 		        o,

@@ -75,10 +75,23 @@ static void release(struct aps_payload *p)
 	memset(p, 0, sizeof(*p));
 }
 
-/* A held contribution leaves the cell: summed, or dropped with its step. */
-static void unhold(struct aps_round *r, struct aps_contribution *c)
+/* A contribution goes into its cell (hold) and leaves it (unhold): summed at once,
+ * later in its turn, or dropped with its step. */
+static void hold(struct aps_round *r, const struct aps_contribution *c)
 {
-	if (r->budget != NULL && c->payload.data != NULL)
+	if (c->payload.data == NULL)
+		return;
+	r->held_bytes += c->payload.len;
+	if (r->budget != NULL)
+		r->budget->bytes += c->payload.len;
+}
+
+static void unhold(struct aps_round *r, const struct aps_contribution *c)
+{
+	if (c->payload.data == NULL)
+		return;
+	r->held_bytes -= c->payload.len;
+	if (r->budget != NULL)
 		r->budget->bytes -= c->payload.len;
 }
 
@@ -348,6 +361,7 @@ static bool decline(struct aps_round *r, uint32_t chunk, uint32_t rank,
 	    b->bytes + c->payload.len <= b->limit || its_turn(r, chunk, rank))
 		return false;
 	r->declined[(size_t)chunk * r->world_size + rank] = APS_ROUND_DECLINED;
+	r->kind = APS_ROUND_ALLREDUCE; /* busy: its rank's call waits (aps_round_busy) */
 	return true;
 }
 
@@ -388,8 +402,7 @@ int aps_round_add(struct aps_round *r, uint32_t rank, uint64_t step, uint32_t ch
 	r->held[cell] = *c;
 	memset(&c->payload, 0, sizeof(c->payload));
 	if (kind == APS_ROUND_ALLREDUCE) {
-		if (r->budget != NULL && r->held[cell].payload.data != NULL)
-			r->budget->bytes += r->held[cell].payload.len; /* sum_ready takes it off */
+		hold(r, &r->held[cell]); /* sum_ready takes it off, at once or in its turn */
 		sum_ready(r, chunk);
 		return 0;
 	}
@@ -406,6 +419,13 @@ bool aps_round_has(const struct aps_round *r, uint32_t rank, uint64_t step, uint
 {
 	return step == r->step && rank < r->world_size && chunk < r->n_chunks &&
 	       r->has[(size_t)chunk * r->world_size + rank];
+}
+
+bool aps_round_sent(const struct aps_round *r, uint32_t rank, uint64_t step, uint32_t chunk)
+{
+	return aps_round_has(r, rank, step, chunk) ||
+	       (step == r->step && rank < r->world_size && chunk < r->n_chunks &&
+	        r->declined[(size_t)chunk * r->world_size + rank] != APS_ROUND_KEPT);
 }
 
 bool aps_round_chunk_complete(const struct aps_round *r, uint32_t chunk)
@@ -426,8 +446,8 @@ bool aps_round_chunk_complete(const struct aps_round *r, uint32_t chunk)
 
 bool aps_round_recheck(struct aps_round *r, uint32_t chunk)
 {
-	if (r->kind == APS_ROUND_ALLREDUCE && !r->chunks[chunk].finished &&
-	    r->chunks[chunk].arrived > 0)
+	/* Also with nothing kept: next_rank passes the absent, up to a declined rank. */
+	if (r->kind == APS_ROUND_ALLREDUCE && !r->chunks[chunk].finished)
 		sum_ready(r, chunk);
 	return aps_round_chunk_complete(r, chunk);
 }
@@ -659,8 +679,7 @@ size_t aps_round_missing(const struct aps_round *r, uint32_t *ranks, size_t cap)
 		if (is_absent(r, rank))
 			continue;
 		for (uint32_t c = 0; c < r->n_chunks && !missing; c++)
-			missing =
-			        !r->chunks[c].finished && !r->has[(size_t)c * r->world_size + rank];
+			missing = !r->chunks[c].finished && !aps_round_sent(r, rank, r->step, c);
 		if (!missing)
 			continue;
 		if (n < cap)

@@ -89,6 +89,7 @@ struct aps_round {
 	struct aps_contribution *held; /* n_chunks * world_size: waiting for lower ranks */
 	uint8_t *declined;             /* n_chunks * world_size: enum aps_round_decline */
 	struct aps_round_held *budget; /* borrowed; NULL: early contributions are all kept */
+	uint64_t held_bytes;           /* of held, this round's share of budget->bytes */
 	float *acc;                    /* count floats, the rank-ordered sum */
 	uint8_t *scratch;              /* lowp: one chunk's codes */
 	bool step_fmt_set;             /* the first contribution of the step fixed these: */
@@ -172,6 +173,10 @@ bool aps_round_wanted(struct aps_round *r, uint32_t chunk, uint32_t *rank);
 
 /* True when rank's chunk of step is in the round already (it was sent again). */
 bool aps_round_has(const struct aps_round *r, uint32_t rank, uint64_t step, uint32_t chunk);
+
+/* True when rank sent its chunk of step: kept, or declined (its call waits for an
+ * AGAIN). */
+bool aps_round_sent(const struct aps_round *r, uint32_t rank, uint64_t step, uint32_t chunk);
 
 /*
  * Finishes a complete chunk: the mean (all-reduce; the sum for lowp) or the

@@ -180,7 +180,7 @@ static void test_round_declines_early_contributions_past_the_budget(void **state
 	c2 = contribution(2, true);
 	assert_int_equal(aps_round_add(&r, 2, 0, 0, APS_ROUND_ALLREDUCE, &c2, why, sizeof(why)), 0);
 	assert_true(aps_round_chunk_complete(&r, 0)); /* rank 3's held one summed last */
-	assert_true(budget.bytes == 0);
+	assert_true(budget.bytes == 0 && r.held_bytes == 0);
 	assert_int_equal(released, RANKS);
 	assert_int_equal(aps_round_finish_chunk(&r, 0, NULL, APS_SCALING_LOCAL, &res), 0);
 	assert_int_equal(res.scale_exp, k);
@@ -190,8 +190,42 @@ static void test_round_declines_early_contributions_past_the_budget(void **state
 	/* an abort gives back what was held */
 	c3 = contribution(3, true);
 	assert_int_equal(aps_round_add(&r, 3, 1, 0, APS_ROUND_ALLREDUCE, &c3, why, sizeof(why)), 0);
-	assert_true(budget.bytes > 0);
+	assert_true(budget.bytes > 0 && r.held_bytes == budget.bytes);
 	aps_round_abort(&r);
+	assert_true(budget.bytes == 0 && r.held_bytes == 0);
+	aps_round_fini(&r);
+}
+
+/*
+ * A round that holds only a declined contribution is busy (its rank's call
+ * waits: a lost rank must fail it), and when every rank below it turns absent
+ * (an elastic job shrinks) its rank is asked for it with nothing else kept.
+ */
+static void test_round_a_declined_rank_is_asked_when_the_ranks_below_leave(void **state)
+{
+	struct aps_round_held budget = { .limit = 1 };
+	bool absent[RANKS] = { false };
+	struct aps_round r;
+	uint32_t rank;
+	char why[128];
+
+	(void)state;
+	make_data("e4m3", 5);
+	assert_int_equal(aps_round_init(&r, RANKS, N, 0, false), 0);
+	r.budget = &budget;
+	r.absent = absent;
+	struct aps_contribution c = contribution(2, true);
+	assert_int_equal(aps_round_add(&r, 2, 0, 0, APS_ROUND_ALLREDUCE, &c, why, sizeof(why)),
+	                 APS_ROUND_ADD_DECLINED);
+	assert_true(aps_round_busy(&r));
+	assert_false(aps_round_has(&r, 2, 0, 0));
+	assert_true(aps_round_sent(&r, 2, 0, 0));
+	uint32_t missing[RANKS];
+	assert_int_equal(aps_round_missing(&r, missing, RANKS), 3); /* 0, 1, 3: not 2 */
+	absent[0] = absent[1] = true;
+	assert_false(aps_round_recheck(&r, 0));
+	assert_true(aps_round_wanted(&r, 0, &rank));
+	assert_int_equal(rank, 2);
 	assert_true(budget.bytes == 0);
 	aps_round_fini(&r);
 }
@@ -529,6 +563,7 @@ int main(void)
 		cmocka_unit_test(test_round_same_bits_in_any_order),
 		cmocka_unit_test(test_round_fp32_is_the_exact_mean),
 		cmocka_unit_test(test_round_declines_early_contributions_past_the_budget),
+		cmocka_unit_test(test_round_a_declined_rank_is_asked_when_the_ranks_below_leave),
 		cmocka_unit_test(test_round_refuses_duplicates_and_wrong_steps),
 		cmocka_unit_test(test_round_broadcast_delivers_the_root),
 		cmocka_unit_test(test_round_downlink_format_and_no_scaling),

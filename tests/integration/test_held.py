@@ -1,7 +1,8 @@
 """max_held_bytes: a push that comes before a lower rank's is held until its
 turn (the sum is in rank order), and such pushes of every job together are
 bounded. Past the bound a push is not kept: a client of protocol 1.10 is asked
-for it again (AGAIN) when its turn comes, an older one gets APS_ENOMEM.
+for it again (AGAIN) when its turn comes; for an older one the tensor's step
+fails for every rank (APS_ENOMEM) and is made again.
 
 Before (2026-12-07): nothing bounded them. A job whose rank 0 never pushed
 held every other rank's pushes: 15 ranks of a 16M-element e4m3 tensor took
@@ -52,69 +53,100 @@ def push(p, job, rank, world, codes, minor, crc):
            scale_exp=0, version_minor=minor, payload_crc32c=crc)
 
 
-def test_a_job_whose_rank_0_never_pushes_holds_at_most_the_bound(daemon_factory):
-    # Two jobs of 16 ranks each, rank 0 silent but alive: ranks 1-15 push 1 MiB
-    # each. apsd keeps 4 MiB of them, no more; the ranks of old clients are told
-    # APS_ENOMEM, those of new ones nothing until their turn. Then rank 0 of the
-    # new job pushes: its declined ranks are asked in turn and the round ends.
-    d = daemon_factory(extra=["--max_held_bytes", "4M", "--chunk_bytes", "4M"])
-    n, world = 1 << 20, 16
-    codes = bytes(aps.quantize(np.full(n, 0.5, np.float32), "e4m3", scale_exp=0))
-    crc = crc32c(codes)  # once: it takes peers.py a while
-    old = join(d, "old", world, n, minor=9)
-    new = join(d, "new", world, n, minor=10)
-    for r in range(1, world):
-        push(old[r], "old", r, world, codes, 9, crc)
-        push(new[r], "new", r, world, codes, 10, crc)
-    time.sleep(0.5)
-    keep_alive(old, "old", old[0])
-    keep_alive(new, "new", new[0])
-    assert 0 < d.counter("held_bytes") <= 4 << 20
-    # 30 ranks pushed 1 MiB, 4 were kept (as they came); the rest declined, the
-    # old clients told so
-    assert d.counter("pushes_declined") == 26
-    refusals = {r: old[r].recv_type(ERROR, 2000) for r in range(1, world)}
-    told = [r for r, m in refusals.items() if m is not None]
-    assert len(told) == 13 and all(refusals[r]["error_code"] == ENOMEM and "max_held_bytes" in
-                                   refusals[r]["error_text"] for r in told), refusals
-    assert all(new[r].recv_type(ERROR, 0) is None for r in range(1, world))
-    # What libzmq read at once (30 MiB) stays in malloc's heap; 65 MiB more of
-    # pushes, each declined again, leave it where it was
-    after_burst = rss_kib(d.proc.pid)
-    for _ in range(5):
-        for r in told:
-            push(old[r], "old", r, world, codes, 9, crc)
-        for r in told:
-            assert old[r].recv_type(ERROR, 5000)["error_code"] == ENOMEM, r
-    keep_alive(old, "old", old[0])
-    keep_alive(new, "new", new[0])
-    assert d.counter("pushes_declined") == 26 + 5 * 13
-    assert d.counter("held_bytes") <= 4 << 20
-    if not SANITIZED:
-        assert rss_kib(d.proc.pid) - after_burst < 16 << 10, (after_burst, rss_kib(d.proc.pid))
-    # rank 0 comes: each declined new rank is asked in turn, pushes again, and
-    # every rank gets the mean
-    push(new[0], "new", 0, world, codes, 10, crc)
+def gather(peers, job, world, codes, crc, want_again):
+    """Every rank's RESULT, pushing again each chunk an AGAIN asks for; returns
+    the results by rank and how many AGAINs came."""
     results, asked = {}, 0
     deadline = time.monotonic() + 15
     while len(results) < world and time.monotonic() < deadline:
-        for r, p in enumerate(new):
+        for r, p in enumerate(peers):
             msg = p.recv(0) if r not in results else None
             if msg is None:
                 continue
             if msg["type"] == AGAIN:
+                assert want_again
                 assert msg.get("tensor_id", 0) == 0 and msg.get("chunk_offset", 0) == 0, msg
-                assert msg["chunk_count"] == n and msg["rank"] == r, msg
+                assert msg["chunk_count"] == len(codes) and msg["rank"] == r, msg
                 asked += 1
-                push(p, "new", r, world, codes, 10, crc)
+                push(p, job, r, world, codes, 10, crc)
             elif msg["type"] == RESULT:
                 results[r] = msg
         time.sleep(0.001)
     assert len(results) == world, sorted(results)
-    assert asked == 13 == d.counter("asked_again")
+    return results, asked
+
+
+def assert_mean(results, n, value):
     for res in results.values():
         mean = aps.dequantize(np.frombuffer(res["payload"], np.uint8), res["format"], n,
                               res.get("scale_exp", 0))
-        assert np.all(mean == 0.5), mean[:4]
-    for p in old + new:
+        assert np.all(mean == value), mean[:4]
+
+
+def test_a_job_whose_rank_0_never_pushes_holds_at_most_the_bound(daemon_factory):
+    # A job of 16 ranks, rank 0 silent but alive: ranks 1-15 push 1 MiB each,
+    # then 5 times again (a stranger's flood). apsd keeps 4 MiB of them, no
+    # more, and says nothing to the ranks it declined until their turn. Then
+    # rank 0 pushes: the declined ranks are asked in turn and the round ends.
+    d = daemon_factory(extra=["--max_held_bytes", "4M", "--chunk_bytes", "4M"])
+    n, world = 1 << 20, 16
+    codes = bytes(aps.quantize(np.full(n, 0.5, np.float32), "e4m3", scale_exp=0))
+    crc = crc32c(codes)  # once: it takes peers.py a while
+    peers = join(d, "j", world, n, minor=10)
+    for r in range(1, world):
+        push(peers[r], "j", r, world, codes, 10, crc)
+    time.sleep(0.5)
+    keep_alive(peers, "j", peers[0])
+    assert d.counter("held_bytes") == 4 << 20
+    assert d.ask("jobs")["jobs"][0]["held_bytes"] == 4 << 20  # which job holds it
+    assert d.counter("pushes_declined") == 11  # 15 pushed, the first 4 kept
+    assert all(peers[r].recv_type(ERROR, 0) is None for r in range(1, world))
+    # What libzmq read at once (15 MiB) stays in malloc's heap; 75 MiB more,
+    # the 11 declined again (nothing said) and the 4 kept refused as sent twice,
+    # leave it where it was
+    after_burst = rss_kib(d.proc.pid)
+    bad_state = d.counter("bad_state")
+    for _ in range(5):
+        for r in range(1, world):
+            push(peers[r], "j", r, world, codes, 10, crc)
+        time.sleep(0.2)
+        keep_alive(peers, "j", peers[0])
+    assert d.counter("pushes_declined") == 11 + 5 * 11
+    assert d.counter("bad_state") == bad_state + 5 * 4
+    assert d.counter("held_bytes") == 4 << 20
+    if not SANITIZED:
+        assert rss_kib(d.proc.pid) - after_burst < 16 << 10, (after_burst, rss_kib(d.proc.pid))
+    for p in peers:  # the refusals of the kept ranks' second pushes
+        while p.recv(0) is not None:
+            pass
+    push(peers[0], "j", 0, world, codes, 10, crc)
+    results, asked = gather(peers, "j", world, codes, crc, want_again=True)
+    assert asked == 11 == d.counter("asked_again")
+    assert_mean(results, n, 0.5)
+    assert d.counter("held_bytes") == 0
+    for p in peers:
         p.close()
+
+
+def test_an_old_client_declined_fails_the_step_for_every_rank(daemon_factory):
+    # A client of protocol 1.9 cannot be asked again: when its push is declined
+    # the tensor's step is dropped, every rank's call of it fails APS_ENOMEM
+    # saying why, and the same step made again (in rank order here) sums.
+    d = daemon_factory(extra=["--max_held_bytes", "1M", "--chunk_bytes", "4M"])
+    n, world = 1 << 20, 3
+    codes = bytes(aps.quantize(np.full(n, 0.25, np.float32), "e4m3", scale_exp=0))
+    crc = crc32c(codes)
+    peers = join(d, "old", world, n, minor=9)
+    push(peers[1], "old", 1, world, codes, 9, crc)  # kept: 1 MiB
+    push(peers[2], "old", 2, world, codes, 9, crc)  # declined
+    for r, p in enumerate(peers):
+        err = p.recv_type(ERROR, 5000)
+        assert err is not None and err["error_code"] == ENOMEM, (r, err)
+        assert "max_held_bytes" in err["error_text"] and "rank 2's client (protocol 1.9)" \
+            in err["error_text"], err
+    assert d.counter("held_bytes") == 0 and d.counter("pushes_declined") == 1
+    for r, p in enumerate(peers):
+        push(p, "old", r, world, codes, 9, crc)
+    results, _ = gather(peers, "old", world, codes, crc, want_again=False)
+    assert_mean(results, n, 0.25)
+    assert d.counter("asked_again") == 0
