@@ -56,7 +56,7 @@ static void fan_out(struct aps_server *srv, struct aps_job *job, struct aps_tens
 		struct aps_session *s = job->ranks[rank];
 		if (s == NULL || job->absent[rank])
 			continue;
-		aps_outbox_send_packed(srv, &s->peer, hdr, len, res->payload);
+		aps_outbox_send_packed(srv, s, t, hdr, len, res->payload);
 		s->bytes_out += res->payload->len;
 		t->stats.bytes_out += res->payload->len;
 	}

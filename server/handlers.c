@@ -219,6 +219,20 @@ static void note_push(struct aps_tensor *t, uint32_t rank, uint32_t chunk, const
 	}
 }
 
+/* Whether rank has sent nothing of t's step yet: its first push of the step, after
+ * which a client that reads has every answer of the step before (tally.h). Looked
+ * at only when some answer is not sent, then in every chunk. */
+static bool starts_step(const struct aps_tensor *t, uint32_t rank, uint64_t step)
+{
+	if (aps_tally_unsent(t->unsent, rank) <= 1 || step != t->round.step)
+		return false;
+	for (uint32_t c = 0; c < t->round.n_chunks; c++) {
+		if (aps_round_sent(&t->round, rank, step, c))
+			return false;
+	}
+	return true;
+}
+
 /*
  * A push that came before a lower rank's while max_held_bytes of such pushes
  * are held was not kept: its rank is asked for it again (AGAIN) when its turn
@@ -269,6 +283,8 @@ void aps_handle_push(struct aps_server *srv, struct aps_session *s, const struct
 	}
 	if (aps_resend_push(srv, s, t, chunk, m))
 		return;
+	if (starts_step(t, s->rank, m->step) && aps_outbox_unread(srv, s, t, 1))
+		return; /* its last step's answers unread (tally.h) */
 	if (m->payload != NULL && ((m->flags & APS_MSG_FLAG_NO_CRC) != 0) != s->job->no_crc) {
 		srv->counters.bad_state++;
 		aps_outbox_error(srv, &s->peer, APS_EPROTO, m,

@@ -66,6 +66,7 @@ static void free_tensor(struct aps_tensor *tensor)
 	aps_round_fini(&tensor->round);
 	aps_replay_fini(&tensor->replay);
 	aps_optim_tensor_fini(&tensor->opt);
+	aps_tally_release(tensor->unsent);
 	free(tensor->registered);
 	free(tensor->exp_has);
 	free(tensor);
@@ -193,6 +194,7 @@ uint64_t aps_job_tensor_overhead(const struct aps_job *job, uint64_t count)
 
 	return sizeof(*t) +
 	       (uint64_t)job->world_size * (sizeof(*t->registered) + sizeof(*t->exp_has)) +
+	       aps_tally_size(job->world_size) +
 	       aps_round_overhead(job->world_size, count, job->chunk_elems);
 }
 
@@ -210,8 +212,10 @@ int aps_job_add_tensor(struct aps_job *job, const char *name, uint64_t count, ui
 		return APS_ENOMEM;
 	t->registered = calloc(job->world_size, sizeof(*t->registered));
 	t->exp_has = calloc(job->world_size, sizeof(*t->exp_has));
-	if (t->registered == NULL || t->exp_has == NULL ||
+	t->unsent = aps_tally_new(job->world_size);
+	if (t->registered == NULL || t->exp_has == NULL || t->unsent == NULL ||
 	    aps_round_init(&t->round, job->world_size, count, job->chunk_elems, job->lowp) < 0) {
+		aps_tally_release(t->unsent);
 		free(t->registered);
 		free(t->exp_has);
 		free(t);

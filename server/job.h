@@ -78,6 +78,7 @@ struct aps_tensor {
 	int32_t exp_done_max;
 	struct aps_replay replay;    /* each chunk's last result, for ranks that reconnected */
 	struct aps_optim_tensor opt; /* optimize mode: weights and state */
+	struct aps_tally *unsent;    /* per rank: its answers' payloads libzmq has not sent */
 	const struct aps_optim_config *optim; /* the job's, for the round's transform */
 };
 

@@ -320,7 +320,7 @@ static void send_weights(struct aps_server *srv, struct aps_session *s, struct a
 		r.total_count = t->count;
 		snprintf(r.format, sizeof(r.format), "fp32");
 		r.flags = s->job->no_crc ? APS_MSG_FLAG_NO_CRC : 0;
-		aps_outbox_send(srv, &s->peer, &r, buf);
+		aps_outbox_answer(srv, s, t, &r, buf);
 		s->bytes_out += buf->len;
 		aps_sbuf_unref(buf);
 	}
@@ -337,6 +337,10 @@ void aps_handle_pull(struct aps_server *srv, struct aps_session *s, const struct
 		why = "belongs to a job in all-reduce mode: the daemon holds no weights";
 	else if (!t->opt.ready)
 		why = "has no weights yet: rank 0 broadcasts them first";
+	/* A pull's answers (one message a chunk) unread while it pulls again: allowed one
+	 * pull's, and the chunk libzmq holds until it next writes. */
+	if (why == NULL && aps_outbox_unread(srv, s, t, t->round.n_chunks + 1))
+		return;
 	if (why == NULL)
 		return send_weights(srv, s, t);
 	srv->counters.bad_state++;

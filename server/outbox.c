@@ -24,8 +24,9 @@ void aps_outbox_init(struct aps_msg *m, enum aps_msg_type type, const struct aps
 	m->world_size = job->world_size;
 }
 
-void aps_outbox_send(struct aps_server *srv, const struct aps_peer *peer, struct aps_msg *m,
-                     struct aps_sbuf *payload)
+/* m packed, sent with payload; counted in tally's slot when tally is not NULL. */
+static void pack_and_send(struct aps_server *srv, const struct aps_peer *peer, struct aps_msg *m,
+                          struct aps_sbuf *payload, struct aps_tally *tally, uint32_t slot)
 {
 	uint8_t hdr[APS_SERVER_HEADER_MAX];
 	size_t len;
@@ -36,7 +37,37 @@ void aps_outbox_send(struct aps_server *srv, const struct aps_peer *peer, struct
 		aps_log_error("server", "cannot encode type=%s", aps_msg_type_name(m->type));
 		return;
 	}
-	aps_zbridge_send(srv->bridge, peer, hdr, len, payload);
+	aps_zbridge_send_tallied(srv->bridge, peer, hdr, len, payload, tally, slot);
+}
+
+void aps_outbox_send(struct aps_server *srv, const struct aps_peer *peer, struct aps_msg *m,
+                     struct aps_sbuf *payload)
+{
+	pack_and_send(srv, peer, m, payload, NULL, 0);
+}
+
+void aps_outbox_answer(struct aps_server *srv, struct aps_session *s, struct aps_tensor *t,
+                       struct aps_msg *m, struct aps_sbuf *payload)
+{
+	pack_and_send(srv, &s->peer, m, payload, t->unsent, s->rank);
+}
+
+bool aps_outbox_unread(struct aps_server *srv, struct aps_session *s, const struct aps_tensor *t,
+                       uint32_t allowed)
+{
+	uint32_t unsent = aps_tally_unsent(t->unsent, s->rank);
+
+	if (unsent <= allowed)
+		return false;
+	srv->counters.unread_dropped++;
+	if (aps_log_gate_open(&srv->unread_log, uv_now(srv->loop), 1000))
+		aps_log_warn("server",
+		             "dropped a connection job=%s rank=%u tensor=%s unsent=%u reason=\"a "
+		             "new call of a tensor whose answers it has not read: they would pile "
+		             "up in apsd\"",
+		             s->job->name, s->rank, t->name, unsent);
+	aps_zbridge_drop(srv->bridge, s->conn);
+	return true;
 }
 
 static void fill_error(struct aps_msg *e, int code, const struct aps_msg *request)
@@ -160,8 +191,8 @@ void aps_outbox_scales(struct aps_server *srv, struct aps_job *job, struct aps_m
 	}
 }
 
-void aps_outbox_send_packed(struct aps_server *srv, const struct aps_peer *peer, const uint8_t *hdr,
-                            size_t len, struct aps_sbuf *payload)
+void aps_outbox_send_packed(struct aps_server *srv, struct aps_session *s, struct aps_tensor *t,
+                            const uint8_t *hdr, size_t len, struct aps_sbuf *payload)
 {
-	aps_zbridge_send(srv->bridge, peer, hdr, len, payload);
+	aps_zbridge_send_tallied(srv->bridge, &s->peer, hdr, len, payload, t->unsent, s->rank);
 }

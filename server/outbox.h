@@ -24,9 +24,23 @@ void aps_outbox_init(struct aps_msg *m, enum aps_msg_type type, const struct aps
 void aps_outbox_send(struct aps_server *srv, const struct aps_peer *peer, struct aps_msg *m,
                      struct aps_sbuf *payload);
 
-/* Sends a header packed once (hdr, len) with payload: a result to each rank. */
-void aps_outbox_send_packed(struct aps_server *srv, const struct aps_peer *peer, const uint8_t *hdr,
-                            size_t len, struct aps_sbuf *payload);
+/* Sends a header packed once (hdr, len) with payload: a result of t to each rank,
+ * counted in t->unsent until libzmq has sent it. */
+void aps_outbox_send_packed(struct aps_server *srv, struct aps_session *s, struct aps_tensor *t,
+                            const uint8_t *hdr, size_t len, struct aps_sbuf *payload);
+
+/* m with payload to s: an answer about t (WEIGHTS), counted as above. */
+void aps_outbox_answer(struct aps_server *srv, struct aps_session *s, struct aps_tensor *t,
+                       struct aps_msg *m, struct aps_sbuf *payload);
+
+/*
+ * True when s has more than allowed of t's answers that libzmq has not sent
+ * (tally.h): its client makes a new call of t without reading them. Its
+ * connection is then dropped (counted: unread_dropped), and the caller drops
+ * the call: a client that reads comes back and sends it again.
+ */
+bool aps_outbox_unread(struct aps_server *srv, struct aps_session *s, const struct aps_tensor *t,
+                       uint32_t allowed);
 
 /* An ERROR about request (may be NULL) to peer; counts it. */
 void aps_outbox_error(struct aps_server *srv, const struct aps_peer *peer, int code,

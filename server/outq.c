@@ -21,7 +21,7 @@ bool aps_outq_waiting(const struct aps_outq *q, const struct aps_peer *peer)
 }
 
 int aps_outq_push(struct aps_outq *q, const struct aps_peer *peer, const uint8_t *hdr,
-                  size_t hdr_len, struct aps_sbuf *payload)
+                  size_t hdr_len, struct aps_sbuf *payload, struct aps_tally *tally, uint32_t slot)
 {
 	struct aps_outq_peer **link = link_of(q, peer), *p = *link;
 	struct aps_outmsg *m;
@@ -42,6 +42,8 @@ int aps_outq_push(struct aps_outq *q, const struct aps_peer *peer, const uint8_t
 	}
 	m->next = NULL;
 	m->payload = payload ? aps_sbuf_ref(payload) : NULL;
+	m->tally = tally;
+	m->slot = slot;
 	m->hdr_len = hdr_len;
 	memcpy(m->hdr, hdr, hdr_len);
 	if (p->tail != NULL)
@@ -63,6 +65,8 @@ static size_t free_peer(struct aps_outq *q, struct aps_outq_peer **link)
 		struct aps_outmsg *m = p->head;
 		p->head = m->next;
 		aps_sbuf_unref(m->payload);
+		if (m->tally != NULL)
+			aps_tally_done(m->tally, m->slot);
 		free(m);
 	}
 	*link = p->next;
@@ -78,7 +82,7 @@ static bool flush_peer(struct aps_outq *q, struct aps_outq_peer *p, aps_outq_sen
 {
 	while (p->head != NULL) {
 		struct aps_outmsg *m = p->head;
-		int ret = send(ctx, &p->peer, m->hdr, m->hdr_len, m->payload);
+		int ret = send(ctx, &p->peer, m->hdr, m->hdr_len, m->payload, m->tally, m->slot);
 		if (ret == APS_EBUSY)
 			return false;
 		if (ret < 0)

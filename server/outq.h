@@ -13,6 +13,7 @@
 
 #include "common/sbuf.h"
 #include "server/peer.h"
+#include "server/tally.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -24,6 +25,8 @@
 struct aps_outmsg {
 	struct aps_outmsg *next;
 	struct aps_sbuf *payload; /* a reference; NULL: none */
+	struct aps_tally *tally;  /* its count in flight (tally.h), or NULL */
+	uint32_t slot;
 	size_t hdr_len;
 	uint8_t hdr[];
 };
@@ -41,20 +44,23 @@ struct aps_outq {
 	size_t peers; /* peers with a queue */
 };
 
-/* Sends one message now: 0 sent, APS_EBUSY (the pipe is still full), APS_ECONN (gone). */
+/* Sends one message now: 0 sent (a tally's count then goes with it), APS_EBUSY (the
+ * pipe is still full), APS_ECONN (gone). */
 typedef int (*aps_outq_send_fn)(void *ctx, const struct aps_peer *peer, const uint8_t *hdr,
-                                size_t hdr_len, struct aps_sbuf *payload);
+                                size_t hdr_len, struct aps_sbuf *payload, struct aps_tally *tally,
+                                uint32_t slot);
 
 /* True when peer has replies waiting: a new one must wait behind them. */
 bool aps_outq_waiting(const struct aps_outq *q, const struct aps_peer *peer);
 
 /*
- * Queues a copy of hdr and a reference to payload for peer. Returns 0,
- * APS_ENOMEM, or APS_EBUSY when the peer's queue (or every queue together)
- * is full: nothing was queued.
+ * Queues a copy of hdr and a reference to payload for peer, with tally's count
+ * of slot (aps_tally_start, or tally NULL): the queue ends it if the message
+ * never goes. Returns 0, APS_ENOMEM, or APS_EBUSY when the peer's queue (or
+ * every queue together) is full: nothing was queued (the count is the caller's).
  */
 int aps_outq_push(struct aps_outq *q, const struct aps_peer *peer, const uint8_t *hdr,
-                  size_t hdr_len, struct aps_sbuf *payload);
+                  size_t hdr_len, struct aps_sbuf *payload, struct aps_tally *tally, uint32_t slot);
 
 /*
  * Sends what it can, every peer's queue in order, until each is empty or its

@@ -23,7 +23,8 @@
 static void replay(struct aps_server *srv, struct aps_session *s, struct aps_tensor *t,
                    const struct aps_replay_entry *e)
 {
-	aps_zbridge_send(srv->bridge, &s->peer, e->hdr, e->hdr_len, e->payload);
+	aps_zbridge_send_tallied(srv->bridge, &s->peer, e->hdr, e->hdr_len, e->payload,
+	                         e->payload != NULL ? t->unsent : NULL, s->rank);
 	if (e->payload != NULL) {
 		s->bytes_out += e->payload->len;
 		t->stats.bytes_out += e->payload->len;

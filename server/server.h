@@ -40,7 +40,9 @@
 	X(jobs_expired, "jobs ended at join_timeout_ms: ranks missing, or a dead job kept")   \
 	X(refused_memory, "registrations refused: max_job_bytes or max_total_bytes")          \
 	X(pushes_declined, "pushes not kept: early, with max_held_bytes held; asked again")   \
-	X(asked_again, "AGAINs sent: a declined push's rank asked for it at its turn")
+	X(asked_again, "AGAINs sent: a declined push's rank asked for it at its turn")        \
+	X(unread_dropped,                                                                     \
+	  "connections dropped: a new call of a tensor whose answers it left unread")
 
 struct aps_server_counters {
 #define APS_SERVER_COUNTER_FIELD(name, text) uint64_t name;

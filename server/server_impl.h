@@ -27,6 +27,7 @@ struct aps_server {
 	struct aps_latency latency;                  /* of steps: first push to last result */
 	uint64_t started_ms;
 	struct aps_log_gate refusal_log; /* HELLOs refused for token or key (join.c: 1 line/s) */
+	struct aps_log_gate unread_log;  /* connections dropped for answers unread (1 line/s) */
 	uint64_t trimmed_ms;             /* malloc_trim at the last job end it ran (leave.c) */
 	bool trim_due;                   /* a job ended since: trim at a tick */
 	bool stopping;

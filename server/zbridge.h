@@ -12,6 +12,7 @@
 #include "common/sbuf.h"
 #include "server/peer.h"
 #include "server/round.h"
+#include "server/tally.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -121,6 +122,12 @@ int aps_zbridge_take_payload(struct aps_inmsg *m, struct aps_payload *out);
  */
 int aps_zbridge_send(struct aps_zbridge *b, const struct aps_peer *peer, const uint8_t *hdr,
                      size_t hdr_len, struct aps_sbuf *payload);
+
+/* aps_zbridge_send, payload counted in tally's slot (tally.h) until libzmq is done
+ * with it (or the message never goes). */
+int aps_zbridge_send_tallied(struct aps_zbridge *b, const struct aps_peer *peer, const uint8_t *hdr,
+                             size_t hdr_len, struct aps_sbuf *payload, struct aps_tally *tally,
+                             uint32_t slot);
 
 /* A session joined on conn (admitted: no deadline), or left it (the deadline runs again). */
 void aps_zbridge_admit(struct aps_zbridge *b, uint64_t conn, bool admitted);

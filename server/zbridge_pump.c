@@ -331,23 +331,58 @@ static void free_sbuf_cb(void *data, void *hint)
 	aps_sbuf_unref(hint);
 }
 
-/* 0 sent, APS_EBUSY when the peer's pipe is full, APS_ECONN when it is gone. */
+/* A payload counted in a tally (tally.h): libzmq is done with it (its I/O thread). */
+struct tallied {
+	struct aps_sbuf *payload;
+	struct aps_tally *tally;
+	uint32_t slot;
+};
+
+static void free_tallied_cb(void *data, void *hint)
+{
+	struct tallied *t = hint;
+
+	(void)data;
+	aps_sbuf_unref(t->payload);
+	aps_tally_done(t->tally, t->slot);
+	free(t);
+}
+
+/* The payload frame: zero copy, the tally's count (if any) ended when libzmq frees it. */
+static void send_payload(struct aps_zbridge *b, struct aps_sbuf *payload, struct aps_tally *tally,
+                         uint32_t slot)
+{
+	struct tallied *t = tally != NULL ? malloc(sizeof(*t)) : NULL;
+	zmq_msg_t m;
+
+	if (t != NULL) {
+		*t = (struct tallied){ aps_sbuf_ref(payload), tally, slot };
+		zmq_msg_init_data(&m, payload->data, payload->len, free_tallied_cb, t);
+	} else {
+		if (tally != NULL) /* out of memory: not counted */
+			aps_tally_done(tally, slot);
+		zmq_msg_init_data(&m, payload->data, payload->len, free_sbuf_cb,
+		                  aps_sbuf_ref(payload));
+	}
+	if (zmq_msg_send(&m, b->router, 0) < 0)
+		zmq_msg_close(&m);
+}
+
+/* 0 sent (the tally's count goes with it), APS_EBUSY when the peer's pipe is full,
+ * APS_ECONN when it is gone. */
 static int try_send(void *ctx, const struct aps_peer *peer, const uint8_t *hdr, size_t hdr_len,
-                    struct aps_sbuf *payload)
+                    struct aps_sbuf *payload, struct aps_tally *tally, uint32_t slot)
 {
 	struct aps_zbridge *b = ctx;
-	zmq_msg_t m;
 
 	if (zmq_send(b->router, peer->id, peer->len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
 		return errno == EAGAIN ? APS_EBUSY : APS_ECONN;
 	/* The first frame went out: the rest of the message is guaranteed to follow. */
 	zmq_send(b->router, hdr, hdr_len, payload != NULL ? ZMQ_SNDMORE : 0);
-	if (payload != NULL) {
-		zmq_msg_init_data(&m, payload->data, payload->len, free_sbuf_cb,
-		                  aps_sbuf_ref(payload));
-		if (zmq_msg_send(&m, b->router, 0) < 0)
-			zmq_msg_close(&m);
-	}
+	if (payload != NULL)
+		send_payload(b, payload, tally, slot);
+	else if (tally != NULL)
+		aps_tally_done(tally, slot);
 	b->cnt.msgs_out++;
 	b->cnt.bytes_out += peer->len + hdr_len + (payload ? payload->len : 0);
 	aps__zbridge_schedule_drain(b);
@@ -369,9 +404,9 @@ static void drop_slow_reader(struct aps_zbridge *b, const struct aps_peer *peer)
 }
 
 static int enqueue(struct aps_zbridge *b, const struct aps_peer *peer, const uint8_t *hdr,
-                   size_t hdr_len, struct aps_sbuf *payload)
+                   size_t hdr_len, struct aps_sbuf *payload, struct aps_tally *tally, uint32_t slot)
 {
-	int ret = aps_outq_push(&b->outq, peer, hdr, hdr_len, payload);
+	int ret = aps_outq_push(&b->outq, peer, hdr, hdr_len, payload, tally, slot);
 
 	if (ret == APS_EBUSY && b->outq.total >= APS_OUTQ_TOTAL_MAX) {
 		/* Every queue together is full: the longest is the slowest reader. */
@@ -379,12 +414,14 @@ static int enqueue(struct aps_zbridge *b, const struct aps_peer *peer, const uin
 		struct aps_peer slow = worst->peer;
 		drop_slow_reader(b, &slow);
 		if (!aps_peer_equal(&slow, peer))
-			ret = aps_outq_push(&b->outq, peer, hdr, hdr_len, payload);
+			ret = aps_outq_push(&b->outq, peer, hdr, hdr_len, payload, tally, slot);
 	} else if (ret == APS_EBUSY) {
 		drop_slow_reader(b, peer);
 	}
 	if (ret < 0) {
 		b->cnt.dropped++;
+		if (tally != NULL)
+			aps_tally_done(tally, slot);
 		return ret;
 	}
 	b->cnt.queued++;
@@ -410,21 +447,32 @@ void aps__zbridge_on_flush_timer(uv_timer_t *t)
 	aps__zbridge_flush_queue(t->data);
 }
 
-int aps_zbridge_send(struct aps_zbridge *b, const struct aps_peer *peer, const uint8_t *hdr,
-                     size_t hdr_len, struct aps_sbuf *payload)
+int aps_zbridge_send_tallied(struct aps_zbridge *b, const struct aps_peer *peer, const uint8_t *hdr,
+                             size_t hdr_len, struct aps_sbuf *payload, struct aps_tally *tally,
+                             uint32_t slot)
 {
 	int ret;
 
 	if (b->router == NULL)
 		return APS_ECONN;
+	if (tally != NULL)
+		aps_tally_start(tally, slot);
 	if (aps_outq_waiting(&b->outq, peer))
-		return enqueue(b, peer, hdr, hdr_len, payload);
-	ret = try_send(b, peer, hdr, hdr_len, payload);
+		return enqueue(b, peer, hdr, hdr_len, payload, tally, slot);
+	ret = try_send(b, peer, hdr, hdr_len, payload, tally, slot);
 	if (ret == APS_EBUSY)
-		return enqueue(b, peer, hdr, hdr_len, payload);
+		return enqueue(b, peer, hdr, hdr_len, payload, tally, slot);
 	if (ret == APS_ECONN)
 		b->cnt.unroutable++;
+	if (ret < 0 && tally != NULL)
+		aps_tally_done(tally, slot);
 	return ret;
+}
+
+int aps_zbridge_send(struct aps_zbridge *b, const struct aps_peer *peer, const uint8_t *hdr,
+                     size_t hdr_len, struct aps_sbuf *payload)
+{
+	return aps_zbridge_send_tallied(b, peer, hdr, hdr_len, payload, NULL, 0);
 }
 
 void aps_zbridge_admit(struct aps_zbridge *b, uint64_t conn, bool admitted)

@@ -22,7 +22,7 @@ struct pipes {
 };
 
 static int fake_send(void *ctx, const struct aps_peer *peer, const uint8_t *hdr, size_t len,
-                     struct aps_sbuf *payload)
+                     struct aps_sbuf *payload, struct aps_tally *tally, uint32_t slot)
 {
 	struct pipes *p = ctx;
 	int k = peer->id[0];
@@ -32,6 +32,8 @@ static int fake_send(void *ctx, const struct aps_peer *peer, const uint8_t *hdr,
 	if (p->state[k] != 0)
 		return p->state[k];
 	p->got[k][p->n[k]++] = hdr[0];
+	if (tally != NULL) /* sent: at once, here */
+		aps_tally_done(tally, slot);
 	return 0;
 }
 
@@ -46,7 +48,7 @@ static void push(struct aps_outq *q, uint8_t k, uint8_t tag)
 {
 	struct aps_peer p = peer(k);
 
-	assert_int_equal(aps_outq_push(q, &p, &tag, 1, NULL), 0);
+	assert_int_equal(aps_outq_push(q, &p, &tag, 1, NULL, NULL, 0), 0);
 }
 
 static void test_outq_keeps_each_peers_order_and_holds_back_only_it(void **state)
@@ -85,8 +87,8 @@ static void test_outq_refuses_past_its_bounds(void **state)
 
 	(void)state;
 	for (int i = 0; i < APS_OUTQ_PEER_MAX; i++)
-		assert_int_equal(aps_outq_push(&q, &a, &tag, 1, NULL), 0);
-	assert_int_equal(aps_outq_push(&q, &a, &tag, 1, NULL), APS_EBUSY);
+		assert_int_equal(aps_outq_push(&q, &a, &tag, 1, NULL, NULL, 0), 0);
+	assert_int_equal(aps_outq_push(&q, &a, &tag, 1, NULL, NULL, 0), APS_EBUSY);
 	assert_int_equal(aps_outq_longest(&q)->peer.id[0], 0);
 	push(&q, 1, 2);
 	assert_int_equal(aps_outq_longest(&q)->peer.id[0], 0);
@@ -106,8 +108,8 @@ static void test_outq_a_peer_gone_loses_its_queue_and_payload_refs(void **state)
 	size_t sent = 0, lost = 0;
 
 	(void)state;
-	assert_int_equal(aps_outq_push(&q, &a, &tag, 1, payload), 0);
-	assert_int_equal(aps_outq_push(&q, &a, &tag, 1, payload), 0);
+	assert_int_equal(aps_outq_push(&q, &a, &tag, 1, payload, NULL, 0), 0);
+	assert_int_equal(aps_outq_push(&q, &a, &tag, 1, payload, NULL, 0), 0);
 	assert_int_equal(atomic_load(&payload->refs), 3);
 	aps_outq_flush(&q, fake_send, &pipes, &sent, &lost);
 	assert_int_equal(sent, 0);
@@ -117,12 +119,37 @@ static void test_outq_a_peer_gone_loses_its_queue_and_payload_refs(void **state)
 	aps_sbuf_unref(payload);
 }
 
+/* A queued message keeps its tally count (tally.h) until it is sent or lost. */
+static void test_outq_a_tallied_message_counts_until_it_goes(void **state)
+{
+	struct aps_outq q = { 0 };
+	struct pipes pipes = { .state = { APS_EBUSY, 0 } };
+	struct aps_peer a = peer(0), b = peer(1);
+	struct aps_tally *t = aps_tally_new(2);
+	uint8_t tag = 7;
+	size_t sent = 0, lost = 0;
+
+	(void)state;
+	assert_non_null(t);
+	for (uint32_t slot = 0; slot < 2; slot++) {
+		aps_tally_start(t, slot); /* what the bridge does before it queues */
+		assert_int_equal(aps_outq_push(&q, slot ? &b : &a, &tag, 1, NULL, t, slot), 0);
+	}
+	aps_outq_flush(&q, fake_send, &pipes, &sent, &lost); /* b's goes, a's pipe is full */
+	assert_int_equal(aps_tally_unsent(t, 0), 1);
+	assert_int_equal(aps_tally_unsent(t, 1), 0);
+	assert_int_equal(aps_outq_discard(&q, &a), 1); /* a slow reader: its queue goes */
+	assert_int_equal(aps_tally_unsent(t, 0), 0);
+	aps_tally_release(t); /* the last reference: freed (ASan would say otherwise) */
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_outq_keeps_each_peers_order_and_holds_back_only_it),
 		cmocka_unit_test(test_outq_refuses_past_its_bounds),
 		cmocka_unit_test(test_outq_a_peer_gone_loses_its_queue_and_payload_refs),
+		cmocka_unit_test(test_outq_a_tallied_message_counts_until_it_goes),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

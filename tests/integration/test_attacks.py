@@ -16,9 +16,9 @@ import zmq
 
 import aps
 from conftest import SANITIZED, run_workers
-from peers import (BYE, EACCES, ENOSESSION, ERANGE, ERROR, ETIMEDOUT, FLAG_ALIVE,
-                   FLAG_RESUME, HEARTBEAT, PUSH, REGISTER, REGISTERED, RESULT, WELCOME, Peer,
-                   envelope, open_fds, ready_bomb, rss_kib, settle, zmtp_frame)
+from peers import (BROADCAST, BYE, EACCES, ENOSESSION, ERANGE, ERROR, ETIMEDOUT, FLAG_ALIVE,
+                   FLAG_RESUME, HEARTBEAT, PULL, PUSH, REGISTER, REGISTERED, RESULT, WELCOME,
+                   Peer, crc32c, envelope, open_fds, ready_bomb, rss_kib, settle, zmtp_frame)
 from test_daemon import assert_all_ok
 
 FAST = ["--heartbeat_ms", "200", "--heartbeat_timeout_ms", "1000"]
@@ -141,6 +141,52 @@ def test_a_peer_that_never_reads_its_replies_is_dropped(daemon_factory):
     assert settle(lambda: open_fds(d.proc.pid), base, slack=2) <= base + 2
     a_job_still_works(d)
     p.close()
+
+
+def unread_answers(endpoint, calls, pull):
+    """A job of one rank that makes calls of one 1 Mi-element tensor (PUSH of
+    every step, or PULL of its weights in optimize mode) and never reads what
+    apsd answers. Returns the peer."""
+    n = 1 << 20
+    p = Peer(endpoint, rid(), rcvhwm=1, rcvbuf=4096)
+    fields = dict(job="unread", rank=0, world_size=1, version_minor=10)
+    hello = p.hello(optimizer="sgd", **fields) if pull else p.hello(**fields)
+    assert hello["type"] == WELCOME, hello
+    p.send(type=REGISTER, tensor_name="w", total_count=n, format="e4m3", **fields)
+    assert p.recv_type(REGISTERED) is not None
+    chunk = dict(tensor_id=0, total_count=n, chunk_offset=0, chunk_count=n, **fields)
+    if pull:  # the weights: rank 0's broadcast
+        weights = np.ones(n, np.float32).tobytes()
+        p.send(weights, type=BROADCAST, format="fp32", payload_crc32c=crc32c(weights), **chunk)
+        assert p.recv_type(BROADCAST) is not None
+    codes = bytes(n)
+    crc = crc32c(codes)
+    for step in range(calls):
+        if pull:
+            p.send(type=PULL, tensor_id=0, **fields)
+        else:
+            p.send(codes, type=PUSH, step=step, format="e4m3", payload_crc32c=crc, **chunk)
+        time.sleep(0.06)  # the step's round ends before the next push
+    return p
+
+
+@pytest.mark.parametrize("pull", [False, True])
+def test_a_rank_that_never_reads_its_answers_is_cut_off(daemon_factory, pull):
+    # Before (2026-12-07): every answer waited for the peer, 1000 in libzmq's
+    # pipe and 4096 more in apsd's queue, each a step's result (or a pull's copy
+    # of the weights): 400 steps of a 4 MiB fp32 result took apsd from 6 MiB to
+    # 1.6 GB, and more steps would have taken the host's memory. Now a new call
+    # of a tensor whose answers libzmq has not sent drops the connection. (40
+    # calls here: 40 MiB of e4m3 results, 160 MiB of pulled weights, before.)
+    d = daemon_factory()
+    base = rss_kib(d.proc.pid)
+    p = unread_answers(d.endpoint, 40, pull)
+    assert d.counter("unread_dropped") >= 1
+    assert "tensor=w unsent=" in d.log_path.read_text()
+    if not SANITIZED:  # a step or two, not 40
+        assert rss_kib(d.proc.pid) - base < 24 << 10, (base, rss_kib(d.proc.pid))
+    p.close()
+    a_job_still_works(d)
 
 
 def test_takeovers_leak_no_descriptor_and_no_memory(daemon_factory):

@@ -33,6 +33,8 @@ def test_allreduce_exact(daemon_factory, transport, world, fmt):
     results = run_workers(d.endpoint, world, SMALL, steps=3, format=fmt, jitter_ms=15,
                           seed=world * 7 + len(fmt))
     assert_all_ok(results, 3, len(SMALL))
+    # every rank read its answers before its next call (outbox.h, aps_outbox_unread)
+    assert d.counter("unread_dropped") == 0 and d.counter("reconnects") == 0
 
 
 @pytest.mark.parametrize("world", [3, 5])

@@ -34,6 +34,7 @@ def test_early_pushes_past_the_bound_are_asked_again_and_sum_exactly(daemon_fact
     assert declined > 0 and asked == declined, (declined, asked)
     assert d.counter("held_bytes") == 0
     assert d.counter("errors_sent") == 0
+    assert d.counter("unread_dropped") == 0 and d.counter("reconnects") == 0
 
 
 def join(d, job, world, n, minor):
