@@ -37,9 +37,10 @@ struct aps_session {
 	uint32_t minor; /* protocol minor version of its HELLO */
 	uint64_t joined_ms, last_seen_ms;
 	uint64_t msgs_in, bytes_in, bytes_out;
-	uint32_t reconnects; /* connections that came back: resent calls are expected */
-	char address[64];    /* the peer's address as ZeroMQ reports it */
-	char user[41];       /* CURVE: the Z85 key it authenticated with; "" without CURVE */
+	uint32_t reconnects;  /* connections that came back: resent calls are expected */
+	uint64_t unread_conn; /* the connection dropped for answers unread (outbox.h), or 0 */
+	char address[64];     /* the peer's address as ZeroMQ reports it */
+	char user[41];        /* CURVE: the Z85 key it authenticated with; "" without CURVE */
 	uint8_t token[APS_MSG_SESSION_LEN]; /* from its HELLO: what takes the session back */
 	struct aps_peer moved_from;         /* its routing id before it last moved (len 0: none):
 	                                       late messages from there are dropped */

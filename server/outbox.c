@@ -59,6 +59,9 @@ bool aps_outbox_unread(struct aps_server *srv, struct aps_session *s, const stru
 
 	if (unsent <= allowed)
 		return false;
+	if (s->unread_conn == s->conn)
+		return true; /* dropped already: what it sent before its close is not served */
+	s->unread_conn = s->conn;
 	srv->counters.unread_dropped++;
 	if (aps_log_gate_open(&srv->unread_log, uv_now(srv->loop), 1000))
 		aps_log_warn("server",
@@ -66,7 +69,10 @@ bool aps_outbox_unread(struct aps_server *srv, struct aps_session *s, const stru
 		             "new call of a tensor whose answers it has not read: they would pile "
 		             "up in apsd\"",
 		             s->job->name, s->rank, t->name, unsent);
-	aps_zbridge_drop(srv->bridge, s->conn);
+	if (aps_zbridge_drop(srv->bridge, s->conn) < 0) /* cannot be shut: told instead */
+		aps_outbox_error(srv, &s->peer, APS_EPROTO, NULL,
+		                 "tensor '%.80s': a new call before its answers were read",
+		                 t->name);
 	return true;
 }
 

@@ -357,12 +357,18 @@ static void send_payload(struct aps_zbridge *b, struct aps_sbuf *payload, struct
 
 	if (t != NULL) {
 		*t = (struct tallied){ aps_sbuf_ref(payload), tally, slot };
-		zmq_msg_init_data(&m, payload->data, payload->len, free_tallied_cb, t);
+		if (zmq_msg_init_data(&m, payload->data, payload->len, free_tallied_cb, t) < 0) {
+			free_tallied_cb(NULL, t); /* out of memory: the frame is lost, as below */
+			return;
+		}
 	} else {
 		if (tally != NULL) /* out of memory: not counted */
 			aps_tally_done(tally, slot);
-		zmq_msg_init_data(&m, payload->data, payload->len, free_sbuf_cb,
-		                  aps_sbuf_ref(payload));
+		if (zmq_msg_init_data(&m, payload->data, payload->len, free_sbuf_cb,
+		                      aps_sbuf_ref(payload)) < 0) {
+			aps_sbuf_unref(payload);
+			return;
+		}
 	}
 	if (zmq_msg_send(&m, b->router, 0) < 0)
 		zmq_msg_close(&m);
