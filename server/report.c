@@ -56,18 +56,22 @@ static json_t *latency(const struct aps_server *srv)
 	                 aps_latency_percentile(l, 99) / NS_PER_US);
 }
 
-static json_t *stats(const struct aps_server *srv)
+static json_t *stats(const struct aps_server *srv, const struct aps_report_clients *clients)
 {
 	uint32_t sessions = 0;
+	json_t *c = counters(srv);
 
 	for (const struct aps_session *s = srv->jobs.sessions; s != NULL; s = s->next)
 		sessions += s->job != NULL;
+	json_object_set_new(c, "stats_clients_evicted",
+	                    json_integer((json_int_t)(clients ? clients->evicted : 0)));
+	json_object_set_new(c, "stats_clients_refused",
+	                    json_integer((json_int_t)(clients ? clients->refused : 0)));
 	return json_pack("{s:s, s:f, s:s, s:s, s:i, s:i, s:o, s:o}", "version", APS_VERSION,
 	                 "uptime_s", (double)(uv_now(srv->loop) - srv->started_ms) / 1000.0,
 	                 "endpoint", srv->opts.endpoint, "config",
 	                 srv->opts.summary ? srv->opts.summary : "", "jobs", (int)srv->jobs.n_jobs,
-	                 "workers", (int)sessions, "round_latency", latency(srv), "counters",
-	                 counters(srv));
+	                 "workers", (int)sessions, "round_latency", latency(srv), "counters", c);
 }
 
 static json_t *ranks_array(const uint32_t *ranks, size_t n)
@@ -189,12 +193,13 @@ static json_t *tensors(const struct aps_server *srv)
 	return a;
 }
 
-int aps_report_build(const struct aps_server *srv, const char *command, char **out)
+int aps_report_build(const struct aps_server *srv, const char *command,
+                     const struct aps_report_clients *clients, char **out)
 {
 	json_t *doc;
 
 	if (strcmp(command, "stats") == 0)
-		doc = stats(srv);
+		doc = stats(srv, clients);
 	else if (strcmp(command, "jobs") == 0)
 		doc = json_pack("{s:o}", "jobs", jobs(srv));
 	else if (strcmp(command, "workers") == 0)

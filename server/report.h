@@ -6,6 +6,7 @@
 #define APS_SERVER_REPORT_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 struct aps_server;
 
@@ -14,6 +15,12 @@ struct aps_server;
  * (*out, freed by the caller). An unknown command gives {"error": ...}.
  * Returns 0 or APS_ENOMEM.
  */
-int aps_report_build(const struct aps_server *srv, const char *command, char **out);
+/* What the stats socket's own listener did (oneshot.h): among the counters. */
+struct aps_report_clients {
+	uint64_t evicted, refused;
+};
+
+int aps_report_build(const struct aps_server *srv, const char *command,
+                     const struct aps_report_clients *clients, char **out);
 
 #endif

@@ -27,10 +27,12 @@ struct aps_stats {
 static char *answer(void *ctx, const char *request, size_t *len)
 {
 	struct aps_stats *st = ctx;
+	struct aps_report_clients clients;
 	char command[64], *doc = NULL;
 
 	snprintf(command, sizeof(command), "%.*s", (int)strcspn(request, "\r\n"), request);
-	if (aps_report_build(st->srv, command, &doc) < 0)
+	aps_oneshot_counts(st->oneshot, &clients.evicted, &clients.refused);
+	if (aps_report_build(st->srv, command, &clients, &doc) < 0)
 		return NULL;
 	*len = strlen(doc);
 	doc[(*len)++] = '\n'; /* the NUL's place: the document is one line */

@@ -244,6 +244,9 @@ def test_idle_connections_do_not_keep_a_scraper_out(daemon_factory):
     for _ in range(5):
         assert "apsd_rounds_total" in scrape(port)
         assert "counters" in ask(stats_path(d), "stats")
+    # the stats socket counts its own (apsctl stats): the first ask above took an
+    # idle client's place (the later ones, the place an ask had left)
+    assert d.counter("stats_clients_evicted") >= 1
     # GETs whose answers are never read: their places go to new clients too
     unread = []
     for _ in range(16):
