@@ -168,7 +168,6 @@ void aps_outbox_registered(struct aps_server *srv, struct aps_job *job, struct a
 void aps_outbox_again(struct aps_server *srv, struct aps_job *job, struct aps_tensor *t,
                       uint32_t chunk)
 {
-	uint64_t off = (uint64_t)chunk * t->round.chunk_elems;
 	struct aps_msg m;
 	uint32_t rank;
 
@@ -178,9 +177,8 @@ void aps_outbox_again(struct aps_server *srv, struct aps_job *job, struct aps_te
 	aps_outbox_init(&m, APS_MSG_AGAIN, job, rank);
 	m.tensor_id = t->id;
 	m.step = t->round.step;
-	m.chunk_offset = off;
-	m.chunk_count =
-	        t->count - off < t->round.chunk_elems ? t->count - off : t->round.chunk_elems;
+	m.chunk_offset = (uint64_t)chunk * t->round.chunk_elems;
+	m.chunk_count = aps_round_chunk_len(&t->round, chunk);
 	m.total_count = t->count;
 	srv->counters.asked_again++;
 	aps_outbox_send(srv, &job->ranks[rank]->peer, &m, NULL);

@@ -143,7 +143,7 @@ bool aps_round_busy(const struct aps_round *r)
 	return r->kind != APS_ROUND_IDLE && r->chunks_sealed < r->n_chunks;
 }
 
-static size_t chunk_len(const struct aps_round *r, uint32_t chunk)
+size_t aps_round_chunk_len(const struct aps_round *r, uint32_t chunk)
 {
 	size_t off = (size_t)chunk * r->chunk_elems;
 
@@ -156,7 +156,7 @@ int64_t aps_round_chunk_of(const struct aps_round *r, uint64_t offset, uint64_t 
 
 	if (offset % r->chunk_elems != 0 || chunk >= r->n_chunks)
 		return -1;
-	return count == chunk_len(r, (uint32_t)chunk) ? (int64_t)chunk : -1;
+	return count == aps_round_chunk_len(r, (uint32_t)chunk) ? (int64_t)chunk : -1;
 }
 
 /* Rounds acc[off, off + n) to the format: the paper's sum after each addition. */
@@ -178,7 +178,7 @@ static void sum_one(struct aps_round *r, uint32_t chunk, const struct aps_contri
 {
 	const struct aps_payload *p = &c->payload;
 	float *acc = r->acc + (size_t)chunk * r->chunk_elems;
-	size_t n = chunk_len(r, chunk);
+	size_t n = aps_round_chunk_len(r, chunk);
 	/* lowp sums the codes as they are (times 2^k): every rank has the same k. */
 	int k = r->lowp ? 0 : c->scale_exp;
 	uint64_t t0 = r->trace != NULL ? aps_trace_now() : 0;
@@ -528,7 +528,7 @@ static enum aps_scaling result_format(const struct aps_round *r, uint32_t chunk,
 static int encode_chunk(struct aps_round *r, uint32_t chunk, const struct aps_format *down,
                         enum aps_scaling scaling, float *scratch, struct aps_round_result *res)
 {
-	size_t n = chunk_len(r, chunk);
+	size_t n = aps_round_chunk_len(r, chunk);
 	float *acc = r->acc + (size_t)chunk * r->chunk_elems;
 	uint64_t t0 = r->trace != NULL ? aps_trace_now() : 0;
 	int ret;

@@ -150,6 +150,9 @@ int aps_round_init(struct aps_round *r, uint32_t world_size, size_t count, size_
                    bool lowp);
 void aps_round_fini(struct aps_round *r);
 
+/* Elements of chunk (the last may be shorter). */
+size_t aps_round_chunk_len(const struct aps_round *r, uint32_t chunk);
+
 /* The chunk index of [offset, offset + count), or -1 when it is not one chunk. */
 int64_t aps_round_chunk_of(const struct aps_round *r, uint64_t offset, uint64_t count);
 
