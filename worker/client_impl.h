@@ -63,6 +63,10 @@ enum request_state {
 	REQ_SENT,     /* data or request sent, waiting for the reply */
 };
 
+/* aps_request.got, per chunk. */
+#define CHUNK_ANSWERED 1u /* its answer arrived */
+#define CHUNK_ASKED    2u /* apsd asked for it again (AGAIN) on this connection */
+
 struct aps_request {
 	struct aps_request *next;
 	struct aps_client *owner;
@@ -105,7 +109,7 @@ struct aps_request {
 	uint32_t sent;    /* chunks handed to the socket, from the first (I/O thread) */
 	uint64_t push_ns; /* when the first chunk left, for the timeline's "push" */
 	uint32_t chunks, chunks_done;
-	uint8_t *got;     /* chunks: 1 where that chunk's answer arrived (owned; NULL: none yet) */
+	uint8_t *got;     /* chunks: CHUNK_* flags (owned; NULL: none sent yet) */
 	uint64_t sent_ns; /* when its data left, for the timeline's "wait" */
 	int timeout_ms;
 	int64_t deadline_ms, next_heartbeat_ms;
@@ -298,7 +302,9 @@ int aps_outbox_chunks(struct aps_client *c, struct aps_request *r);
 /* The chunks coded since the last send of r (I/O thread, on a wake-up). */
 int aps_outbox_more(struct aps_client *c, struct aps_request *r);
 /* Chunk of r once more (apsd's AGAIN: it had not kept it); nothing if not sent yet or
- * answered. */
+ * answered, APS_OUTBOX_ASKED_BEFORE (and nothing) if apsd asked for it on this
+ * connection already. */
+#define APS_OUTBOX_ASKED_BEFORE 1
 int aps_outbox_chunk_again(struct aps_client *c, struct aps_request *r, uint32_t chunk);
 int aps_outbox_simple(struct aps_client *c, struct aps_request *r); /* REGISTER, BARRIER */
 int aps_outbox_exponents(struct aps_client *c, struct aps_request **batch, uint32_t n);

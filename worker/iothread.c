@@ -306,9 +306,9 @@ static void on_result(struct aps_client *c, const struct aps_msg *m)
 	if (m->total_count != r->count || m->chunk_offset + m->chunk_count > r->count ||
 	    m->format[0] == '\0' || m->payload == NULL || !chunk_of(r, m, &chunk))
 		return finish(c, r, APS_EPROTO, "a result does not match its tensor");
-	if (r->got[chunk])
+	if (r->got[chunk] & CHUNK_ANSWERED)
 		return; /* answered again after a reconnect: it is here already */
-	r->got[chunk] = 1;
+	r->got[chunk] |= CHUNK_ANSWERED;
 	if (r->update != ((m->flags & APS_MSG_FLAG_UPDATE) != 0) && m->type == APS_MSG_RESULT)
 		return finish(c, r, APS_EPROTO, "a result is not the kind the call expects");
 	uint64_t t0 = c->trace != NULL ? aps_trace_now() : 0;
@@ -341,9 +341,9 @@ static void on_weights(struct aps_client *c, const struct aps_msg *m)
 	    m->payload == NULL || m->payload_len != m->chunk_count * sizeof(float) ||
 	    !chunk_of(r, m, &chunk))
 		return finish(c, r, APS_EPROTO, "weights that do not match their tensor");
-	if (r->got[chunk])
+	if (r->got[chunk] & CHUNK_ANSWERED)
 		return;
-	r->got[chunk] = 1;
+	r->got[chunk] |= CHUNK_ANSWERED;
 	memcpy(r->buf + m->chunk_offset, m->payload, m->payload_len);
 	r->step = m->updates; /* what aps_client_pull reports */
 	r->deadline_ms = aps_client_now_ms() + r->timeout_ms;
@@ -456,7 +456,11 @@ static void on_again(struct aps_client *c, const struct aps_msg *m)
 		           (unsigned long long)m->step);
 		return;
 	}
-	if (aps_outbox_chunk_again(c, r, chunk) < 0)
+	int sent = aps_outbox_chunk_again(c, r, chunk);
+	if (sent == APS_OUTBOX_ASKED_BEFORE)
+		drop_noted(c, 3, "ignored an AGAIN for '%.100s' chunk %u: apsd asked for it before",
+		           r->name, chunk);
+	else if (sent < 0)
 		aps_client_log(c, 3,
 		               "AGAIN for '%.100s' chunk %u: the connection is down, the "
 		               "call goes again when it is back",

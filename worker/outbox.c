@@ -54,7 +54,8 @@ static int send_chunks(struct aps_client *c, struct aps_request *r, uint32_t fro
 	if (from == 0)
 		r->push_ns = c->trace != NULL ? aps_trace_now() : 0;
 	for (uint32_t i = from; i < ready; i++) {
-		if (!r->got[i] && send_chunk(c, r, i) < 0)
+		r->got[i] &= ~CHUNK_ASKED; /* a new connection may decline it again */
+		if (!(r->got[i] & CHUNK_ANSWERED) && send_chunk(c, r, i) < 0)
 			return APS_ECONN;
 	}
 	if (from < ready)
@@ -79,8 +80,13 @@ int aps_outbox_more(struct aps_client *c, struct aps_request *r)
 
 int aps_outbox_chunk_again(struct aps_client *c, struct aps_request *r, uint32_t chunk)
 {
-	if (r->got == NULL || chunk >= r->sent || r->got[chunk])
+	if (r->got == NULL || chunk >= r->sent || (r->got[chunk] & CHUNK_ANSWERED))
 		return 0; /* not sent yet, or answered: nothing to send again */
+	/* apsd takes a push whose turn has come, so it asks for a chunk once; a
+	 * daemon that asks again would have this client send it without end. */
+	if (r->got[chunk] & CHUNK_ASKED)
+		return APS_OUTBOX_ASKED_BEFORE;
+	r->got[chunk] |= CHUNK_ASKED;
 	return send_chunk(c, r, chunk);
 }
 

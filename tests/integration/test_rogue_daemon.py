@@ -7,6 +7,7 @@ write past the caller's buffers; an honest answer from the same stand-in is
 taken, so the lies are what fails."""
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ import zmq
 
 import aps
 from conftest import free_port
-from peers import (HELLO, PUSH, REGISTER, REGISTERED, RESULT, WELCOME, crc32c, decode,
+from peers import (AGAIN, HELLO, PUSH, REGISTER, REGISTERED, RESULT, WELCOME, crc32c, decode,
                    envelope)
 
 N, CHUNK = 3000, 1024  # three chunks, the last of 952
@@ -31,6 +32,8 @@ class RogueDaemon:
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.bind(self.endpoint)
         self.answer = honest
+        self.ask_again = 0  # AGAINs for the first chunk before each step's results
+        self.pushes = []    # the chunk offset of every PUSH read
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.run, daemon=True)
         self.thread.start()
@@ -61,9 +64,19 @@ class RogueDaemon:
                           total_count=N, chunk_count=CHUNK, format=m.get("format", "e4m3"),
                           step=0, **ident)
             elif m["type"] == PUSH:
+                self.pushes.append(m.get("chunk_offset", 0))
                 pushed[m.get("chunk_offset", 0)] = (m, frames[1])
                 if len(pushed) < -(-N // CHUNK):
                     continue
+                for _ in range(self.ask_again):
+                    self.send(peer, type=AGAIN, version_minor=10, tensor_id=0,
+                              step=m.get("step", 0), total_count=N, chunk_offset=0,
+                              chunk_count=CHUNK, **ident)
+                if self.ask_again:
+                    time.sleep(0.3)  # the chunk sent again, once, arrives meanwhile
+                    while self.sock.poll(0):
+                        _, *again = self.sock.recv_multipart()
+                        self.pushes.append(decode(again[0]).get("chunk_offset", 0))
                 for i, off in enumerate(sorted(pushed)):
                     push, data = pushed[off]
                     fields = dict(type=RESULT, tensor_id=0, step=push.get("step", 0),
@@ -148,3 +161,19 @@ def test_a_short_chunk_fails_the_float_call(rogue):
         with pytest.raises(aps.Error, match="does not match its tensor") as e:
             c.allreduce("t", np.ones(N, np.float32))
         assert e.value.name == "APS_EPROTO"
+
+
+def test_a_daemon_that_asks_for_a_chunk_again_and_again_gets_it_once(rogue):
+    """AGAIN (protocol 1.10) asks for a push apsd declined; apsd takes a push
+    whose turn has come, so it asks once. A daemon that asks 50 times gets the
+    chunk once more, not 50 times, and the call still takes its result."""
+    x = np.linspace(-1, 1, N).astype(np.float32)
+    with aps.Client(rogue.endpoint, 0, 1, format="e4m3", job="rogue", timeout_ms=3000) as c:
+        honest_y = x.copy()
+        c.allreduce("t", honest_y)
+        rogue.pushes.clear()
+        rogue.ask_again = 50
+        y = x.copy()
+        c.allreduce("t", y)
+    assert sorted(rogue.pushes) == [0, 0, CHUNK, 2 * CHUNK], rogue.pushes
+    assert np.array_equal(y, honest_y)
