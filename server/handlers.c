@@ -26,7 +26,8 @@ static void init_tensor(struct aps_server *srv, struct aps_job *job, struct aps_
 {
 	t->round.trace = srv->opts.trace;
 	t->round.engine = srv->engine;
-	t->round.budget = &srv->held;
+	job->held.pool = &srv->held;
+	t->round.share = &job->held;
 	t->round.lane = t->id; /* a tensor's first chunk on its own thread, the next on the next */
 	t->round.label = t->name;
 	t->round.job_label = job->name;
@@ -190,12 +191,13 @@ static struct aps_tensor *pushed_chunk(struct aps_server *srv, struct aps_sessio
 	return t;
 }
 
-static int contribution_of(struct aps_inmsg *in, const struct aps_msg *m,
-                           struct aps_contribution *c)
+static int contribution_of(struct aps_inmsg *in, const struct aps_session *s,
+                           const struct aps_msg *m, struct aps_contribution *c)
 {
 	memset(c, 0, sizeof(*c));
 	if (m->payload == NULL)
 		return 0;
+	c->askable = s->minor >= APS_PROTO_VERSION_MINOR_AGAIN;
 	c->fmt = m->fmt;
 	c->scale_exp = m->scale_exp;
 	c->block = m->block_size;
@@ -295,7 +297,7 @@ void aps_handle_push(struct aps_server *srv, struct aps_session *s, const struct
 	}
 	if (!aps_optimize_check_push(srv, s, t, m))
 		return;
-	if (contribution_of(in, m, &c) < 0) {
+	if (contribution_of(in, s, m, &c) < 0) {
 		aps_outbox_error(srv, &s->peer, APS_ENOMEM, m, "out of memory");
 		return;
 	}

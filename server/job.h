@@ -130,6 +130,7 @@ struct aps_job {
 	char origin[APS_JOB_ORIGIN_LEN];   /* its first HELLO's address (IPv6: its /64) */
 	bool filled;                       /* every rank has joined once: no deadline */
 	struct aps_log_gate mismatch_log;  /* HELLOs refused for their options (join.c) */
+	struct aps_round_share held;       /* its early pushes' part of max_held_bytes */
 };
 
 struct aps_jobs {

@@ -73,6 +73,10 @@ static void render_daemon(FILE *f, const struct aps_server *srv)
 	      "Bytes of pushes that came before a lower rank's, held until their turn "
 	      "(max_held_bytes bounds them).",
 	      (double)srv->held.bytes);
+	counter(f, "pushes_given_up",
+	        "Held pushes a job gave up, past its fair part of max_held_bytes, for another "
+	        "job's: asked again at their turn.",
+	        srv->held.given_up);
 	gauge(f, "uptime_seconds", "Seconds since the daemon started.",
 	      (double)(uv_now(srv->loop) - srv->started_ms) / 1000.0);
 	gauge(f, "jobs", "Jobs being served.", srv->jobs.n_jobs);

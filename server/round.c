@@ -75,24 +75,98 @@ static void release(struct aps_payload *p)
 	memset(p, 0, sizeof(*p));
 }
 
+/* Shares (aps_round_held): a round joins its share's list when it starts to hold
+ * something and leaves it when it holds nothing, as a share does its pool's. */
+static void share_link(struct aps_round_share *s)
+{
+	struct aps_round_held *p = s->pool;
+
+	s->prev = NULL;
+	s->next = p->holders;
+	if (p->holders != NULL)
+		p->holders->prev = s;
+	p->holders = s;
+	p->n_holders++;
+}
+
+static void share_unlink(struct aps_round_share *s)
+{
+	struct aps_round_held *p = s->pool;
+
+	if (s->prev != NULL)
+		s->prev->next = s->next;
+	else
+		p->holders = s->next;
+	if (s->next != NULL)
+		s->next->prev = s->prev;
+	s->prev = s->next = NULL;
+	p->n_holders--;
+}
+
+static void round_link(struct aps_round *r)
+{
+	struct aps_round_share *s = r->share;
+
+	r->share_prev = NULL;
+	r->share_next = s->rounds;
+	if (s->rounds != NULL)
+		s->rounds->share_prev = r;
+	s->rounds = r;
+}
+
+static void round_unlink(struct aps_round *r)
+{
+	struct aps_round_share *s = r->share;
+
+	if (r->share_prev != NULL)
+		r->share_prev->share_next = r->share_next;
+	else
+		s->rounds = r->share_next;
+	if (r->share_next != NULL)
+		r->share_next->share_prev = r->share_prev;
+	r->share_prev = r->share_next = NULL;
+}
+
 /* A contribution goes into its cell (hold) and leaves it (unhold): summed at once,
- * later in its turn, or dropped with its step. */
+ * later in its turn, given up for another job's, or dropped with its step. */
 static void hold(struct aps_round *r, const struct aps_contribution *c)
 {
-	if (c->payload.data == NULL)
+	uint64_t len = c->payload.len;
+	struct aps_round_share *s = r->share;
+
+	if (c->payload.data == NULL || len == 0)
 		return;
-	r->held_bytes += c->payload.len;
-	if (r->budget != NULL)
-		r->budget->bytes += c->payload.len;
+	r->held_bytes += len;
+	if (s == NULL)
+		return;
+	if (r->held_bytes == len)
+		round_link(r);
+	s->bytes += len;
+	if (s->pool == NULL)
+		return;
+	if (s->bytes == len)
+		share_link(s);
+	s->pool->bytes += len;
 }
 
 static void unhold(struct aps_round *r, const struct aps_contribution *c)
 {
-	if (c->payload.data == NULL)
+	uint64_t len = c->payload.len;
+	struct aps_round_share *s = r->share;
+
+	if (c->payload.data == NULL || len == 0)
 		return;
-	r->held_bytes -= c->payload.len;
-	if (r->budget != NULL)
-		r->budget->bytes -= c->payload.len;
+	r->held_bytes -= len;
+	if (s == NULL)
+		return;
+	if (r->held_bytes == 0)
+		round_unlink(r);
+	s->bytes -= len;
+	if (s->pool == NULL)
+		return;
+	if (s->bytes == 0)
+		share_unlink(s);
+	s->pool->bytes -= len;
 }
 
 static void reset_step(struct aps_round *r)
@@ -351,14 +425,76 @@ static bool its_turn(const struct aps_round *r, uint32_t chunk, uint32_t rank)
 	return true;
 }
 
-/* An early contribution that would pass the budget is not kept. */
+/*
+ * Gives up r's held contributions whose ranks can be asked for them again, the
+ * highest ranks first (the furthest from their turn), until need bytes are
+ * freed; each is declined as if it had come now. Returns the bytes freed.
+ */
+static uint64_t give_up(struct aps_round *r, uint64_t need)
+{
+	uint64_t freed = 0;
+
+	for (uint32_t rank = r->world_size; rank-- > 0 && freed < need;) {
+		for (uint32_t chunk = 0; chunk < r->n_chunks && freed < need; chunk++) {
+			size_t cell = (size_t)chunk * r->world_size + rank;
+			struct aps_contribution *c = &r->held[cell];
+
+			if (!r->has[cell] || rank <= r->chunks[chunk].next_rank ||
+			    c->payload.data == NULL || !c->askable)
+				continue; /* summed, or its rank would wait for an AGAIN it cannot
+				             read */
+			freed += c->payload.len;
+			unhold(r, c);
+			release(&c->payload);
+			r->has[cell] = false;
+			r->chunks[chunk].arrived--;
+			r->flushed -= c->flushed;
+			r->declined[cell] = APS_ROUND_DECLINED;
+			r->share->pool->given_up++;
+		}
+	}
+	return freed;
+}
+
+/*
+ * Room in the pool for len more bytes of s, if s would stay within its fair
+ * part: taken from the shares that hold more than theirs, down to it.
+ */
+static bool make_room(struct aps_round_share *s, uint64_t len)
+{
+	struct aps_round_held *p = s->pool;
+	uint64_t fair = p->limit / (p->n_holders + (s->bytes == 0 ? 1 : 0));
+	struct aps_round_share *v, *next_v;
+
+	if (s->bytes + len > fair)
+		return false;
+	for (v = p->holders; v != NULL && p->bytes + len > p->limit; v = next_v) {
+		uint64_t over = p->bytes + len - p->limit, got = 0;
+		struct aps_round *q, *next_q;
+
+		next_v = v->next; /* v leaves the list if it gives up everything */
+		if (v == s || v->bytes <= fair)
+			continue;
+		if (over > v->bytes - fair)
+			over = v->bytes - fair;
+		for (q = v->rounds; q != NULL && got < over; q = next_q) {
+			next_q = q->share_next;
+			got += give_up(q, over - got);
+		}
+	}
+	return p->bytes + len <= p->limit;
+}
+
+/* An early contribution that would pass the pool's limit is not kept, unless
+ * another job gives up room for it (aps_round_held). */
 static bool decline(struct aps_round *r, uint32_t chunk, uint32_t rank,
                     const struct aps_contribution *c)
 {
-	struct aps_round_held *b = r->budget;
+	struct aps_round_held *p = r->share != NULL ? r->share->pool : NULL;
 
-	if (b == NULL || b->limit == 0 || c->payload.data == NULL ||
-	    b->bytes + c->payload.len <= b->limit || its_turn(r, chunk, rank))
+	if (p == NULL || p->limit == 0 || c->payload.data == NULL ||
+	    p->bytes + c->payload.len <= p->limit || its_turn(r, chunk, rank) ||
+	    make_room(r->share, c->payload.len))
 		return false;
 	r->declined[(size_t)chunk * r->world_size + rank] = APS_ROUND_DECLINED;
 	r->kind = APS_ROUND_ALLREDUCE; /* busy: its rank's call waits (aps_round_busy) */

@@ -33,6 +33,7 @@ struct aps_payload {
 struct aps_contribution {
 	struct aps_format fmt;
 	int scale_exp;
+	bool askable;               /* its rank's client can be asked for it again (AGAIN) */
 	uint32_t block;             /* block-scaled payload (codec.h): elements per block, else 0 */
 	uint64_t flushed;           /* the rank's own count, for the precision policy */
 	struct aps_payload payload; /* data == NULL: no data (a broadcast's non-root) */
@@ -56,12 +57,32 @@ struct aps_round_chunk {
 
 /*
  * What contributions that came early (held until the lower ranks' come) may
- * take together, over every round that points here; the loop thread's. One
- * that would pass limit is declined (not kept: its rank is asked for it again
- * when its turn comes, aps_round_wanted). limit 0: no bound.
+ * take together, over every job; the loop thread's. limit 0: no bound.
+ *
+ * Each job holds its early contributions in a share (aps_round_share). One that
+ * would pass limit is declined (not kept: its rank is asked for it again when
+ * its turn comes, aps_round_wanted), unless its job holds less than a fair part
+ * of limit (limit over the jobs that hold, counting its own) and another job
+ * holds more: then that job gives up contributions it holds, the highest ranks
+ * first, those whose clients can be asked again (askable), as many as the
+ * newcomer needs but never below its own fair part, and they are asked for
+ * again in their turn. So a job that holds pushes it never completes (its
+ * rank 0 never pushes) keeps no more than its part once others need theirs.
  */
+struct aps_round_share;
 struct aps_round_held {
 	uint64_t bytes, limit;
+	struct aps_round_share *holders; /* the shares that hold something */
+	uint32_t n_holders;
+	uint64_t given_up; /* contributions given up for another job's (asked again) */
+};
+
+/* One job's part of aps_round_held. */
+struct aps_round_share {
+	struct aps_round_held *pool; /* NULL: early contributions are all kept */
+	uint64_t bytes;
+	struct aps_round_share *prev, *next; /* in pool->holders while bytes > 0 */
+	struct aps_round *rounds;            /* its rounds that hold something */
 };
 
 /* Declined contributions, per chunk and rank (aps_round.declined). */
@@ -88,19 +109,20 @@ struct aps_round {
 	bool *has;                     /* n_chunks * world_size: rank sent chunk */
 	struct aps_contribution *held; /* n_chunks * world_size: waiting for lower ranks */
 	uint8_t *declined;             /* n_chunks * world_size: enum aps_round_decline */
-	struct aps_round_held *budget; /* borrowed; NULL: early contributions are all kept */
-	uint64_t held_bytes;           /* of held, this round's share of budget->bytes */
-	float *acc;                    /* count floats, the rank-ordered sum */
-	uint8_t *scratch;              /* lowp: one chunk's codes */
-	bool step_fmt_set;             /* the first contribution of the step fixed these: */
-	struct aps_format step_fmt;    /* uplink format, the "auto" downlink */
-	int step_scale;                /* lowp: every rank's k */
-	uint64_t flushed;              /* sum of the ranks' flushed counts this step */
-	struct aps_trace *trace;       /* borrowed; NULL: no timeline */
-	bool measure_error;            /* the policy wants the result's relative error */
-	float *err_scratch;            /* one chunk of decoded result */
-	const char *label;             /* the tensor's name, for the timeline */
-	const char *job_label;         /* its job's name, for the timeline */
+	struct aps_round_share *share; /* its job's (borrowed); NULL: early ones are all kept */
+	uint64_t held_bytes;           /* of held, this round's part of share->bytes */
+	struct aps_round *share_prev, *share_next; /* in share->rounds while held_bytes > 0 */
+	float *acc;                                /* count floats, the rank-ordered sum */
+	uint8_t *scratch;                          /* lowp: one chunk's codes */
+	bool step_fmt_set;          /* the first contribution of the step fixed these: */
+	struct aps_format step_fmt; /* uplink format, the "auto" downlink */
+	int step_scale;             /* lowp: every rank's k */
+	uint64_t flushed;           /* sum of the ranks' flushed counts this step */
+	struct aps_trace *trace;    /* borrowed; NULL: no timeline */
+	bool measure_error;         /* the policy wants the result's relative error */
+	float *err_scratch;         /* one chunk of decoded result */
+	const char *label;          /* the tensor's name, for the timeline */
+	const char *job_label;      /* its job's name, for the timeline */
 	/* Optimize mode: turns a finished chunk (the mean, or the broadcast values) in
 	 * place into what is encoded for the downlink; NULL: sent as it is. */
 	void (*transform)(void *ctx, enum aps_round_kind kind, size_t offset, float *acc, size_t n);
@@ -159,7 +181,7 @@ int64_t aps_round_chunk_of(const struct aps_round *r, uint64_t offset, uint64_t 
 /*
  * Adds rank's contribution to chunk of the round of step. Takes ownership of
  * c->payload on success only. Returns 0, APS_ROUND_ADD_DECLINED (it came before
- * a lower rank's and r->budget is spent: not kept, see aps_round_held), or
+ * a lower rank's and r->share's pool is spent: not kept, see aps_round_held), or
  * APS_EPROTO with a reason in why: another step, a second contribution of the
  * rank, a broadcast mixed with a push, a lowp push in another format or with
  * another exponent, a payload scaled by other blocks than the round's.

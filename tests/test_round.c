@@ -144,6 +144,7 @@ static void test_round_declines_early_contributions_past_the_budget(void **state
 {
 	static const int order[RANKS] = { 0, 1, 2, 3 };
 	struct aps_round_held budget = { 0 };
+	struct aps_round_share share = { .pool = &budget };
 	struct aps_round_result res;
 	struct aps_round r;
 	float want[N], got[N];
@@ -156,7 +157,7 @@ static void test_round_declines_early_contributions_past_the_budget(void **state
 	run_round(order, want, &k);
 	budget.limit = aps_format_packed_size(&ranks[3].fmt, N); /* one contribution */
 	assert_int_equal(aps_round_init(&r, RANKS, N, 0, false), 0);
-	r.budget = &budget;
+	r.share = &share;
 	released = 0;
 	struct aps_contribution c3 = contribution(3, true), c2 = contribution(2, true),
 	                        c1 = contribution(1, true), c0 = contribution(0, true);
@@ -204,6 +205,7 @@ static void test_round_declines_early_contributions_past_the_budget(void **state
 static void test_round_a_declined_rank_is_asked_when_the_ranks_below_leave(void **state)
 {
 	struct aps_round_held budget = { .limit = 1 };
+	struct aps_round_share share = { .pool = &budget };
 	bool absent[RANKS] = { false };
 	struct aps_round r;
 	uint32_t rank;
@@ -212,7 +214,7 @@ static void test_round_a_declined_rank_is_asked_when_the_ranks_below_leave(void 
 	(void)state;
 	make_data("e4m3", 5);
 	assert_int_equal(aps_round_init(&r, RANKS, N, 0, false), 0);
-	r.budget = &budget;
+	r.share = &share;
 	r.absent = absent;
 	struct aps_contribution c = contribution(2, true);
 	assert_int_equal(aps_round_add(&r, 2, 0, 0, APS_ROUND_ALLREDUCE, &c, why, sizeof(why)),
@@ -228,6 +230,87 @@ static void test_round_a_declined_rank_is_asked_when_the_ranks_below_leave(void 
 	assert_int_equal(rank, 2);
 	assert_true(budget.bytes == 0);
 	aps_round_fini(&r);
+}
+
+/* Adds rank's contribution to round r (step 0, chunk 0); askable: AGAIN can ask for it. */
+static int add_rank(struct aps_round *r, int rank, bool askable)
+{
+	struct aps_contribution c = contribution(rank, true);
+	char why[128];
+
+	c.askable = askable;
+	return aps_round_add(r, (uint32_t)rank, 0, 0, APS_ROUND_ALLREDUCE, &c, why, sizeof(why));
+}
+
+/*
+ * Two jobs share max_held_bytes, room for two early contributions. Job A's
+ * ranks 3 and 2 come early and take it all (its rank 0 does not come). Job B's
+ * rank 3 comes early: B holds nothing, so A gives up its highest rank's (3)
+ * for it, down to its fair part (half), and B's is kept. A's rank 3 is asked
+ * for when its turn comes, and A's mean is the same bits. Contributions of
+ * clients that cannot be asked again (askable false) are never given up: B's
+ * rank 2 is then declined.
+ */
+static void test_round_a_job_past_its_fair_part_gives_up_room(void **state)
+{
+	static const int order[RANKS] = { 0, 1, 2, 3 };
+	struct aps_round_held pool = { 0 };
+	struct aps_round_share sa = { .pool = &pool }, sb = { .pool = &pool };
+	struct aps_round a, b;
+	struct aps_round_result res;
+	float want[N], got[N];
+	uint32_t rank;
+	int k;
+
+	(void)state;
+	make_data("e4m3", 23);
+	run_round(order, want, &k);
+	pool.limit = 2 * aps_format_packed_size(&ranks[3].fmt, N);
+	assert_int_equal(aps_round_init(&a, RANKS, N, 0, false), 0);
+	assert_int_equal(aps_round_init(&b, RANKS, N, 0, false), 0);
+	a.share = &sa;
+	b.share = &sb;
+	released = 0;
+	assert_int_equal(add_rank(&a, 3, true), 0);
+	assert_int_equal(add_rank(&a, 2, true), 0);
+	assert_true(pool.bytes == pool.limit && sa.bytes == pool.limit && pool.n_holders == 1);
+	assert_int_equal(add_rank(&b, 3, true), 0); /* kept: A gave up its rank 3's */
+	assert_true(pool.given_up == 1 && released == 1);
+	assert_false(aps_round_has(&a, 3, 0, 0));
+	assert_true(aps_round_sent(&a, 3, 0, 0)); /* its call waits for an AGAIN */
+	assert_true(sa.bytes == pool.limit / 2 && sb.bytes == pool.limit / 2);
+	assert_true(pool.bytes == pool.limit && pool.n_holders == 2);
+	/* B is at its fair part: its next early one is declined, A keeps its half */
+	assert_int_equal(add_rank(&b, 2, true), APS_ROUND_ADD_DECLINED);
+	assert_true(pool.given_up == 1 && sa.bytes == pool.limit / 2);
+	/* A's ranks 0 and 1 come: rank 2 held is summed, rank 3 is asked for */
+	assert_int_equal(add_rank(&a, 0, true), 0);
+	assert_false(aps_round_wanted(&a, 0, &rank)); /* rank 1 is awaited */
+	assert_int_equal(add_rank(&a, 1, true), 0);
+	assert_true(aps_round_wanted(&a, 0, &rank));
+	assert_int_equal(rank, 3);
+	assert_int_equal(add_rank(&a, 3, true), 0);
+	assert_true(aps_round_chunk_complete(&a, 0));
+	assert_true(sa.bytes == 0 && sa.rounds == NULL && pool.n_holders == 1);
+	assert_int_equal(aps_round_finish_chunk(&a, 0, NULL, APS_SCALING_LOCAL, &res), 0);
+	aps_codec_dequantize(&res.fmt, res.payload->data, res.payload->len, N, res.scale_exp, got);
+	assert_memory_equal(got, want, sizeof(got));
+	aps_sbuf_unref(res.payload);
+	aps_round_abort(&b);
+	assert_true(pool.bytes == 0 && pool.n_holders == 0 && pool.holders == NULL);
+
+	/* A's clients cannot be asked again: nothing of A's is given up */
+	assert_int_equal(add_rank(&a, 3, false), APS_EPROTO); /* a is at step 1 now */
+	aps_round_fini(&a);
+	assert_int_equal(aps_round_init(&a, RANKS, N, 0, false), 0);
+	a.share = &sa;
+	assert_int_equal(add_rank(&a, 3, false), 0);
+	assert_int_equal(add_rank(&a, 2, false), 0);
+	assert_int_equal(add_rank(&b, 3, true), APS_ROUND_ADD_DECLINED);
+	assert_true(pool.given_up == 1 && sa.bytes == pool.limit);
+	aps_round_fini(&a);
+	aps_round_fini(&b);
+	assert_true(pool.bytes == 0 && pool.n_holders == 0);
 }
 
 static void test_round_fp32_is_the_exact_mean(void **state)
@@ -563,6 +646,7 @@ int main(void)
 		cmocka_unit_test(test_round_same_bits_in_any_order),
 		cmocka_unit_test(test_round_fp32_is_the_exact_mean),
 		cmocka_unit_test(test_round_declines_early_contributions_past_the_budget),
+		cmocka_unit_test(test_round_a_job_past_its_fair_part_gives_up_room),
 		cmocka_unit_test(test_round_a_declined_rank_is_asked_when_the_ranks_below_leave),
 		cmocka_unit_test(test_round_refuses_duplicates_and_wrong_steps),
 		cmocka_unit_test(test_round_broadcast_delivers_the_root),

@@ -129,6 +129,44 @@ def test_a_job_whose_rank_0_never_pushes_holds_at_most_the_bound(daemon_factory)
         p.close()
 
 
+def test_a_job_past_its_fair_part_gives_up_room_to_another(daemon_factory):
+    # The stranger's job of the test above holds the whole 4 MiB. An honest job
+    # (4 ranks, rank 0 up to 60 ms late) comes: it holds nothing, so the
+    # stranger gives up pushes for it (what it needs, never below the
+    # stranger's fair part: half, two jobs holding), and the honest ranks'
+    # early pushes are kept, not declined (before: every one was declined and
+    # asked again, a round trip more each). The stranger's ranks given up are
+    # asked in their turn, and its mean is exact too.
+    d = daemon_factory(extra=["--max_held_bytes", "4M", "--chunk_bytes", "4M"])
+    n, world = 1 << 20, 16
+    codes = bytes(aps.quantize(np.full(n, 0.5, np.float32), "e4m3", scale_exp=0))
+    crc = crc32c(codes)
+    peers = join(d, "stranger", world, n, minor=10)
+    for r in range(1, world):
+        push(peers[r], "stranger", r, world, codes, 10, crc)
+    time.sleep(0.5)
+    keep_alive(peers, "stranger", peers[0])
+    assert d.counter("held_bytes") == 4 << 20 and d.counter("pushes_declined") == 11
+    procs = [start_worker(d.endpoint, r, 4, [300000, 4097], steps=6, timeout_ms=20000,
+                          job="honest", jitter_ms=60 if r == 0 else 0) for r in range(4)]
+    while any(p.poll() is None for p in procs):
+        keep_alive(peers, "stranger", peers[0])
+        time.sleep(0.3)
+    assert_all_ok(collect(procs, 60), 6, 2)
+    assert d.counter("pushes_declined") == 11  # no honest push was
+    given_up = d.counter("pushes_given_up")  # 1 MiB each: the honest job held < 1 MiB
+    assert given_up == 1, given_up
+    held = {j["name"]: j["held_bytes"] for j in d.ask("jobs")["jobs"]}
+    assert held["stranger"] == 3 << 20 == d.counter("held_bytes"), held
+    push(peers[0], "stranger", 0, world, codes, 10, crc)
+    results, asked = gather(peers, "stranger", world, codes, crc, want_again=True)
+    assert asked == 11 + given_up == d.counter("asked_again")
+    assert_mean(results, n, 0.5)
+    assert d.counter("held_bytes") == 0
+    for p in peers:
+        p.close()
+
+
 def test_an_old_client_declined_fails_the_step_for_every_rank(daemon_factory):
     # A client of protocol 1.9 cannot be asked again: when its push is declined
     # the tensor's step is dropped, every rank's call of it fails APS_ENOMEM
