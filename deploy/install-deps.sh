@@ -6,7 +6,7 @@ set -eu
 
 PACKAGES="
 build-essential pkg-config meson ninja-build clang libclang-rt-14-dev
-libuv1-dev libzmq3-dev libprotobuf-c-dev protobuf-c-compiler libopenblas-dev
+libuv1-dev libzmq3-dev libsodium-dev libprotobuf-c-dev protobuf-c-compiler libopenblas-dev
 libcmocka-dev libjansson-dev debhelper dh-python
 python3 python3-numpy python3-torch python3-pytest python3-matplotlib python3-zmq
 python3-venv python3-mesonpy

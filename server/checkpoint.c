@@ -1,13 +1,17 @@
 /*
  * Checkpoint file I/O. A file is, little-endian:
- *   "APSCKPT1", u64 file length, u64 step, string job, string optimizer,
- *   u32 tensors, then per tensor: string name, u64 count, u64 updates,
+ *   "APSCKPT2", u64 file length, u64 step, string job, string optimizer,
+ *   u8 owner set, 16 bytes salt, 32 bytes BLAKE2b digest of the job token,
+ *   u32 CRC32C of the header so far (the owner is read, and trusted, before
+ *   the rest), u32 tensors, then per tensor: string name, u64 count, u64 updates,
  *   u64 state_t, u32 arrays, arrays * count fp32 values;
  *   and last a u32 CRC32C of every byte before it.
  * (a string is a u32 length and its bytes). A file whose length, CRC or
  * structure is wrong is refused as a whole: a torn write (the daemon killed
  * mid-write before the rename, or a disk that lost the tail) never yields
- * half-old weights. This module never touches the daemon's state.
+ * half-old weights. "APSCKPT1" files (before 2026-12-07) have no owner:
+ * they are read as a job without a token's. This module never touches the
+ * daemon's state.
  */
 #include "server/checkpoint.h"
 
@@ -19,13 +23,52 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-static const char magic[8] = { 'A', 'P', 'S', 'C', 'K', 'P', 'T', '1' };
+#define MAGIC_LEN 8
+static const char magic[MAGIC_LEN] = { 'A', 'P', 'S', 'C', 'K', 'P', 'T', '2' };
+static const char magic_v1[MAGIC_LEN] = { 'A', 'P', 'S', 'C', 'K', 'P', 'T', '1' };
+#define OWNER_LEN (1 + APS_CKPT_SALT_BYTES + APS_CKPT_DIGEST_BYTES)
+
+static void owner_digest(const uint8_t *salt, const char *token, uint8_t *digest)
+{
+	/* Once: picks BLAKE2b's fastest code. It cannot fail where it is not asked
+	 * for randomness: the digest is the same bits either way. */
+	if (sodium_init() < 0)
+		aps_log_debug("checkpoint", "sodium_init failed: BLAKE2b's reference code");
+	crypto_generichash(digest, APS_CKPT_DIGEST_BYTES, (const unsigned char *)token,
+	                   strlen(token), salt, APS_CKPT_SALT_BYTES);
+}
+
+int aps_ckpt_owner_of(const char *token, struct aps_ckpt_owner *out)
+{
+	memset(out, 0, sizeof(*out));
+	if (token[0] == '\0')
+		return 0;
+	if (getrandom(out->salt, sizeof(out->salt), 0) != (ssize_t)sizeof(out->salt))
+		return APS_ESYS;
+	owner_digest(out->salt, token, out->digest);
+	out->set = true;
+	return 0;
+}
+
+bool aps_ckpt_owner_admits(const struct aps_ckpt_owner *owner, const char *token)
+{
+	uint8_t digest[APS_CKPT_DIGEST_BYTES];
+
+	if (!owner->set)
+		return true;
+	if (token[0] == '\0')
+		return false;
+	owner_digest(owner->salt, token, digest);
+	return sodium_memcmp(digest, owner->digest, sizeof(digest)) == 0;
+}
 
 void aps_ckpt_free(struct aps_ckpt *ck)
 {
@@ -116,7 +159,8 @@ static void put_str(struct out *o, const char *s)
 
 static uint64_t file_length(const struct aps_ckpt *ck)
 {
-	uint64_t n = sizeof(magic) + 8 + 8 + 4 + strlen(ck->job) + 4 + strlen(ck->optimizer) + 4;
+	uint64_t n = sizeof(magic) + 8 + 8 + 4 + strlen(ck->job) + 4 + strlen(ck->optimizer) +
+	             OWNER_LEN + 4 + 4;
 
 	for (uint32_t i = 0; i < ck->n_tensors; i++) {
 		const struct aps_ckpt_tensor *t = &ck->tensors[i];
@@ -132,6 +176,10 @@ static void put_all(struct out *o, const struct aps_ckpt *ck)
 	put_u64(o, ck->step);
 	put_str(o, ck->job);
 	put_str(o, ck->optimizer);
+	put(o, &(uint8_t){ ck->owner.set }, 1);
+	put(o, ck->owner.salt, sizeof(ck->owner.salt));
+	put(o, ck->owner.digest, sizeof(ck->owner.digest));
+	put_u32(o, o->crc); /* the header's */
 	put_u32(o, ck->n_tensors);
 	for (uint32_t i = 0; i < ck->n_tensors; i++) {
 		const struct aps_ckpt_tensor *t = &ck->tensors[i];
@@ -378,25 +426,47 @@ static int get_tensor(struct in *in, struct aps_ckpt_tensor *t)
 	return 0;
 }
 
+/* The header, up to the tensors: magic, length, step, job, optimizer, owner. */
+static void get_head(struct in *in, struct aps_ckpt *ck, uint64_t *len)
+{
+	const uint8_t *m = take(in, MAGIC_LEN), *o;
+	bool v1 = m != NULL && memcmp(m, magic_v1, MAGIC_LEN) == 0;
+
+	if (m == NULL || (!v1 && memcmp(m, magic, MAGIC_LEN) != 0)) {
+		in->bad = true;
+		return;
+	}
+	*len = get_u64(in);
+	ck->step = get_u64(in);
+	get_str(in, ck->job, sizeof(ck->job));
+	get_str(in, ck->optimizer, sizeof(ck->optimizer));
+	memset(&ck->owner, 0, sizeof(ck->owner));
+	if (v1 || (o = take(in, OWNER_LEN)) == NULL)
+		return;
+	ck->owner.set = o[0] != 0;
+	memcpy(ck->owner.salt, o + 1, sizeof(ck->owner.salt));
+	memcpy(ck->owner.digest, o + 1 + sizeof(ck->owner.salt), sizeof(ck->owner.digest));
+	if (aps_crc32c(0, m, (size_t)(in->p - m)) != get_u32(in))
+		in->bad = true;
+}
+
 static int parse(const uint8_t *buf, size_t len, struct aps_ckpt *ck, char *why, size_t why_len)
 {
 	struct in in = { buf, len - 4, false };
+	uint64_t said = 0;
 	uint32_t crc;
 	int ret = 0;
 
 	memcpy(&crc, buf + len - 4, 4);
-	if (memcmp(buf, magic, sizeof(magic)) != 0 || aps_crc32c(0, buf, len - 4) != crc) {
+	get_head(&in, ck, &said);
+	if (in.bad || aps_crc32c(0, buf, len - 4) != crc) {
 		snprintf(why, why_len, "bad magic or CRC32C (a torn or corrupt file)");
 		return APS_EPROTO;
 	}
-	take(&in, sizeof(magic));
-	if (get_u64(&in) != len) {
+	if (said != len) {
 		snprintf(why, why_len, "length differs from its header");
 		return APS_EPROTO;
 	}
-	ck->step = get_u64(&in);
-	get_str(&in, ck->job, sizeof(ck->job));
-	get_str(&in, ck->optimizer, sizeof(ck->optimizer));
 	ck->n_tensors = get_u32(&in);
 	if (!in.bad && ck->n_tensors <= in.left / 32)
 		ck->tensors = calloc(ck->n_tensors ? ck->n_tensors : 1, sizeof(*ck->tensors));
@@ -409,6 +479,33 @@ static int parse(const uint8_t *buf, size_t len, struct aps_ckpt *ck, char *why,
 	if (ret < 0)
 		snprintf(why, why_len, "%s", ret == APS_ENOMEM ? "out of memory" : "bad structure");
 	return ret;
+}
+
+/* The longest header get_head reads. */
+#define HEAD_MAX (MAGIC_LEN + 8 + 8 + 4 + APS_MSG_JOB_MAX + 4 + APS_OPTIM_SPEC_MAX + OWNER_LEN + 4)
+
+/* A file's header alone, and its length said there. */
+static int read_head(const char *path, struct aps_ckpt *ck, uint64_t *len, char *why,
+                     size_t why_len)
+{
+	uint8_t buf[HEAD_MAX];
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	ssize_t got;
+	struct in in;
+
+	if (fd < 0)
+		return sys_fail(why, why_len, "cannot open", path, errno);
+	do
+		got = pread(fd, buf, sizeof(buf), 0);
+	while (got < 0 && errno == EINTR);
+	close(fd);
+	in = (struct in){ buf, got > 0 ? (size_t)got : 0, false };
+	get_head(&in, ck, len);
+	if (in.bad) {
+		snprintf(why, why_len, "bad header (a torn or corrupt file)");
+		return APS_EPROTO;
+	}
+	return 0;
 }
 
 static int read_whole(const char *path, uint8_t **out, size_t *len, char *why, size_t why_len)
@@ -456,13 +553,39 @@ int aps_ckpt_read(const char *path, struct aps_ckpt *out, char *why, size_t why_
 	return 0;
 }
 
-int aps_ckpt_load_newest(const char *dir, const char *job, struct aps_ckpt *out, char *path,
-                         size_t path_len)
+/* Whether the file at path, whose header is head, may be read whole for want: 0,
+ * or APS_EACCES / APS_ERANGE with why. */
+static int refuses(const struct aps_ckpt *head, uint64_t len, const struct aps_ckpt_want *want,
+                   const char *path, char *why, size_t why_len)
+{
+	if (!aps_ckpt_owner_admits(&head->owner, want->token)) {
+		snprintf(why, why_len,
+		         "job '%.64s': its checkpoint %.200s (step %llu) was written under "
+		         "another job token: join with that token, or start it afresh under "
+		         "another name",
+		         head->job, path, (unsigned long long)head->step);
+		return APS_EACCES;
+	}
+	if (want->max_bytes != 0 && len > want->max_bytes) {
+		snprintf(why, why_len,
+		         "job '%.64s': its checkpoint %.200s (step %llu) holds %llu bytes, "
+		         "and %llu fit max_job_bytes and max_total_bytes now",
+		         head->job, path, (unsigned long long)head->step, (unsigned long long)len,
+		         (unsigned long long)want->max_bytes);
+		return APS_ERANGE;
+	}
+	return 0;
+}
+
+int aps_ckpt_load_newest(const char *dir, const char *job, const struct aps_ckpt_want *want,
+                         struct aps_ckpt *out, char *path, size_t path_len, char *refusal,
+                         size_t refusal_len)
 {
 	char why[256];
 	size_t n = 0;
 	int err = 0, ret = 0;
-	uint64_t *steps = list_steps(dir, job, &n, &err);
+	uint64_t *steps = list_steps(dir, job, &n, &err), len = 0;
+	struct aps_ckpt head;
 
 	if (steps == NULL && err != 0 && err != ENOENT) {
 		aps_log_error("checkpoint", "cannot list dir=%s reason=\"%s\"", dir, strerror(err));
@@ -471,6 +594,10 @@ int aps_ckpt_load_newest(const char *dir, const char *job, struct aps_ckpt *out,
 	for (size_t i = 0; i < n; i++) {
 		if (aps_ckpt_path(dir, job, steps[i], path, path_len) < 0)
 			continue;
+		memset(&head, 0, sizeof(head));
+		if (read_head(path, &head, &len, why, sizeof(why)) == 0 &&
+		    (ret = refuses(&head, len, want, path, refusal, refusal_len)) < 0)
+			break;
 		if (aps_ckpt_read(path, out, why, sizeof(why)) == 0) {
 			if (strcmp(out->job, job) == 0) {
 				ret = 1;

@@ -12,11 +12,33 @@
 #include "proto/frame.h"
 #include "server/optimizer.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
-#define APS_CKPT_ARRAYS_MAX (1 + APS_OPTIM_SLOTS_MAX) /* weights, then the state */
-#define APS_CKPT_PATH_MAX   512
+#define APS_CKPT_ARRAYS_MAX   (1 + APS_OPTIM_SLOTS_MAX) /* weights, then the state */
+#define APS_CKPT_PATH_MAX     512
+#define APS_CKPT_SALT_BYTES   16
+#define APS_CKPT_DIGEST_BYTES 32
+
+/*
+ * Who may resume a checkpoint: the job token it was written under, kept as a
+ * salted BLAKE2b digest (the token itself is never written). A job without a
+ * token writes none: whoever may start the job resumes it, as whoever may
+ * join it could read its weights.
+ */
+struct aps_ckpt_owner {
+	bool set;
+	uint8_t salt[APS_CKPT_SALT_BYTES];
+	uint8_t digest[APS_CKPT_DIGEST_BYTES];
+};
+
+/* The owner of a job whose token is token ("": none). Returns 0, or APS_ESYS
+ * (no randomness for the salt). */
+int aps_ckpt_owner_of(const char *token, struct aps_ckpt_owner *out);
+
+/* Whether a job with token ("": none) may resume a checkpoint owner wrote. */
+bool aps_ckpt_owner_admits(const struct aps_ckpt_owner *owner, const char *token);
 
 struct aps_ckpt_tensor {
 	char name[APS_MSG_NAME_MAX + 1];
@@ -29,6 +51,7 @@ struct aps_ckpt_tensor {
 struct aps_ckpt {
 	char job[APS_MSG_JOB_MAX + 1];
 	char optimizer[APS_OPTIM_SPEC_MAX]; /* canonical spec (aps_optim_describe) */
+	struct aps_ckpt_owner owner;        /* who may resume it */
 	uint64_t step;                      /* names the file: the job's update count */
 	uint32_t n_tensors;
 	struct aps_ckpt_tensor *tensors; /* owned */
@@ -52,12 +75,22 @@ int aps_ckpt_write(const char *dir, const struct aps_ckpt *ck, unsigned keep, ch
 /* Reads and checks one file. Returns 0, or APS_EPROTO (torn, corrupt) / APS_ESYS with why. */
 int aps_ckpt_read(const char *path, struct aps_ckpt *out, char *why, size_t why_len);
 
+/* What aps_ckpt_load_newest checks of a file from its header, before it reads
+ * the file whole. */
+struct aps_ckpt_want {
+	const char *token;  /* the job's token ("": none): the file's owner must admit it */
+	uint64_t max_bytes; /* a larger file does not fit (0: any) */
+};
+
 /*
  * Loads the newest intact checkpoint of job in dir into *out (its path into
  * path), logging every newer file it skips and why. Returns 1 when one was
- * loaded, 0 when there is none, APS_ESYS when dir cannot be read.
+ * loaded, 0 when there is none, APS_ESYS when dir cannot be read, and with why
+ * set, without reading further: APS_EACCES when the newest file's owner does
+ * not admit want->token, APS_ERANGE when it is larger than want->max_bytes.
  */
-int aps_ckpt_load_newest(const char *dir, const char *job, struct aps_ckpt *out, char *path,
-                         size_t path_len);
+int aps_ckpt_load_newest(const char *dir, const char *job, const struct aps_ckpt_want *want,
+                         struct aps_ckpt *out, char *path, size_t path_len, char *why,
+                         size_t why_len);
 
 #endif

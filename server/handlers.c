@@ -97,7 +97,7 @@ static int check_memory(struct aps_server *srv, struct aps_session *s, const str
 	uint64_t per =
 	        4 * (1 + kept +
 	             (job->optim.kind != APS_OPTIM_NONE ? 2 + aps_optim_slots(&job->optim) : 0));
-	uint64_t total = 0, max = srv->opts.max_total_bytes, limit = srv->opts.max_job_bytes;
+	uint64_t total, max = srv->opts.max_total_bytes, limit = srv->opts.max_job_bytes;
 	const char *name = "max_job_bytes";
 
 	/* Counts < 2^32 elements and ranks < 2^13: the sum cannot overflow. */
@@ -105,9 +105,10 @@ static int check_memory(struct aps_server *srv, struct aps_session *s, const str
 	 * also what every tensor keeps per rank (~100 bytes a rank). */
 	uint64_t values = m->total_count * per;
 	uint64_t need = values + aps_job_tensor_overhead(job, m->total_count);
+	/* what it takes of the job's checkpoint is counted already, until it takes it */
+	uint64_t taken = aps_optimize_resumed_bytes(job, m->tensor_name, m->total_count);
 
-	for (const struct aps_job *j = srv->jobs.jobs; j != NULL; j = j->next)
-		total += j->tensor_bytes + j->overhead_bytes;
+	total = aps_jobs_bytes(&srv->jobs) - taken;
 	if (job->tensor_bytes + values <= srv->opts.max_job_bytes) {
 		if (max == 0 || total + need <= max)
 			return 0;

@@ -59,6 +59,15 @@ struct aps_job *aps_jobs_find(struct aps_jobs *t, const char *name)
 	return NULL;
 }
 
+uint64_t aps_jobs_bytes(const struct aps_jobs *t)
+{
+	uint64_t total = 0;
+
+	for (const struct aps_job *j = t->jobs; j != NULL; j = j->next)
+		total += j->tensor_bytes + j->overhead_bytes + j->resume_bytes;
+	return total;
+}
+
 static void free_tensor(struct aps_tensor *tensor)
 {
 	if (tensor == NULL)

@@ -116,7 +116,9 @@ struct aps_job {
 	struct aps_optim_config optim;       /* kind APS_OPTIM_NONE: all-reduce mode */
 	char optim_spec[APS_OPTIM_SPEC_MAX]; /* canonical, "" in all-reduce mode */
 	struct aps_ckpt resume;              /* loaded at start; tensors taken at REGISTER */
-	uint64_t last_ckpt_step;             /* step of the last checkpoint queued */
+	uint64_t resume_bytes;            /* of resume, not taken yet: max_total_bytes counts it */
+	struct aps_ckpt_owner ckpt_owner; /* its token's, written in its checkpoints */
+	uint64_t last_ckpt_step;          /* step of the last checkpoint queued */
 	/*
 	 * Why the first rank that was lost or left did so, "" while every rank is
 	 * there: no later round of the job can complete, so every later
@@ -147,6 +149,9 @@ struct aps_session *aps_jobs_session(struct aps_jobs *t, const struct aps_peer *
 void aps_jobs_drop_session(struct aps_jobs *t, struct aps_session *s);
 
 struct aps_job *aps_jobs_find(struct aps_jobs *t, const char *name);
+/* What every job holds that max_total_bytes bounds: values, bookkeeping, checkpoints
+ * loaded and not taken yet. */
+uint64_t aps_jobs_bytes(const struct aps_jobs *t);
 /* A new job (world_size ranks, none connected). Returns 0 or APS_ENOMEM. */
 int aps_jobs_create(struct aps_jobs *t, const char *name, uint32_t world_size,
                     struct aps_job **out);

@@ -84,7 +84,8 @@ static bool options_differ(const struct aps_job *job, bool job_policy_auto, cons
 }
 
 static int create_job(struct aps_server *srv, const struct aps_session *s, const struct aps_msg *m,
-                      const struct aps_optim_config *optim, struct aps_job **out)
+                      const struct aps_optim_config *optim, struct aps_ckpt *resume,
+                      struct aps_job **out)
 {
 	struct aps_job *job;
 	int ret;
@@ -95,6 +96,9 @@ static int create_job(struct aps_server *srv, const struct aps_session *s, const
 	if (ret < 0)
 		return ret;
 	snprintf(job->token, sizeof(job->token), "%s", m->job_token);
+	if (optim->kind != APS_OPTIM_NONE && aps_ckpt_owner_of(job->token, &job->ckpt_owner) < 0)
+		aps_log_warn("checkpoint",
+		             "no randomness: job=%s writes checkpoints anyone resumes", job->name);
 	aps_access_origin(s->address, job->origin);
 	job->created_ms = uv_now(srv->loop);
 	job->lowp = srv->opts.lowp;
@@ -123,7 +127,7 @@ static int create_job(struct aps_server *srv, const struct aps_session *s, const
 	             job->name, job->world_size, aps_scaling_name(job->scaling),
 	             job->downlink_auto ? "auto" : job->downlink.name,
 	             optim->kind == APS_OPTIM_NONE ? "allreduce" : "optimize ", m->optimizer);
-	aps_optimize_job_start(srv, job, optim);
+	aps_optimize_job_start(srv, job, optim, resume);
 	*out = job;
 	return 0;
 }
@@ -305,6 +309,7 @@ static void joined(struct aps_server *srv, struct aps_job *job, struct aps_sessi
 void aps_handle_hello(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m)
 {
 	char why[APS_MSG_TEXT_MAX + 1], spec[APS_OPTIM_SPEC_MAX] = "";
+	struct aps_ckpt resume = { 0 };
 	struct aps_optim_config optim;
 	struct aps_job *job;
 	int ret;
@@ -345,8 +350,14 @@ void aps_handle_hello(struct aps_server *srv, struct aps_session *s, const struc
 	job = aps_jobs_find(&srv->jobs, m->job); /* gone if its last rank was evicted */
 	if (ret == 0 && job == NULL)
 		ret = new_job_refuses(srv, s, m, why, sizeof(why));
-	if (ret == 0 && job == NULL && create_job(srv, s, m, &optim, &job) < 0)
+	if (ret == 0 && job == NULL) { /* its checkpoint: another token's, or too large */
+		ret = aps_optimize_resume_load(srv, m, &optim, &resume, why, sizeof(why));
+		srv->counters.refused_token += ret == APS_EACCES;
+		ret = ret > 0 ? 0 : ret;
+	}
+	if (ret == 0 && job == NULL && create_job(srv, s, m, &optim, &resume, &job) < 0)
 		ret = APS_ENOMEM;
+	aps_ckpt_free(&resume); /* what create_job did not take */
 	if (ret < 0)
 		return refuse_hello(srv, s, m, ret, ret == APS_ENOMEM ? "out of memory" : why);
 	s->job = job;

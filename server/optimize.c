@@ -46,25 +46,72 @@ static void transform(void *ctx, enum aps_round_kind kind, size_t off, float *ac
 	memcpy(o->view + off, o->weights + off, n * sizeof(float));
 }
 
-void aps_optimize_job_start(struct aps_server *srv, struct aps_job *job,
-                            const struct aps_optim_config *cfg)
+static uint64_t ckpt_tensor_bytes(const struct aps_ckpt_tensor *ct)
+{
+	return ct->arrays[0] != NULL ? (uint64_t)ct->n_arrays * ct->count * sizeof(float) : 0;
+}
+
+int aps_optimize_resume_load(struct aps_server *srv, const struct aps_msg *m,
+                             const struct aps_optim_config *cfg, struct aps_ckpt *ck, char *why,
+                             size_t why_len)
 {
 	const char *dir = srv->opts.checkpoint_dir;
+	uint64_t used = aps_jobs_bytes(&srv->jobs), max = srv->opts.max_job_bytes;
+	uint64_t total = srv->opts.max_total_bytes;
+	struct aps_ckpt_want want = { .token = m->job_token };
 	char path[APS_CKPT_PATH_MAX];
+	int ret;
 
+	if (cfg->kind == APS_OPTIM_NONE || dir == NULL || dir[0] == '\0')
+		return 0;
+	if (total != 0 && (used >= total || total - used < max))
+		max = used >= total ? 1 : total - used;
+	want.max_bytes = max;
+	ret = aps_ckpt_load_newest(dir, m->job, &want, ck, path, sizeof(path), why, why_len);
+	if (ret == APS_EACCES || ret == APS_ERANGE) {
+		aps_log_warn("checkpoint", "not resumed job=%s: %s", m->job, why);
+		return ret;
+	}
+	if (ret != 1)
+		return 0;
+	aps_log_info("checkpoint", "resuming job=%s step=%llu tensors=%u path=%s optimizer=%s",
+	             m->job, (unsigned long long)ck->step, ck->n_tensors, path, ck->optimizer);
+	return 1;
+}
+
+void aps_optimize_job_start(struct aps_server *srv, struct aps_job *job,
+                            const struct aps_optim_config *cfg, struct aps_ckpt *ck)
+{
 	job->optim = *cfg;
 	if (cfg->kind == APS_OPTIM_NONE)
 		return;
 	aps_optim_describe(cfg, job->optim_spec, sizeof(job->optim_spec));
-	if (dir == NULL || dir[0] == '\0')
+	if (ck->n_tensors == 0)
 		return;
-	if (aps_ckpt_load_newest(dir, job->name, &job->resume, path, sizeof(path)) != 1)
-		return;
+	job->resume = *ck;
+	memset(ck, 0, sizeof(*ck));
 	srv->counters.resumed++;
 	job->last_ckpt_step = job->resume.step;
-	aps_log_info("checkpoint", "resuming job=%s step=%llu tensors=%u path=%s optimizer=%s",
-	             job->name, (unsigned long long)job->resume.step, job->resume.n_tensors, path,
-	             job->resume.optimizer);
+	for (uint32_t i = 0; i < job->resume.n_tensors; i++)
+		job->resume_bytes += ckpt_tensor_bytes(&job->resume.tensors[i]);
+}
+
+/* The checkpoint's tensor that t (name, count) takes, or NULL. */
+static struct aps_ckpt_tensor *resumed(const struct aps_job *job, const char *name, uint64_t count)
+{
+	for (uint32_t i = 0; i < job->resume.n_tensors; i++) {
+		struct aps_ckpt_tensor *ct = &job->resume.tensors[i];
+		if (ct->arrays[0] != NULL && ct->count == count && strcmp(ct->name, name) == 0)
+			return ct;
+	}
+	return NULL;
+}
+
+uint64_t aps_optimize_resumed_bytes(const struct aps_job *job, const char *name, uint64_t count)
+{
+	const struct aps_ckpt_tensor *ct = resumed(job, name, count);
+
+	return ct != NULL ? ckpt_tensor_bytes(ct) : 0;
 }
 
 /* Moves the checkpoint's arrays of t into its state (the state only for the same optimizer). */
@@ -76,6 +123,7 @@ static void take_resumed(struct aps_job *job, struct aps_tensor *t, struct aps_c
 	bool same = aps_optim_parse(job->resume.optimizer, &saved, why, sizeof(why)) == 0 &&
 	            saved.kind == job->optim.kind && ct->n_arrays == 1 + o->slots;
 
+	job->resume_bytes -= ckpt_tensor_bytes(ct); /* counted in tensor_bytes from here */
 	free(o->weights);
 	o->weights = ct->arrays[0];
 	ct->arrays[0] = NULL;
@@ -88,6 +136,10 @@ static void take_resumed(struct aps_job *job, struct aps_tensor *t, struct aps_c
 		ct->arrays[1 + s] = NULL;
 	}
 	o->state_t = same ? ct->state_t : 0;
+	for (uint32_t a = 1; a < ct->n_arrays; a++) { /* another optimizer's state */
+		free(ct->arrays[a]);
+		ct->arrays[a] = NULL;
+	}
 	if (!same)
 		aps_log_warn("checkpoint",
 		             "optimizer state not resumed job=%s tensor=%.80s saved=%s now=%s",
@@ -242,6 +294,7 @@ static int snapshot(const struct aps_job *job, struct aps_ckpt *ck)
 
 	snprintf(ck->job, sizeof(ck->job), "%s", job->name);
 	snprintf(ck->optimizer, sizeof(ck->optimizer), "%s", job->optim_spec);
+	ck->owner = job->ckpt_owner;
 	ck->step = UINT64_MAX;
 	ck->tensors = calloc(cap ? cap : 1, sizeof(*ck->tensors));
 	if (ck->tensors == NULL)

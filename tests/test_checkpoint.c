@@ -116,6 +116,18 @@ static const char *path_of(const char *job, uint64_t step)
 	return path_buf;
 }
 
+static char refusal[512];
+
+/* aps_ckpt_load_newest for a job whose token is token, with no memory bound. */
+static int load(const char *d, const char *job, const char *token, struct aps_ckpt *ck, char *path)
+{
+	struct aps_ckpt_want want = { .token = token };
+
+	refusal[0] = '\0';
+	return aps_ckpt_load_newest(d, job, &want, ck, path, APS_CKPT_PATH_MAX, refusal,
+	                            sizeof(refusal));
+}
+
 static void test_checkpoint_round_trip(void **state)
 {
 	struct aps_ckpt ck, back;
@@ -148,13 +160,62 @@ static void test_checkpoint_keeps_newest(void **state)
 	for (uint64_t step = 5; step <= 25; step += 5)
 		assert_int_equal(access(path_of("job", step), F_OK) == 0, step >= 20);
 	assert_int_equal(access(path_of("other", 3), F_OK), 0);
-	assert_int_equal(aps_ckpt_load_newest(dir, "job", &ck, path, sizeof(path)), 1);
+	assert_int_equal(load(dir, "job", "", &ck, path), 1);
 	assert_int_equal(ck.step, 25);
 	assert_string_equal(path, path_of("job", 25));
 	aps_ckpt_free(&ck);
-	assert_int_equal(aps_ckpt_load_newest(dir, "nobody", &ck, path, sizeof(path)), 0);
-	assert_int_equal(aps_ckpt_load_newest("/nonexistent/dir", "job", &ck, path, sizeof(path)),
-	                 0);
+	assert_int_equal(load(dir, "nobody", "", &ck, path), 0);
+	assert_int_equal(load("/nonexistent/dir", "job", "", &ck, path), 0);
+}
+
+/*
+ * A job with a token writes its owner, a salted digest of the token (never the
+ * token): only a job with that token resumes the file. The others are refused
+ * from the header, before the file is read, as is a file larger than what
+ * fits. A job without a token writes none, and anyone resumes it.
+ */
+static void test_checkpoint_only_its_owner_resumes_it(void **state)
+{
+	struct aps_ckpt ck, back;
+	struct aps_ckpt_want small = { .token = "s3cret", .max_bytes = 64 };
+	char why[256] = "", path[APS_CKPT_PATH_MAX], bytes[4096];
+	ssize_t n;
+	int fd;
+
+	(void)state;
+	make(&ck, "owned", 4);
+	assert_int_equal(aps_ckpt_owner_of("s3cret", &ck.owner), 0);
+	assert_true(ck.owner.set);
+	assert_true(aps_ckpt_owner_admits(&ck.owner, "s3cret"));
+	assert_false(aps_ckpt_owner_admits(&ck.owner, "s3cret2"));
+	assert_false(aps_ckpt_owner_admits(&ck.owner, ""));
+	assert_int_equal(aps_ckpt_write(dir, &ck, 2, why, sizeof(why)), 0);
+	fd = open(path_of("owned", 4), O_RDONLY);
+	assert_true(fd >= 0);
+	n = read(fd, bytes, sizeof(bytes));
+	close(fd);
+	assert_true(n > 0 && memmem(bytes, (size_t)n, "s3cret", 6) == NULL);
+
+	assert_int_equal(load(dir, "owned", "", &back, path), APS_EACCES);
+	assert_non_null(strstr(refusal, "another job token"));
+	assert_int_equal(load(dir, "owned", "guess", &back, path), APS_EACCES);
+	assert_int_equal(aps_ckpt_load_newest(dir, "owned", &small, &back, path, sizeof(path),
+	                                      refusal, sizeof(refusal)),
+	                 APS_ERANGE);
+	assert_non_null(strstr(refusal, "max_total_bytes"));
+	assert_int_equal(load(dir, "owned", "s3cret", &back, path), 1);
+	assert_same(&ck, &back);
+	assert_true(back.owner.set);
+	aps_ckpt_free(&back);
+	aps_ckpt_free(&ck);
+
+	make(&ck, "open", 2); /* no token: no owner */
+	assert_int_equal(aps_ckpt_owner_of("", &ck.owner), 0);
+	assert_false(ck.owner.set);
+	assert_int_equal(aps_ckpt_write(dir, &ck, 2, why, sizeof(why)), 0);
+	assert_int_equal(load(dir, "open", "any", &back, path), 1);
+	aps_ckpt_free(&back);
+	aps_ckpt_free(&ck);
 }
 
 static void truncate_file(const char *path, off_t len)
@@ -179,7 +240,7 @@ static void expect_newest(uint64_t step)
 	struct aps_ckpt ck;
 	char path[APS_CKPT_PATH_MAX];
 
-	assert_int_equal(aps_ckpt_load_newest(dir, "job", &ck, path, sizeof(path)), 1);
+	assert_int_equal(load(dir, "job", "", &ck, path), 1);
 	assert_int_equal(ck.step, step);
 	aps_ckpt_free(&ck);
 }
@@ -237,6 +298,8 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_checkpoint_round_trip, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_checkpoint_keeps_newest, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_checkpoint_only_its_owner_resumes_it, setup,
+		                                teardown),
 		cmocka_unit_test_setup_teardown(test_checkpoint_skips_torn_and_corrupt, setup,
 		                                teardown),
 	};

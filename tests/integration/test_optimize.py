@@ -384,3 +384,85 @@ def test_diloco_from_c_through_aps_client_step(daemon, fmt):
     assert all(e[:2] == ends[0][:2] for e in ends) and ends[0][0] == "10"
     off = float(ends[0][2])
     assert off == 0 if fmt == "fp32" else 0 < off < 0.01, ends
+
+
+def test_only_the_job_token_that_wrote_a_checkpoint_resumes_it(daemon_factory, tmp_path):
+    # (found by an attack on 2026-12-07) Between two runs of a job with a token,
+    # its name is free: a stranger's HELLO to it in optimize mode, with no
+    # token or another, resumed the job's checkpoint. Its PULL read the
+    # weights, one step with lr 1e6 made them -1e36, and its BYE wrote them as
+    # the newest file, which the job's next run resumed. Now the file keeps a
+    # salted digest of the token that wrote it: the stranger's HELLO is refused
+    # (APS_EACCES, from the file's header, unread), nothing is written, and the
+    # job's next run resumes its own weights.
+    ckdir = tmp_path / "ck"
+    ckdir.mkdir()
+    d = daemon_factory(extra=["--checkpoint_dir", str(ckdir), "--checkpoint_steps", "0"])
+    w = np.arange(1, 9, dtype=np.float32)
+    c = aps.Client(d.endpoint, 0, 1, format="fp32", optimizer="sgd", job="train",
+                   job_token="s3cret", timeout_ms=10000)
+    c.broadcast("fc.weight", w)
+    for _ in range(3):
+        c.step("fc.weight", np.full(8, 0.5, np.float32), w, 0.1)
+    trained = w.copy()
+    c.close()
+    wait_for(d, "checkpoint: written job=train step=3")
+    files = sorted(os.listdir(ckdir))
+    assert b"s3cret" not in (ckdir / files[0]).read_bytes()
+    for token in ("", "guess"):
+        t0 = time.monotonic()
+        with pytest.raises(aps.Error, match="written under another job token") as e:
+            aps.Client(d.endpoint, 0, 1, format="fp32", optimizer="sgd", job="train",
+                       job_token=token, timeout_ms=10000)
+        assert e.value.name == "APS_EACCES" and time.monotonic() - t0 < 2
+    assert sorted(os.listdir(ckdir)) == files
+    assert d.counter("refused_token") == 2 and d.counter("resumed") == 0
+    c = aps.Client(d.endpoint, 0, 1, format="fp32", optimizer="sgd", job="train",
+                   job_token="s3cret", timeout_ms=10000)
+    back = np.zeros(8, np.float32)
+    c.broadcast("fc.weight", back)  # a resumed job hands the daemon's weights back
+    np.testing.assert_array_equal(back, trained)
+    c.close()
+
+
+def test_a_checkpoint_counts_against_max_total_bytes_before_it_is_read(daemon_factory,
+                                                                       tmp_path):
+    # (found by the same attack) A job's checkpoint was read whole at its first
+    # HELLO, on the event loop, and what no tensor had taken back yet was held
+    # outside max_total_bytes: 8 resumes of 116 MB took apsd to 923 MiB under
+    # a bound of 256 MiB. Now a checkpoint larger than what the bounds leave
+    # refuses the HELLO from its header (APS_ERANGE), and one that fits counts
+    # until its tensors take it (then as their weights and state, once).
+    ckdir = tmp_path / "ck"
+    ckdir.mkdir()
+    args = ["--checkpoint_dir", str(ckdir), "--checkpoint_steps", "0",
+            "--reconnect_grace_ms", "0"]
+    d = daemon_factory(extra=args)
+    n = 1 << 20  # adam: weights and 2 state arrays, 12 MiB in a file
+    for job in ("a", "b"):
+        c = aps.Client(d.endpoint, 0, 1, format="fp32", optimizer="adam", job=job)
+        c.broadcast("w", np.ones(n, np.float32))
+        c.step("w", np.ones(n, np.float32), np.ones(n, np.float32), 0.1)
+        c.close()
+        wait_for(d, f"checkpoint: written job={job} step=1")
+    d.stop()
+    d = daemon_factory(extra=args + ["--max_total_bytes", "22M"])
+    a = aps.Client(d.endpoint, 0, 1, format="fp32", optimizer="adam", job="a")
+    other = aps.Client(d.endpoint, 0, 1, job="other")
+    with pytest.raises(aps.Error, match="max_total_bytes") as e:
+        other.allreduce("x", np.zeros(3 << 20, np.float32))  # 12 MiB, and a's 12 held
+    assert e.value.name == "APS_ERANGE"
+    other.close()
+    t0 = time.monotonic()
+    with pytest.raises(aps.Error, match="fit max_job_bytes and max_total_bytes") as e:
+        aps.Client(d.endpoint, 0, 1, format="fp32", optimizer="adam", job="b")
+    assert e.value.name == "APS_ERANGE" and time.monotonic() - t0 < 2
+    w = np.zeros(n, np.float32)
+    a.broadcast("w", w)  # takes its 12 MiB back: 20 MiB with the sum and view, once
+    assert a.updates("w", w) == 1 and np.all(w < 1)
+    a.close()
+    b = aps.Client(d.endpoint, 0, 1, format="fp32", optimizer="adam", job="b")
+    b.broadcast("w", w)
+    assert b.updates("w", w) == 1
+    b.close()
+    assert d.counter("resumed") == 2 and d.counter("refused_memory") == 1
