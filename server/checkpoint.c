@@ -157,7 +157,7 @@ static void put_str(struct out *o, const char *s)
 	put(o, s, strlen(s));
 }
 
-static uint64_t file_length(const struct aps_ckpt *ck)
+uint64_t aps_ckpt_size(const struct aps_ckpt *ck)
 {
 	uint64_t n = sizeof(magic) + 8 + 8 + 4 + strlen(ck->job) + 4 + strlen(ck->optimizer) +
 	             OWNER_LEN + 4 + 4;
@@ -172,7 +172,7 @@ static uint64_t file_length(const struct aps_ckpt *ck)
 static void put_all(struct out *o, const struct aps_ckpt *ck)
 {
 	put(o, magic, sizeof(magic));
-	put_u64(o, file_length(ck));
+	put_u64(o, aps_ckpt_size(ck));
 	put_u64(o, ck->step);
 	put_str(o, ck->job);
 	put_str(o, ck->optimizer);
@@ -326,6 +326,41 @@ static void prune(const char *dir, const char *job, unsigned keep)
 	}
 	free(steps);
 	remove_torn(dir, job);
+}
+
+static bool ends_with(const char *s, const char *tail)
+{
+	size_t n = strlen(s), t = strlen(tail);
+
+	return n >= t && strcmp(s + n - t, tail) == 0;
+}
+
+int aps_ckpt_room(const char *dir, uint64_t need, uint64_t max_bytes, char *why, size_t why_len)
+{
+	uint64_t used = 0;
+	struct dirent *e;
+	struct stat st;
+	DIR *d;
+
+	if (max_bytes == 0)
+		return 0;
+	if ((d = opendir(dir)) == NULL)
+		return sys_fail(why, why_len, "cannot list", dir, errno);
+	while ((e = readdir(d)) != NULL) {
+		if ((ends_with(e->d_name, ".ckpt") || ends_with(e->d_name, ".ckpt.tmp")) &&
+		    fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+		    S_ISREG(st.st_mode))
+			used += (uint64_t)st.st_size;
+	}
+	closedir(d);
+	if (used + need <= max_bytes)
+		return 0;
+	snprintf(why, why_len,
+	         "checkpoint_max_bytes is %llu: %.200s holds %llu bytes of checkpoints, this one "
+	         "needs %llu more",
+	         (unsigned long long)max_bytes, dir, (unsigned long long)used,
+	         (unsigned long long)need);
+	return APS_ESYS;
 }
 
 int aps_ckpt_write(const char *dir, const struct aps_ckpt *ck, unsigned keep, char *why,

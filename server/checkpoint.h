@@ -72,6 +72,17 @@ int aps_ckpt_path(const char *dir, const char *job, uint64_t step, char *buf, si
 int aps_ckpt_write(const char *dir, const struct aps_ckpt *ck, unsigned keep, char *why,
                    size_t why_len);
 
+/* Bytes of the file aps_ckpt_write would write for ck. */
+uint64_t aps_ckpt_size(const struct aps_ckpt *ck);
+
+/*
+ * Whether dir has room for a file of need bytes within max_bytes (0: any):
+ * what its checkpoint files (and temporary ones) of every job take, with the
+ * new one beside them (the oldest are removed only after it is written).
+ * Returns 0, or APS_ESYS with why naming checkpoint_max_bytes.
+ */
+int aps_ckpt_room(const char *dir, uint64_t need, uint64_t max_bytes, char *why, size_t why_len);
+
 /* Reads and checks one file. Returns 0, or APS_EPROTO (torn, corrupt) / APS_ESYS with why. */
 int aps_ckpt_read(const char *path, struct aps_ckpt *out, char *why, size_t why_len);
 

@@ -20,6 +20,7 @@ struct aps_ckpt_queue {
 	uv_loop_t *loop;
 	char dir[APS_CKPT_PATH_MAX];
 	unsigned keep;
+	uint64_t max_bytes;
 	aps_ckpt_done_cb done;
 	void *ctx;
 	struct entry *head; /* waiting, oldest first */
@@ -31,7 +32,7 @@ struct aps_ckpt_queue {
 };
 
 int aps_ckpt_queue_new(struct aps_ckpt_queue **out, uv_loop_t *loop, const char *dir, unsigned keep,
-                       aps_ckpt_done_cb done, void *ctx)
+                       uint64_t max_bytes, aps_ckpt_done_cb done, void *ctx)
 {
 	struct aps_ckpt_queue *q = calloc(1, sizeof(*q));
 
@@ -40,6 +41,7 @@ int aps_ckpt_queue_new(struct aps_ckpt_queue **out, uv_loop_t *loop, const char 
 	q->loop = loop;
 	snprintf(q->dir, sizeof(q->dir), "%s", dir);
 	q->keep = keep;
+	q->max_bytes = max_bytes;
 	q->done = done;
 	q->ctx = ctx;
 	q->work.data = q;
@@ -58,7 +60,10 @@ static void on_write(uv_work_t *w)
 	struct aps_ckpt_queue *q = w->data;
 
 	q->why[0] = '\0';
-	q->ret = aps_ckpt_write(q->dir, q->writing, q->keep, q->why, sizeof(q->why));
+	q->ret = aps_ckpt_room(q->dir, aps_ckpt_size(q->writing), q->max_bytes, q->why,
+	                       sizeof(q->why));
+	if (q->ret == 0)
+		q->ret = aps_ckpt_write(q->dir, q->writing, q->keep, q->why, sizeof(q->why));
 }
 
 static void start_next(struct aps_ckpt_queue *q);

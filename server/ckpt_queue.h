@@ -19,9 +19,10 @@ struct aps_ckpt_queue;
 typedef void (*aps_ckpt_done_cb)(void *ctx, const struct aps_ckpt *ck, int ret, const char *why,
                                  double seconds);
 
-/* dir is copied. Returns 0 or APS_ENOMEM. */
+/* dir is copied; max_bytes bounds every job's files together (aps_ckpt_room; 0: no
+ * bound). Returns 0 or APS_ENOMEM. */
 int aps_ckpt_queue_new(struct aps_ckpt_queue **out, uv_loop_t *loop, const char *dir, unsigned keep,
-                       aps_ckpt_done_cb done, void *ctx);
+                       uint64_t max_bytes, aps_ckpt_done_cb done, void *ctx);
 
 /* Queues ck (heap-allocated; the queue takes ownership and frees it). */
 void aps_ckpt_queue_push(struct aps_ckpt_queue *q, struct aps_ckpt *ck);

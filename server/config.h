@@ -78,6 +78,7 @@ struct aps_config {
 	char checkpoint_dir[APS_CONFIG_ENDPOINT_MAX + 1]; /* "" : $STATE_DIRECTORY, or off */
 	int checkpoint_steps;                             /* 0: only at stop and job end */
 	int checkpoint_keep;                              /* files kept per job */
+	uint64_t checkpoint_max_bytes; /* every job's files; 0: a quarter of the filesystem */
 };
 
 struct aps_config_error {

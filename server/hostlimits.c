@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #define NOFILE_CAP (1u << 20)
@@ -71,6 +72,15 @@ uint64_t aps_hostlimits_memory(void)
 	uint64_t cg = cgroup_memory();
 
 	return cg != 0 && cg < phys ? cg : phys;
+}
+
+uint64_t aps_hostlimits_disk(const char *dir)
+{
+	struct statvfs st;
+
+	if (statvfs(dir, &st) != 0)
+		return 0;
+	return (uint64_t)st.f_blocks * (uint64_t)st.f_frsize;
 }
 
 unsigned aps_hostlimits_cpus(void)

@@ -21,6 +21,9 @@ size_t aps_hostlimits_connections(uint64_t nofile);
 /* Bytes of memory: the machine's, or its cgroup's memory.max when that is less. */
 uint64_t aps_hostlimits_memory(void);
 
+/* Bytes of the filesystem dir is on (statvfs); 0 when it cannot be read. */
+uint64_t aps_hostlimits_disk(const char *dir);
+
 /*
  * glibc's malloc, set before any thread starts: one arena, message bodies up
  * to 16 MiB from the heap, up to 32 MiB of free heap kept for the next step.

@@ -141,14 +141,20 @@ static void resolve_limits(struct daemon *d, struct aps_server_opts *o)
 	o->max_held_bytes = cfg->max_held_bytes > 0 ? cfg->max_held_bytes : o->max_total_bytes / 4;
 	o->max_message_bytes = (int64_t)(cfg->max_message_bytes > 0 ? cfg->max_message_bytes
 	                                                            : cfg->chunk_bytes + 65536);
+	if (o->checkpoint_dir != NULL && o->checkpoint_dir[0] != '\0')
+		o->checkpoint_max_bytes = cfg->checkpoint_max_bytes > 0
+		                                  ? cfg->checkpoint_max_bytes
+		                                  : aps_hostlimits_disk(o->checkpoint_dir) / 4;
 	o->threads = cfg->threads > 0 ? (unsigned)cfg->threads : cpus;
 	o->io_threads = cfg->io_threads > 0 ? (unsigned)cfg->io_threads : (cpus + 3) / 4;
 	aps_log_info("apsd",
 	             "limits max_connections=%zu nofile=%llu max_total_bytes=%llu "
-	             "max_held_bytes=%llu max_message_bytes=%lld threads=%u io_threads=%u cpus=%u",
+	             "max_held_bytes=%llu max_message_bytes=%lld threads=%u io_threads=%u cpus=%u "
+	             "checkpoint_max_bytes=%llu",
 	             o->max_connections, (unsigned long long)nofile,
 	             (unsigned long long)o->max_total_bytes, (unsigned long long)o->max_held_bytes,
-	             (long long)o->max_message_bytes, o->threads, o->io_threads, cpus);
+	             (long long)o->max_message_bytes, o->threads, o->io_threads, cpus,
+	             (unsigned long long)o->checkpoint_max_bytes);
 }
 
 static struct aps_server_opts server_opts(struct daemon *d)

@@ -314,6 +314,16 @@ static int snapshot(const struct aps_job *job, struct aps_ckpt *ck)
 	return ret;
 }
 
+/* Whether the job has anything a new run would not have: a step, or what it resumed. */
+static bool trained(const struct aps_job *job)
+{
+	for (uint32_t i = 0; i < job->n_tensors; i++) {
+		if (job->tensors[i]->opt.updates > 0)
+			return true;
+	}
+	return job->resume.n_tensors > 0;
+}
+
 void aps_optimize_checkpoint(struct aps_server *srv, struct aps_job *job, const char *why)
 {
 	const struct aps_tensor *torn;
@@ -321,6 +331,11 @@ void aps_optimize_checkpoint(struct aps_server *srv, struct aps_job *job, const 
 
 	if (srv->ckpt == NULL || job->optim.kind == APS_OPTIM_NONE)
 		return;
+	if (!trained(job)) { /* its weights are rank 0's broadcast: nothing to keep */
+		aps_log_debug("checkpoint", "none job=%s reason=\"%s\": no step taken", job->name,
+		              why);
+		return;
+	}
 	if ((torn = half_stepped(job)) != NULL) {
 		aps_log_warn(
 		        "checkpoint",

@@ -294,7 +294,7 @@ int aps_server_new(struct aps_server **out, uv_loop_t *loop, const struct aps_se
 	ret = init_downlink(srv);
 	if (ret == 0 && o->checkpoint_dir != NULL && o->checkpoint_dir[0] != '\0')
 		ret = aps_ckpt_queue_new(&srv->ckpt, loop, o->checkpoint_dir, o->checkpoint_keep,
-		                         on_checkpoint, srv);
+		                         o->checkpoint_max_bytes, on_checkpoint, srv);
 	srv->tick_timer = ret == 0 ? malloc(sizeof(*srv->tick_timer)) : NULL;
 	if (ret == 0 && srv->tick_timer == NULL)
 		ret = APS_ENOMEM;

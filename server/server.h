@@ -82,10 +82,11 @@ struct aps_server_opts {
 	const char *const *curve_allow;  /* Z85 public keys of the workers let in */
 	const char *const *curve_jobs;   /* per key: the job globs it may join, "" any */
 	size_t n_curve_allow;
-	const char *allow_from;     /* networks that may connect (netlist.h); NULL, "": any */
-	const char *checkpoint_dir; /* NULL or "": no checkpoints */
-	uint64_t checkpoint_steps;  /* every this many updates; 0: only at stop and job end */
-	unsigned checkpoint_keep;   /* files kept per job */
+	const char *allow_from;        /* networks that may connect (netlist.h); NULL, "": any */
+	const char *checkpoint_dir;    /* NULL or "": no checkpoints */
+	uint64_t checkpoint_steps;     /* every this many updates; 0: only at stop and job end */
+	unsigned checkpoint_keep;      /* files kept per job */
+	uint64_t checkpoint_max_bytes; /* every job's files together; 0: no bound */
 };
 
 struct aps_server;

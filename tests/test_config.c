@@ -144,7 +144,7 @@ static void test_config_defaults(void **state)
 	              "policy=off rules= schedule_steps=0 schedule_format=fp32 "
 	              "small_tensor_elems=1024 flush_up=0.5 flush_down=0.05 error_up=0.35 "
 	              "error_down=0.1 window_up=3 window_down=50 chunk_bytes=4M checkpoint_dir= "
-	              "checkpoint_steps=100 checkpoint_keep=2");
+	              "checkpoint_steps=100 checkpoint_keep=2 checkpoint_max_bytes=0");
 }
 
 static void test_config_valid_file(void **state)

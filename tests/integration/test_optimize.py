@@ -466,3 +466,34 @@ def test_a_checkpoint_counts_against_max_total_bytes_before_it_is_read(daemon_fa
     assert b.updates("w", w) == 1
     b.close()
     assert d.counter("resumed") == 2 and d.counter("refused_memory") == 1
+
+
+def test_checkpoints_of_every_job_stay_within_checkpoint_max_bytes(daemon_factory, tmp_path):
+    # (found by the same attack) One-rank jobs under new names, each stepped
+    # once and ended, wrote a file each with no bound: 80 files, 1221 MiB in
+    # 15 s, and a full disk fails every job's checkpoints (and the host's
+    # logs). Now checkpoint_max_bytes bounds them (a quarter of the
+    # filesystem by default): a write past it fails, logged and counted, and
+    # a job that took no step writes nothing.
+    ckdir = tmp_path / "ck"
+    ckdir.mkdir()
+    d = daemon_factory(extra=["--checkpoint_dir", str(ckdir), "--checkpoint_steps", "0",
+                              "--checkpoint_max_bytes", "3M"])
+    n = 1 << 18  # plain sgd: the weights alone, 1 MiB a file
+    c = aps.Client(d.endpoint, 0, 1, format="fp32", optimizer="sgd", job="broadcast-only")
+    c.broadcast("w", np.ones(n, np.float32))
+    c.close()
+    for i in range(4):
+        c = aps.Client(d.endpoint, 0, 1, format="fp32", optimizer="sgd", job=f"j{i}")
+        w = np.ones(n, np.float32)
+        c.broadcast("w", w)
+        c.step("w", np.ones(n, np.float32), w, 0.1)
+        c.close()
+        wait_for(d, f"job=j{i} step=1")
+    log = d.log_path.read_text()
+    assert "checkpoint: written job=j1 step=1" in log
+    assert "checkpoint: failed job=j3 step=1 reason=\"checkpoint_max_bytes is 3145728" in log
+    assert d.counter("checkpoint_failures") == 2 and d.counter("checkpoints") == 2
+    files = sorted(os.listdir(ckdir))
+    assert files == ["j0.00000000000000000001.ckpt", "j1.00000000000000000001.ckpt"], files
+    assert sum((ckdir / f).stat().st_size for f in files) <= 3 << 20
