@@ -71,8 +71,14 @@ struct aps_conn {
 	uint64_t backlog_ms;   /* since when bytes wait unread in its socket while it delivers
 	                          nothing (ZeroMQ stopped reading it); 0: none */
 	uint64_t backlog_msgs; /* msgs when that began */
-	struct aps_peer peer;  /* its routing id, from its first message */
-	char address[48];      /* "ip:port" of the peer, "local" for ipc */
+	/* Its socket as last looked at (conns.c look): once per loop turn at most, and
+	 * FIONREAD only when bytes came since or some waited unread. */
+	uint64_t look_ms;     /* the loop time of the last look; 0: never */
+	bool look_tcp;        /* TCP_INFO answered: a TCP connection */
+	uint64_t received;    /* TCP_INFO's bytes received */
+	int unread;           /* FIONREAD: bytes waiting in the socket */
+	struct aps_peer peer; /* its routing id, from its first message */
+	char address[48];     /* "ip:port" of the peer, "local" for ipc */
 };
 
 struct aps_conns_counters {
@@ -94,6 +100,7 @@ struct aps_conns {
 	 * next (a message is whole or nothing: libzmq keeps every frame of an unfinished
 	 * one, with no bound); past it, it is dropped. 0: no bound. */
 	uint64_t max_unfinished_bytes;
+	uint64_t ticks;   /* aps_conns_tick calls */
 	uint64_t *closed; /* ids closed and not yet reported */
 	size_t n_closed, cap_closed;
 	uint64_t handshake_failures;     /* failed handshakes not yet matched to a close */
