@@ -1,24 +1,131 @@
 /*
- * The job table: jobs by name, sessions by peer, tensors by id and by name.
- * Tables are small (tens of jobs, a few thousand sessions) and walked
- * linearly; a session lookup compares a routing id (5 bytes from ZeroMQ, or
- * the 16 a client chose).
+ * The job table: jobs by name, sessions by peer (a keyed hash, job.h), tensors
+ * by id and by name. Jobs are few (max_jobs) and walked linearly.
  */
 #include "server/job.h"
 
 #include "common/err.h"
 
+#include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <time.h>
 
-struct aps_session *aps_jobs_find_session(struct aps_jobs *t, const struct aps_peer *peer)
+static const struct aps_peer *key_of(const struct aps_session *s, enum aps_session_key k)
 {
-	for (struct aps_session *s = t->sessions; s != NULL; s = s->next) {
-		if (aps_peer_equal(&s->peer, peer))
+	return k == APS_SESSION_BY_PEER ? &s->peer : &s->moved_from;
+}
+
+static size_t bucket_of(const struct aps_jobs *t, size_t n_buckets, const struct aps_peer *p)
+{
+	uint8_t h[crypto_shorthash_BYTES];
+	uint64_t v;
+
+	crypto_shorthash(h, p->id, p->len, t->hash_key);
+	memcpy(&v, h, sizeof(v));
+	return (size_t)(v & (n_buckets - 1));
+}
+
+/* The hash key, once; without randomness a clock's (a hash still, not a secret). */
+static void draw_key(struct aps_jobs *t)
+{
+	if (t->keyed)
+		return;
+	if (getrandom(t->hash_key, sizeof(t->hash_key), 0) != (ssize_t)sizeof(t->hash_key)) {
+		struct timespec ts;
+		clock_gettime(CLOCK_MONOTONIC, &ts);
+		memcpy(t->hash_key, &ts,
+		       sizeof(ts) < sizeof(t->hash_key) ? sizeof(ts) : sizeof(t->hash_key));
+	}
+	t->keyed = true;
+}
+
+/* Twice the buckets (64 at first). Returns 0 or APS_ENOMEM (the old ones stay). */
+static int index_grow(struct aps_jobs *t, enum aps_session_key k)
+{
+	struct aps_session_index *ix = &t->index[k];
+	size_t n = ix->n_buckets ? 2 * ix->n_buckets : 64;
+	struct aps_session **b = calloc(n, sizeof(*b)), *s, *next;
+
+	if (b == NULL)
+		return APS_ENOMEM;
+	for (size_t i = 0; i < ix->n_buckets; i++) {
+		for (s = ix->buckets[i]; s != NULL; s = next) {
+			size_t to = bucket_of(t, n, key_of(s, k));
+			next = s->index_next[k];
+			s->index_next[k] = b[to];
+			b[to] = s;
+		}
+	}
+	free(ix->buckets);
+	ix->buckets = b;
+	ix->n_buckets = n;
+	return 0;
+}
+
+/* Makes sure the index has buckets. Returns 0 or APS_ENOMEM. */
+static int index_ready(struct aps_jobs *t, enum aps_session_key k)
+{
+	draw_key(t);
+	return t->index[k].n_buckets > 0 ? 0 : index_grow(t, k);
+}
+
+static void index_add(struct aps_jobs *t, struct aps_session *s, enum aps_session_key k)
+{
+	struct aps_session_index *ix = &t->index[k];
+	size_t b;
+
+	if (ix->n >= ix->n_buckets)
+		(void)index_grow(t, k); /* out of memory: longer chains, still right */
+	b = bucket_of(t, ix->n_buckets, key_of(s, k));
+	s->index_next[k] = ix->buckets[b];
+	ix->buckets[b] = s;
+	ix->n++;
+}
+
+static void index_remove(struct aps_jobs *t, struct aps_session *s, enum aps_session_key k)
+{
+	struct aps_session_index *ix = &t->index[k];
+	struct aps_session **link;
+
+	if (ix->n_buckets == 0)
+		return;
+	link = &ix->buckets[bucket_of(t, ix->n_buckets, key_of(s, k))];
+	while (*link != NULL && *link != s)
+		link = &(*link)->index_next[k];
+	if (*link == s) {
+		*link = s->index_next[k];
+		s->index_next[k] = NULL;
+		ix->n--;
+	}
+}
+
+/* The first session under peer by k (a joined one only, if joined). */
+static struct aps_session *index_find(struct aps_jobs *t, enum aps_session_key k,
+                                      const struct aps_peer *peer, bool joined)
+{
+	const struct aps_session_index *ix = &t->index[k];
+
+	if (ix->n == 0)
+		return NULL;
+	for (struct aps_session *s = ix->buckets[bucket_of(t, ix->n_buckets, peer)]; s != NULL;
+	     s = s->index_next[k]) {
+		if (aps_peer_equal(key_of(s, k), peer) && (!joined || s->job != NULL))
 			return s;
 	}
 	return NULL;
+}
+
+struct aps_session *aps_jobs_find_session(struct aps_jobs *t, const struct aps_peer *peer)
+{
+	return index_find(t, APS_SESSION_BY_PEER, peer, false);
+}
+
+struct aps_session *aps_jobs_find_moved(struct aps_jobs *t, const struct aps_peer *peer)
+{
+	return index_find(t, APS_SESSION_BY_MOVED_FROM, peer, true);
 }
 
 struct aps_session *aps_jobs_session(struct aps_jobs *t, const struct aps_peer *peer)
@@ -27,26 +134,44 @@ struct aps_session *aps_jobs_session(struct aps_jobs *t, const struct aps_peer *
 
 	if (s != NULL)
 		return s;
-	s = calloc(1, sizeof(*s));
-	if (s == NULL)
+	/* both indexes from the first session: a move (aps_jobs_move_session) never fails */
+	if (index_ready(t, APS_SESSION_BY_PEER) < 0 ||
+	    index_ready(t, APS_SESSION_BY_MOVED_FROM) < 0 || (s = calloc(1, sizeof(*s))) == NULL)
 		return NULL;
 	s->peer = *peer;
 	s->conn = 0;
+	index_add(t, s, APS_SESSION_BY_PEER);
 	s->next = t->sessions;
+	if (t->sessions != NULL)
+		t->sessions->prev = s;
 	t->sessions = s;
 	return s;
 }
 
+void aps_jobs_move_session(struct aps_jobs *t, struct aps_session *s, const struct aps_peer *peer)
+{
+	index_remove(t, s, APS_SESSION_BY_PEER);
+	if (s->moved_from.len > 0)
+		index_remove(t, s, APS_SESSION_BY_MOVED_FROM);
+	s->moved_from = s->peer;
+	s->peer = *peer;
+	index_add(t, s, APS_SESSION_BY_PEER);
+	index_add(t, s, APS_SESSION_BY_MOVED_FROM);
+}
+
 void aps_jobs_drop_session(struct aps_jobs *t, struct aps_session *s)
 {
-	struct aps_session **link = &t->sessions;
-
 	if (s->job != NULL && s->job->ranks[s->rank] == s)
 		s->job->ranks[s->rank] = NULL;
-	while (*link != NULL && *link != s)
-		link = &(*link)->next;
-	if (*link == s)
-		*link = s->next;
+	index_remove(t, s, APS_SESSION_BY_PEER);
+	if (s->moved_from.len > 0)
+		index_remove(t, s, APS_SESSION_BY_MOVED_FROM);
+	if (s->prev != NULL)
+		s->prev->next = s->next;
+	else if (t->sessions == s)
+		t->sessions = s->next;
+	if (s->next != NULL)
+		s->next->prev = s->prev;
 	free(s);
 }
 
@@ -141,6 +266,10 @@ void aps_jobs_free_all(struct aps_jobs *t)
 		aps_jobs_drop_session(t, t->sessions);
 	while (t->jobs != NULL)
 		aps_jobs_remove(t, t->jobs);
+	for (int k = 0; k < APS_SESSION_KEYS; k++) {
+		free(t->index[k].buckets);
+		t->index[k] = (struct aps_session_index){ 0 };
+	}
 }
 
 uint32_t aps_job_connected(const struct aps_job *job)

@@ -26,8 +26,17 @@ struct aps_job;
 #define APS_JOB_ORIGIN_LEN 64 /* an IPv6 address, "/64" */
 
 /* One connected worker. */
+/* The job table's indexes of sessions (job.c): by routing id, and by the one a
+ * session moved from (reconnect.c). */
+enum aps_session_key {
+	APS_SESSION_BY_PEER,
+	APS_SESSION_BY_MOVED_FROM,
+	APS_SESSION_KEYS
+};
+
 struct aps_session {
-	struct aps_session *next;
+	struct aps_session *next, *prev;                  /* aps_jobs.sessions, newest first */
+	struct aps_session *index_next[APS_SESSION_KEYS]; /* in aps_jobs.index's buckets */
 	struct aps_peer peer;
 	uint64_t conn;        /* connection of its last message (conns.h) */
 	uint64_t detached_ms; /* when that connection closed and the rank waits to
@@ -135,14 +144,34 @@ struct aps_job {
 	struct aps_round_share held;       /* its early pushes' part of max_held_bytes */
 };
 
+/*
+ * Sessions by a routing id: chained buckets, a power of two of them, at most
+ * one session a bucket on average. A peer picks its routing id, so the hash is
+ * keyed (SipHash, a key drawn at the first session): nobody can pick ids that
+ * share a bucket. Before, every message walked a list of every session: 3000
+ * connections whose HELLO was refused cost an honest job more than half its
+ * steps (an attack on 2026-12-07).
+ */
+struct aps_session_index {
+	struct aps_session **buckets;
+	size_t n_buckets, n;
+};
+
 struct aps_jobs {
 	struct aps_job *jobs;
 	struct aps_session *sessions;
 	uint32_t n_jobs;
+	struct aps_session_index index[APS_SESSION_KEYS];
+	uint8_t hash_key[16];
+	bool keyed;
 };
 
 /* The session of a peer, or NULL. */
 struct aps_session *aps_jobs_find_session(struct aps_jobs *t, const struct aps_peer *peer);
+/* The joined session that moved away from peer (its last reconnect), or NULL. */
+struct aps_session *aps_jobs_find_moved(struct aps_jobs *t, const struct aps_peer *peer);
+/* s (from aps_jobs_session) goes on under peer: the one it had is what it moved from. */
+void aps_jobs_move_session(struct aps_jobs *t, struct aps_session *s, const struct aps_peer *peer);
 /* The session of a peer, created when new; NULL when out of memory. */
 struct aps_session *aps_jobs_session(struct aps_jobs *t, const struct aps_peer *peer);
 /* Detaches the session from its job (if any) and frees it. */

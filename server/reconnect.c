@@ -51,12 +51,11 @@ static bool same_token(const uint8_t *a, const uint8_t *b)
 
 static struct aps_session *find_by_token(struct aps_server *srv, const struct aps_msg *m)
 {
-	for (struct aps_session *s = srv->jobs.sessions; s != NULL; s = s->next) {
-		if (s->job != NULL && same_token(s->token, m->session) && s->rank == m->rank &&
-		    strcmp(s->job->name, m->job) == 0)
-			return s;
-	}
-	return NULL;
+	struct aps_job *job = aps_jobs_find(&srv->jobs, m->job);
+	struct aps_session *s =
+	        job != NULL && m->rank < job->world_size ? job->ranks[m->rank] : NULL;
+
+	return s != NULL && same_token(s->token, m->session) ? s : NULL;
 }
 
 static void refuse_resume(struct aps_server *srv, const struct aps_inmsg *in,
@@ -80,8 +79,7 @@ static void move(struct aps_server *srv, struct aps_session *s, const struct aps
 	             (unsigned long long)(s->detached_ms ? now_ms(srv) - s->detached_ms : 0));
 	s->reconnects++;
 	srv->counters.reconnects++;
-	s->moved_from = s->peer;
-	s->peer = in->peer;
+	aps_jobs_move_session(&srv->jobs, s, &in->peer);
 	s->conn = in->conn;
 	s->detached_ms = 0;
 	snprintf(s->address, sizeof(s->address), "%s", in->address);
@@ -127,13 +125,9 @@ bool aps_reconnect_hello(struct aps_server *srv, struct aps_inmsg *in, const str
 	return true;
 }
 
-bool aps_reconnect_moved_from(const struct aps_server *srv, const struct aps_peer *peer)
+bool aps_reconnect_moved_from(struct aps_server *srv, const struct aps_peer *peer)
 {
-	for (const struct aps_session *s = srv->jobs.sessions; s != NULL; s = s->next) {
-		if (s->job != NULL && s->moved_from.len > 0 && aps_peer_equal(&s->moved_from, peer))
-			return true;
-	}
-	return false;
+	return aps_jobs_find_moved(&srv->jobs, peer) != NULL;
 }
 
 /* A joined session that said nothing for heartbeat_timeout_ms: its connection is dead. */

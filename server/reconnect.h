@@ -26,7 +26,7 @@ void aps_reconnect_detach(struct aps_server *srv, struct aps_session *s, const c
 bool aps_reconnect_hello(struct aps_server *srv, struct aps_inmsg *in, const struct aps_msg *m);
 
 /* A session moved away from peer (its late messages are stale). */
-bool aps_reconnect_moved_from(const struct aps_server *srv, const struct aps_peer *peer);
+bool aps_reconnect_moved_from(struct aps_server *srv, const struct aps_peer *peer);
 
 /* Graces that ran out, joined sessions that went silent. */
 void aps_reconnect_tick(struct aps_server *srv, uint64_t now);

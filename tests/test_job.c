@@ -62,10 +62,69 @@ static void test_tensors_are_found_by_name_and_keep_their_ids(void **state)
 	aps_jobs_free_all(&jobs);
 }
 
+static struct aps_peer peer_of(uint32_t i)
+{
+	struct aps_peer p = { .len = 5 };
+
+	memcpy(p.id + 1, &i, sizeof(i));
+	return p;
+}
+
+/*
+ * Sessions are found by routing id, and by the one they moved from, through
+ * every growth of the index; a dropped one is gone from both, the others stay.
+ */
+static void test_sessions_are_found_by_peer_and_by_where_they_moved_from(void **state)
+{
+	static struct aps_session *made[N]; /* N sessions, as N tensors above */
+	struct aps_jobs t = { 0 };
+	struct aps_job *job;
+
+	(void)state;
+	assert_int_equal(aps_jobs_create(&t, "j", 1, &job), 0);
+	for (uint32_t i = 0; i < N; i++) {
+		struct aps_peer p = peer_of(i);
+		made[i] = aps_jobs_session(&t, &p);
+		assert_non_null(made[i]);
+		assert_ptr_equal(aps_jobs_session(&t, &p), made[i]); /* found, not made again */
+	}
+	for (uint32_t i = 0; i < N; i += 2) /* every other one moves to peer N + i */
+	{
+		struct aps_peer to = peer_of(N + i);
+		made[i]->job = job;
+		aps_jobs_move_session(&t, made[i], &to);
+	}
+	for (uint32_t i = 0; i < N; i++) {
+		struct aps_peer p = peer_of(i), to = peer_of(N + i);
+		if (i % 2 == 0) {
+			assert_null(aps_jobs_find_session(&t, &p));
+			assert_ptr_equal(aps_jobs_find_session(&t, &to), made[i]);
+			assert_ptr_equal(aps_jobs_find_moved(&t, &p), made[i]);
+		} else {
+			assert_ptr_equal(aps_jobs_find_session(&t, &p), made[i]);
+			assert_null(aps_jobs_find_moved(&t, &p));
+		}
+	}
+	for (uint32_t i = 0; i < N; i += 4) {
+		made[i]->job = NULL;
+		aps_jobs_drop_session(&t, made[i]);
+	}
+	for (uint32_t i = 0; i < N; i += 2) {
+		struct aps_peer p = peer_of(i), to = peer_of(N + i);
+		bool gone = i % 4 == 0;
+		assert_true((aps_jobs_find_session(&t, &to) == NULL) == gone);
+		assert_true((aps_jobs_find_moved(&t, &p) == NULL) == gone);
+	}
+	assert_int_equal(t.index[APS_SESSION_BY_PEER].n, N - (N + 3) / 4);
+	aps_jobs_free_all(&t);
+	assert_null(t.sessions);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_tensors_are_found_by_name_and_keep_their_ids),
+		cmocka_unit_test(test_sessions_are_found_by_peer_and_by_where_they_moved_from),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
