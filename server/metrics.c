@@ -12,6 +12,7 @@
 
 #include "common/err.h"
 #include "common/log.h"
+#include "server/listing.h"
 #include "server/oneshot.h"
 #include "server/server_impl.h"
 
@@ -139,38 +140,21 @@ static void render_jobs(FILE *f, const struct aps_server *srv)
 	}
 }
 
-struct job_size {
-	uint32_t tensors, index; /* the job's tensors, its place in the list */
-};
-
-static int by_tensors(const void *a, const void *b)
-{
-	const struct job_size *x = a, *y = b;
-
-	return (x->tensors > y->tensors) - (x->tensors < y->tensors);
-}
-
 /* How many of its tensors each job lists (quota[i] for the i-th job of the
- * list, n of them): TENSOR_SERIES_MAX shared out, smallest jobs first, so that
- * a job with many tensors cannot crowd the others out. false: out of memory. */
+ * list, n of them): TENSOR_SERIES_MAX shared out. false: out of memory. */
 static bool tensor_quotas(const struct aps_server *srv, uint32_t *quota, size_t n)
 {
-	struct job_size *size = malloc((n ? n : 1) * sizeof(*size));
-	size_t i = 0, left = TENSOR_SERIES_MAX;
+	uint32_t *want = malloc((n ? n : 1) * sizeof(*want));
+	size_t i = 0;
+	bool ok;
 
-	if (size == NULL)
+	if (want == NULL)
 		return false;
-	for (const struct aps_job *j = srv->jobs.jobs; j != NULL && i < n; j = j->next, i++)
-		size[i] = (struct job_size){ j->n_tensors, (uint32_t)i };
-	qsort(size, n, sizeof(*size), by_tensors);
-	for (i = 0; i < n; i++) {
-		size_t share = left / (n - i);
-		quota[size[i].index] =
-		        (uint32_t)(size[i].tensors < share ? size[i].tensors : share);
-		left -= quota[size[i].index];
-	}
-	free(size);
-	return true;
+	for (const struct aps_job *j = srv->jobs.jobs; j != NULL && i < n; j = j->next)
+		want[i++] = j->n_tensors;
+	ok = aps_listing_share(want, i, TENSOR_SERIES_MAX, quota) >= 0;
+	free(want);
+	return ok;
 }
 
 static void render_tensors(FILE *f, const struct aps_server *srv, const uint32_t *quota)

@@ -6,13 +6,21 @@
 #include "server/report.h"
 
 #include "common/err.h"
+#include "server/listing.h"
 #include "server/server_impl.h"
 
 #include <jansson.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define NS_PER_US 1000.0
+/* Lines of the tensors and workers reports, of every job together, and stalls
+ * a job lists: a report costs the loop a few ms whatever the jobs hold (an
+ * attack, 2026-12-07: 4 jobs of 65536 tensors made `tensors` hold the loop
+ * 7.9 s and apsd's memory 600 MiB, for a reply cut off unsent). */
+#define REPORT_LINES_MAX 4096
+#define STALLS_MAX       64
 
 static json_t *counters(const struct aps_server *srv)
 {
@@ -84,17 +92,23 @@ static json_t *ranks_array(const uint32_t *ranks, size_t n)
 	return a;
 }
 
-/* Rounds in progress: which tensor, which step, who is missing, for how long. */
-static json_t *stalls(const struct aps_server *srv, const struct aps_job *job)
+/* Rounds in progress: which tensor, which step, who is missing, for how long;
+ * the first STALLS_MAX of them (*unlisted: the others). */
+static json_t *stalls(const struct aps_job *job, uint32_t *unlisted)
 {
 	json_t *a = json_array();
 	uint32_t missing[64];
 
+	*unlisted = 0;
 	for (uint32_t i = 0; i < job->n_tensors; i++) {
 		const struct aps_tensor *t = job->tensors[i];
 		size_t n;
 		if (!aps_round_busy(&t->round))
 			continue;
+		if (json_array_size(a) == STALLS_MAX) {
+			(*unlisted)++;
+			continue;
+		}
 		n = aps_round_missing(&t->round, missing, 64);
 		json_array_append_new(
 		        a, json_pack("{s:s, s:I, s:o, s:f}", "tensor", t->name, "step",
@@ -102,7 +116,6 @@ static json_t *stalls(const struct aps_server *srv, const struct aps_job *job)
 		                     ranks_array(missing, n < 64 ? n : 64), "waiting_s",
 		                     (double)(uv_hrtime() - t->stats.step_started_ns) / 1e9));
 	}
-	(void)srv;
 	return a;
 }
 
@@ -112,7 +125,8 @@ static json_t *jobs(const struct aps_server *srv)
 
 	for (const struct aps_job *j = srv->jobs.jobs; j != NULL; j = j->next) {
 		uint64_t step = 0, held = 0;
-		json_t *o;
+		uint32_t unlisted;
+		json_t *o, *stalled = stalls(j, &unlisted);
 		for (uint32_t i = 0; i < j->n_tensors; i++) {
 			step = j->tensors[i]->round.step > step ? j->tensors[i]->round.step : step;
 			held += j->tensors[i]->round.held_bytes;
@@ -121,39 +135,74 @@ static json_t *jobs(const struct aps_server *srv)
 		              j->optim.kind == APS_OPTIM_NONE ? "allreduce" : "optimize",
 		              "optimizer", j->optim_spec, "last_checkpoint_step",
 		              (json_int_t)j->last_ckpt_step, "held_bytes", (json_int_t)held);
+		json_object_set_new(o, "stalls_unlisted", json_integer(unlisted));
 		json_array_append_new(a, o);
 		json_object_update_new(
-		        o,
-		        json_pack("{s:s, s:i, s:i, s:s, s:s, s:b, s:i, s:I, s:I, s:o}", "name",
-		                  j->name, "world_size", (int)j->world_size, "connected",
-		                  (int)aps_job_connected(j), "scaling",
-		                  aps_scaling_name(j->scaling), "downlink",
-		                  j->downlink_auto ? "auto" : j->downlink.name, "lowp", j->lowp,
-		                  "tensors", (int)j->n_tensors, "step", (json_int_t)step, "rounds",
-		                  (json_int_t)j->rounds_completed, "stalls", stalls(srv, j)));
+		        o, json_pack("{s:s, s:i, s:i, s:s, s:s, s:b, s:i, s:I, s:I, s:o}", "name",
+		                     j->name, "world_size", (int)j->world_size, "connected",
+		                     (int)aps_job_connected(j), "scaling",
+		                     aps_scaling_name(j->scaling), "downlink",
+		                     j->downlink_auto ? "auto" : j->downlink.name, "lowp", j->lowp,
+		                     "tensors", (int)j->n_tensors, "step", (json_int_t)step,
+		                     "rounds", (json_int_t)j->rounds_completed, "stalls", stalled));
 	}
 	return a;
 }
 
-static json_t *workers(const struct aps_server *srv)
+static json_t *worker(const struct aps_session *s, uint64_t now)
+{
+	/* away_s: since its connection closed, while apsd waits for it to reconnect */
+	double away = s->detached_ms ? (double)(now - s->detached_ms) / 1000.0 : 0.0;
+
+	return json_pack("{s:s, s:i, s:s, s:f, s:f, s:I, s:I, s:I, s:i, s:f}", "job", s->job->name,
+	                 "rank", (int)s->rank, "address", s->address, "connected_s",
+	                 (double)(now - s->joined_ms) / 1000.0, "last_seen_s",
+	                 (double)(now - s->last_seen_ms) / 1000.0, "msgs_in",
+	                 (json_int_t)s->msgs_in, "bytes_in", (json_int_t)s->bytes_in, "bytes_out",
+	                 (json_int_t)s->bytes_out, "reconnects", (int)s->reconnects, "away_s",
+	                 away);
+}
+
+/* How many lines each job lists (*quota, one per job in list order, freed by
+ * the caller): REPORT_LINES_MAX shared out among the jobs' tensors, or their
+ * ranks with a session. Returns the lines left out, or -1: out of memory. */
+static int64_t share(const struct aps_server *srv, bool ranks, uint32_t **quota)
+{
+	size_t n = 0;
+	uint32_t *want = calloc(srv->jobs.n_jobs + 1, sizeof(*want));
+	int64_t unlisted = -1;
+
+	*quota = calloc(srv->jobs.n_jobs + 1, sizeof(**quota));
+	if (want != NULL && *quota != NULL) {
+		for (const struct aps_job *j = srv->jobs.jobs; j != NULL && n < srv->jobs.n_jobs;
+		     j = j->next)
+			want[n++] = ranks ? aps_job_connected(j) : j->n_tensors;
+		unlisted = aps_listing_share(want, n, REPORT_LINES_MAX, *quota);
+	}
+	free(want);
+	return unlisted;
+}
+
+/* Ranks with a session, in rank order, REPORT_LINES_MAX of every job together. */
+static json_t *workers(const struct aps_server *srv, int64_t *unlisted)
 {
 	uint64_t now = uv_now(srv->loop);
 	json_t *a = json_array();
+	uint32_t *quota, n = 0;
 
-	for (const struct aps_session *s = srv->jobs.sessions; s != NULL; s = s->next) {
-		if (s->job == NULL)
-			continue;
-		/* away_s: since its connection closed, while apsd waits for it to reconnect */
-		double away = s->detached_ms ? (double)(now - s->detached_ms) / 1000.0 : 0.0;
-		json_array_append_new(
-		        a, json_pack("{s:s, s:i, s:s, s:f, s:f, s:I, s:I, s:I, s:i, s:f}", "job",
-		                     s->job->name, "rank", (int)s->rank, "address", s->address,
-		                     "connected_s", (double)(now - s->joined_ms) / 1000.0,
-		                     "last_seen_s", (double)(now - s->last_seen_ms) / 1000.0,
-		                     "msgs_in", (json_int_t)s->msgs_in, "bytes_in",
-		                     (json_int_t)s->bytes_in, "bytes_out", (json_int_t)s->bytes_out,
-		                     "reconnects", (int)s->reconnects, "away_s", away));
+	*unlisted = share(srv, true, &quota);
+	for (const struct aps_job *j = srv->jobs.jobs;
+	     j != NULL && *unlisted >= 0 && n < srv->jobs.n_jobs; j = j->next) {
+		uint32_t listed = 0;
+		for (uint32_t r = 0; r < j->world_size && listed < quota[n]; r++) {
+			if (j->ranks[r] == NULL)
+				continue;
+			json_array_append_new(a, worker(j->ranks[r], now));
+			listed++;
+		}
+		n++;
 	}
+	free(quota);
 	return a;
 }
 
@@ -183,35 +232,49 @@ static json_t *tensor(const struct aps_job *j, const struct aps_tensor *t)
 	return o;
 }
 
-static json_t *tensors(const struct aps_server *srv)
+/* REPORT_LINES_MAX tensors of every job together. */
+static json_t *tensors(const struct aps_server *srv, int64_t *unlisted)
 {
 	json_t *a = json_array();
+	uint32_t *quota, n = 0;
 
-	for (const struct aps_job *j = srv->jobs.jobs; j != NULL; j = j->next) {
-		for (uint32_t i = 0; i < j->n_tensors; i++)
+	*unlisted = share(srv, false, &quota);
+	for (const struct aps_job *j = srv->jobs.jobs;
+	     j != NULL && *unlisted >= 0 && n < srv->jobs.n_jobs; j = j->next) {
+		for (uint32_t i = 0; i < quota[n]; i++)
 			json_array_append_new(a, tensor(j, j->tensors[i]));
+		n++;
 	}
+	free(quota);
 	return a;
 }
 
 int aps_report_build(const struct aps_server *srv, const char *command,
                      const struct aps_report_clients *clients, char **out)
 {
-	json_t *doc;
+	int64_t unlisted = 0;
+	json_t *doc, *list;
 
-	if (strcmp(command, "stats") == 0)
+	if (strcmp(command, "stats") == 0) {
 		doc = stats(srv, clients);
-	else if (strcmp(command, "jobs") == 0)
+	} else if (strcmp(command, "jobs") == 0) {
 		doc = json_pack("{s:o}", "jobs", jobs(srv));
-	else if (strcmp(command, "workers") == 0)
-		doc = json_pack("{s:o}", "workers", workers(srv));
-	else if (strcmp(command, "tensors") == 0)
-		doc = json_pack("{s:o}", "tensors", tensors(srv));
-	else
+	} else if (strcmp(command, "workers") == 0) {
+		list = workers(srv, &unlisted); /* before unlisted is read */
+		doc = json_pack("{s:o, s:I}", "workers", list, "workers_unlisted",
+		                (json_int_t)unlisted);
+	} else if (strcmp(command, "tensors") == 0) {
+		list = tensors(srv, &unlisted);
+		doc = json_pack("{s:o, s:I}", "tensors", list, "tensors_unlisted",
+		                (json_int_t)unlisted);
+	} else {
 		doc = json_pack("{s:s}", "error",
 		                "unknown command: send one of stats, jobs, workers, tensors");
-	if (doc == NULL)
+	}
+	if (doc == NULL || unlisted < 0) {
+		json_decref(doc);
 		return APS_ENOMEM;
+	}
 	*out = json_dumps(doc, JSON_COMPACT | JSON_REAL_PRECISION(6));
 	json_decref(doc);
 	return *out != NULL ? 0 : APS_ENOMEM;

@@ -147,6 +147,8 @@ static void print_jobs(json_t *doc)
 			       num(s, "step"));
 			free(missing);
 		}
+		if (num(j, "stalls_unlisted") > 0)
+			printf("  and %lld more tensors waiting\n", num(j, "stalls_unlisted"));
 	}
 }
 
@@ -167,6 +169,9 @@ static void print_workers(json_t *doc)
 			printf("  (connection closed %.1fs ago)", real(w, "away_s"));
 		printf("\n");
 	}
+	if (num(doc, "workers_unlisted") > 0)
+		printf("and %lld more ranks: apsd lists 4096, shared out among the jobs\n",
+		       num(doc, "workers_unlisted"));
 }
 
 static void print_tensors(json_t *doc)
@@ -185,6 +190,9 @@ static void print_tensors(json_t *doc)
 		       num(t, "bytes_in"), num(t, "bytes_out"), real(t, "compression"),
 		       real(t, "bits_per_element"));
 	}
+	if (num(doc, "tensors_unlisted") > 0)
+		printf("and %lld more tensors: apsd lists 4096, shared out among the jobs\n",
+		       num(doc, "tensors_unlisted"));
 }
 
 static int show(const struct opts *o)

@@ -225,6 +225,65 @@ def test_a_job_of_many_tensors_costs_a_scrape_little(daemon_factory):
         assert p.wait(timeout=30) == 0
 
 
+def test_a_job_of_many_tensors_costs_a_report_little(daemon_factory):
+    # Before: the stats socket's tensors report had a line for every tensor of
+    # every job, and jobs a stall for every tensor waiting: 4 jobs of 65536
+    # tensors held the loop 7.9 s and apsd's memory 600 MiB for one `tensors`,
+    # and the reply, 5 s late, was cut off unsent (an attack, 2026-12-07). Now
+    # 4096 tensors and ranks are listed, shared out among the jobs like
+    # /metrics, and 64 stalls a job, each report saying how many it left out.
+    from peers import HELLO, PUSH, REGISTER, REGISTERED, WELCOME, Peer
+    d = daemon_factory()
+    big = [Peer(d.endpoint) for _ in range(2)]
+    for r, p in enumerate(big):
+        p.send(type=HELLO, job="big", rank=r, world_size=2)
+    assert all(p.recv_type(WELCOME) is not None for p in big)
+    ids = []
+    for r, p in enumerate(big):
+        for i in range(6000):
+            p.send(type=REGISTER, job="big", rank=r, world_size=2,
+                   tensor_name=f"t{i}", total_count=1, format="fp32")
+        ids = [p.recv_type(REGISTERED, 10000).get("tensor_id", 0) for _ in range(6000)]
+    small = Peer(d.endpoint)
+    assert small.hello("small", 0, 1)["type"] == WELCOME
+    small.send(type=REGISTER, job="small", rank=0, world_size=1, tensor_name="w",
+               total_count=1, format="fp32")
+    assert small.recv_type(REGISTERED) is not None
+    one = bytes(4)
+    for i in ids[:100]:  # rank 1 never pushes: 100 rounds wait for it
+        big[0].send(one, type=PUSH, job="big", rank=0, world_size=2, tensor_id=i, step=0,
+                    chunk_offset=0, chunk_count=1, total_count=1, format="fp32")
+    deadline = time.monotonic() + 10
+    while True:
+        jobs = {j["name"]: j for j in d.ask("jobs")["jobs"]}
+        if jobs["big"]["stalls_unlisted"] == 36 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert len(jobs["big"]["stalls"]) == 64 and jobs["big"]["stalls_unlisted"] == 36, jobs
+    assert jobs["small"]["stalls"] == [] and jobs["small"]["stalls_unlisted"] == 0
+    began = time.monotonic()
+    report = d.ask("tensors")
+    took = time.monotonic() - began
+    listed = [(t["job"], t["name"]) for t in report["tensors"]]
+    assert len(listed) == 4096, len(listed)
+    assert ("small", "w") in listed  # whatever the big job holds
+    assert report["tensors_unlisted"] == 6000 + 1 - 4096, report["tensors_unlisted"]
+    assert took < 2, took
+    workers = d.ask("workers")
+    assert sorted((w["job"], w["rank"]) for w in workers["workers"]) == [
+        ("big", 0), ("big", 1), ("small", 0)]
+    assert workers["workers_unlisted"] == 0
+    out = subprocess.run([APSCTL, "--stats", stats_path(d), "tensors"], capture_output=True,
+                         text=True, timeout=20)
+    assert out.returncode == 0, out.stderr
+    assert "and 1905 more tensors: apsd lists 4096" in out.stdout, out.stdout[-300:]
+    out = subprocess.run([APSCTL, "--stats", stats_path(d), "jobs"], capture_output=True,
+                         text=True, timeout=20)
+    assert "and 36 more tensors waiting" in out.stdout, out.stdout[-300:]
+    for p in big + [small]:
+        p.close()
+
+
 def test_idle_connections_do_not_keep_a_scraper_out(daemon_factory):
     # Before: 16 connections that never said a word, opened again as apsd closed
     # them, held every place of the metrics endpoint and of the stats socket:
