@@ -98,6 +98,45 @@ static void test_api_codes_calls_check_their_arguments(void **state)
 	assert_null(req);
 }
 
+/* Codec calls that take no error code still say what was wrong with their arguments. */
+static void test_api_codec_helpers_refuse_bad_arguments(void **state)
+{
+	uint8_t codes[64] = { 0 };
+	int8_t exps[2] = { 0, -128 };
+	float out[64];
+	int32_t k = 0;
+
+	(void)state;
+	assert_true(isnan(aps_maxabs(NULL, 4)));
+	assert_non_null(strstr(aps_last_error(), "NULL"));
+	assert_true(aps_maxabs(NULL, 0) == 0.0f);
+	assert_int_equal(aps_block_count(10, 0), 0);
+	assert_non_null(strstr(aps_last_error(), "block size 0"));
+	assert_int_equal(aps_block_count(10, 17), 0);
+	assert_int_equal(aps_block_count(UINT64_MAX, 32), UINT64_MAX / 32 + 1);
+	assert_string_equal(aps_last_error(), "");
+	assert_int_equal(aps_block_count(65, 32), 3);
+	/* -128 is no exponent block scaling gives: 2^128 is past fp32. */
+	assert_int_equal(aps_dequantize_blocks("e4m3", codes, 64, exps, 2, 64, 32, out),
+	                 APS_ERANGE);
+	assert_non_null(strstr(aps_last_error(), "-128"));
+	assert_int_equal(aps_accumulate_blocks("e4m3", codes, 64, exps, 2, 64, 32, out),
+	                 APS_ERANGE);
+	assert_int_equal(aps_dequantize_blocks("e4m3", codes, 64, exps, 2, 32, 32, out), 0);
+	/* aps_exponent checks every argument before it reads x. */
+	assert_int_equal(aps_exponent("e4m3", (const float *)codes, 4, 1, 7, &k), APS_EINVAL);
+	assert_non_null(strstr(aps_last_error(), "scaling mode 7"));
+	assert_int_equal(
+	        aps_exponent("e4m3", (const float *)codes, 4, 1, APS_SCALING_MODE_BLOCK, &k),
+	        APS_EINVAL);
+	assert_non_null(strstr(aps_last_error(), "aps_quantize_blocks"));
+	assert_int_equal(aps_exponent("e4m3", (const float *)codes, UINT64_MAX, 1,
+	                              APS_SCALING_MODE_NONE, &k),
+	                 APS_ERANGE);
+	assert_int_equal(aps_exponent(NULL, (const float *)codes, 4, 1, 1, &k), APS_EINVAL);
+	assert_int_equal(aps_exponent("e4m3", (const float *)codes, 4, 1, 1, NULL), APS_EINVAL);
+}
+
 static void test_api_format_info(void **state)
 {
 	struct aps_format_info info;
@@ -119,6 +158,7 @@ int main(void)
 		cmocka_unit_test(test_api_format_info),
 		cmocka_unit_test(test_api_codes_calls_check_their_arguments),
 		cmocka_unit_test(test_api_client_options_are_checked_first),
+		cmocka_unit_test(test_api_codec_helpers_refuse_bad_arguments),
 	};
 	return cmocka_run_group_tests_name("api", tests, NULL, NULL);
 }

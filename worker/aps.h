@@ -98,7 +98,10 @@ int aps_accumulate(const char *fmt, const uint8_t *codes, uint64_t codes_len, ui
 /** Block sizes of block scaling: 16, 32 (the default) or 64 elements. */
 #define APS_BLOCK_DEFAULT 32
 
-/** Exponents block scaling gives n elements: ceil(n / block). */
+/**
+ * Exponents block scaling gives n elements: ceil(n / block). 0 when block is
+ * not 16, 32 or 64 (aps_last_error() says so).
+ */
 uint64_t aps_block_count(uint64_t n, uint32_t block);
 
 /**
@@ -116,7 +119,11 @@ int aps_quantize_blocks(const char *fmt, const float *x, uint64_t n, uint32_t bl
                         const struct aps_quantize_opts *opts, uint8_t *out, uint64_t out_len,
                         int8_t *exps, uint64_t exps_len, struct aps_quantize_stats *stats);
 
-/** Decodes block-scaled codes: out[i] = value of code i times 2^-exps[i / block]. */
+/**
+ * Decodes block-scaled codes: out[i] = value of code i times 2^-exps[i / block].
+ * Errors as aps_quantize_blocks; an exponent of -128 (none that block scaling
+ * gives: 2^128 is past fp32) is APS_ERANGE.
+ */
 int aps_dequantize_blocks(const char *fmt, const uint8_t *codes, uint64_t codes_len,
                           const int8_t *exps, uint64_t exps_len, uint64_t n, uint32_t block,
                           float *out);
@@ -126,7 +133,10 @@ int aps_accumulate_blocks(const char *fmt, const uint8_t *codes, uint64_t codes_
                           const int8_t *exps, uint64_t exps_len, uint64_t n, uint32_t block,
                           float *acc);
 
-/** Largest |x[i]| over the finite values of x[0..n); 0 when there are none. */
+/**
+ * Largest |x[i]| over the finite values of x[0..n); 0 when there are none.
+ * NaN when x is NULL and n > 0 (aps_last_error() says so).
+ */
 float aps_maxabs(const float *x, uint64_t n);
 
 enum aps_scaling_mode {
@@ -139,8 +149,10 @@ enum aps_scaling_mode {
 
 /**
  * The APS scale exponent of x[0..n) for fmt under mode (k = 0 for an all-zero
- * tensor). Non-finite values are ignored. Returns 0 and writes *k, or
- * APS_EINVAL or APS_EFORMAT.
+ * tensor). Non-finite values are ignored. Every argument is checked before x is
+ * read. Returns 0 and writes *k, or APS_EINVAL (NULL pointer, nworkers < 1, a
+ * mode other than NONE, LOCAL or GLOBAL), APS_EFORMAT or APS_ERANGE (n beyond
+ * 2^58).
  */
 int aps_exponent(const char *fmt, const float *x, uint64_t n, int32_t nworkers, int32_t mode,
                  int32_t *k);
