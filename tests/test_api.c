@@ -137,6 +137,27 @@ static void test_api_codec_helpers_refuse_bad_arguments(void **state)
 	assert_int_equal(aps_exponent("e4m3", (const float *)codes, 4, 1, 1, NULL), APS_EINVAL);
 }
 
+/* aps_curve_keypair's failures carry a message like every other call's. */
+static void test_api_curve_keypair_says_why_it_failed(void **state)
+{
+	char key[41];
+
+	(void)state;
+	assert_int_equal(aps_packed_size("e4m3", 1), 1); /* clears the last message */
+	assert_int_equal(aps_curve_keypair(NULL, key), APS_EINVAL);
+	assert_non_null(strstr(aps_last_error(), "key buffer is NULL"));
+	assert_int_equal(aps_packed_size("e4m3", 1), 1);
+	assert_int_equal(aps_curve_keypair(key, NULL), APS_EINVAL);
+	assert_non_null(strstr(aps_last_error(), "key buffer is NULL"));
+}
+
+/* Filling NULL options is a no-op, not a crash. */
+static void test_api_opts_init_of_null_is_a_no_op(void **state)
+{
+	(void)state;
+	aps_client_opts_init(NULL);
+}
+
 static void test_api_format_info(void **state)
 {
 	struct aps_format_info info;
@@ -159,6 +180,8 @@ int main(void)
 		cmocka_unit_test(test_api_codes_calls_check_their_arguments),
 		cmocka_unit_test(test_api_client_options_are_checked_first),
 		cmocka_unit_test(test_api_codec_helpers_refuse_bad_arguments),
+		cmocka_unit_test(test_api_curve_keypair_says_why_it_failed),
+		cmocka_unit_test(test_api_opts_init_of_null_is_a_no_op),
 	};
 	return cmocka_run_group_tests_name("api", tests, NULL, NULL);
 }

@@ -249,11 +249,12 @@ struct aps_client_opts {
 
 /**
  * Generates a CURVE key pair as two Z85 strings of 40 characters (buffers of
- * at least 41 bytes). Returns 0, or APS_ESYS when ZeroMQ has no CURVE.
+ * at least 41 bytes). Returns 0, APS_EINVAL (a NULL buffer) or APS_ESYS when
+ * ZeroMQ has no CURVE; aps_last_error() says which.
  */
 int aps_curve_keypair(char *public_key, char *secret_key);
 
-/** Fills o with the defaults (rank 0 of a world of 1). */
+/** Fills o with the defaults (rank 0 of a world of 1). NULL is a no-op. */
 void aps_client_opts_init(struct aps_client_opts *o);
 
 /** sizeof(struct aps_client_opts) of this library, for bindings to check theirs. */
