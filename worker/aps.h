@@ -281,8 +281,9 @@ size_t aps_client_opts_size(void);
 int aps_client_new(aps_client **out, const struct aps_client_opts *o);
 
 /**
- * Registers a tensor of count fp32 elements under name (every rank registers
- * the same tensors) and writes its id. Returns 0, APS_EINVAL, APS_EMISMATCH
+ * Registers a tensor of count fp32 elements (1..2^32) under name (1..255 visible
+ * ASCII bytes; every rank registers the same tensors) and writes its id. Returns
+ * 0, APS_EINVAL (checked before anything is sent), APS_EMISMATCH
  * (another rank registered another count), APS_ETIMEDOUT or APS_ECLOSED.
  */
 int aps_client_register(aps_client *c, const char *name, uint64_t count, uint32_t *tensor_id);

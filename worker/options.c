@@ -41,8 +41,7 @@ size_t aps_client_opts_size(void)
 	return sizeof(struct aps_client_opts);
 }
 
-/* Bytes in '!'..'~' only, as apsd's validator takes names and tokens. */
-static bool visible_ascii(const char *s)
+bool aps__visible_ascii(const char *s)
 {
 	for (; *s != '\0'; s++) {
 		if (*s < '!' || *s > '~')
@@ -57,7 +56,7 @@ static int check_identity(const struct aps_client_opts *o)
 		return aps_api_fail(APS_EINVAL,
 		                    "rank %u is not in a world of %u (world sizes 1 to %d)",
 		                    o->rank, o->world_size, APS_MSG_RANKS_MAX);
-	if (o->job[0] == '\0' || strlen(o->job) > APS_MSG_JOB_MAX || !visible_ascii(o->job))
+	if (o->job[0] == '\0' || strlen(o->job) > APS_MSG_JOB_MAX || !aps__visible_ascii(o->job))
 		return aps_api_fail(APS_EINVAL, "job name must have 1 to %d bytes, visible ASCII",
 		                    APS_MSG_JOB_MAX);
 	return 0;
@@ -195,7 +194,7 @@ static int check_optimizer(const struct aps_client_opts *o)
 {
 	if (o->optimizer == NULL || o->optimizer[0] == '\0')
 		return 0;
-	if (strlen(o->optimizer) > APS_MSG_OPTIM_MAX || !visible_ascii(o->optimizer))
+	if (strlen(o->optimizer) > APS_MSG_OPTIM_MAX || !aps__visible_ascii(o->optimizer))
 		return aps_api_fail(APS_EINVAL, "optimizer must be 1 to %d visible ASCII bytes",
 		                    APS_MSG_OPTIM_MAX);
 	/* The workers' weights would not be what a restarted daemon resumes from its checkpoint. */
@@ -248,7 +247,7 @@ int aps__options_check(const struct aps_client_opts *o, struct aps_format *fmt,
 	    (ret = check_optimizer(o)) < 0 || (ret = check_curve(o)) < 0)
 		return ret;
 	if (o->job_token != NULL &&
-	    (strlen(o->job_token) > APS_MSG_TOKEN_MAX || !visible_ascii(o->job_token)))
+	    (strlen(o->job_token) > APS_MSG_TOKEN_MAX || !aps__visible_ascii(o->job_token)))
 		return aps_api_fail(APS_EINVAL,
 		                    "job_token must be 1 to %d visible ASCII bytes (no spaces)",
 		                    APS_MSG_TOKEN_MAX);

@@ -8,6 +8,8 @@
 #include "common/format.h"
 #include "worker/aps.h"
 
+#include <stdbool.h>
+
 /*
  * Checks o as a whole (every endpoint of a list): 0 and the uplink format in
  * *fmt and the downlink's, when o names one, in *down; or APS_EINVAL or
@@ -15,5 +17,8 @@
  */
 int aps__options_check(const struct aps_client_opts *o, struct aps_format *fmt,
                        struct aps_format *down);
+
+/* True when s holds bytes in '!'..'~' only, as apsd's validator takes names and tokens. */
+bool aps__visible_ascii(const char *s);
 
 #endif
