@@ -196,6 +196,9 @@ static void test_api_client_options_within_the_daemons_limits(void **state)
 	REFUSED(APS_EINVAL, "policy_auto 2", o.policy_auto = 2);
 	REFUSED(APS_EINVAL, "error_feedback -1", o.error_feedback = -1);
 	REFUSED(APS_EINVAL, "rejoin 5", o.rejoin = 5);
+	/* A trace file is opened before joining, and one that cannot be is an error. */
+	REFUSED(APS_ESYS, "cannot write the trace file /nonexistent/t.json",
+	        o.trace = "/nonexistent/t.json");
 	REFUSED(APS_EINVAL, "visible ASCII", o.optimizer = "sgd, momentum=0.9");
 	/* CURVE: all three keys or none; a server key alone would not be plain text either */
 	REFUSED(APS_EINVAL, "all three", (o.curve_public_key = KEY40, o.curve_secret_key = KEY40));

@@ -186,7 +186,8 @@ struct aps_client_opts {
 	aps_log_fn log;       /* NULL: no diagnostics */
 	void *log_ctx;
 	const char *trace;      /* Chrome-trace timeline file of every call's stages (scan,
-	                           quantize, push, wait, dequantize); NULL: $APS_TRACE, or off */
+	                           quantize, push, wait, dequantize); NULL: $APS_TRACE, or off. Opened
+	                           before joining: one that cannot be written is APS_ESYS */
 	int32_t policy_auto;    /* 1: ask for the daemon's automatic precision policy; 0 or 1 */
 	const char *rules;      /* formats by tensor name, first match wins: "*.bias=fp32,fc.*=fp16"
 	                           (no empty rule; an unknown format is APS_EFORMAT);
@@ -271,7 +272,8 @@ size_t aps_client_opts_size(void);
  * On success *out owns a client to free with aps_client_close. Every option is
  * checked before anything connects (every endpoint of a list before any shard
  * is joined). Returns 0, APS_EINVAL (an option out of its range, named by
- * aps_last_error()), APS_EFORMAT (format, downlink or a rule's), APS_ECONN (no connection could be
+ * aps_last_error()), APS_EFORMAT (format, downlink or a rule's), APS_ESYS (the
+ * trace file cannot be written), APS_ECONN (no connection could be
  * made within connect_timeout_ms, or timeout_ms if that is shorter: the message says whether it was
  * refused or nothing answered; or apsd closed it again and again), APS_ETIMEDOUT (apsd took the
  * connection but did not answer within timeout_ms), APS_EBUSY (the rank is held by a live session),

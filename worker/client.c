@@ -12,6 +12,7 @@
 #include "worker/join.h"
 #include "worker/options.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -54,16 +55,19 @@ static void copy_opts(struct aps_client *c, const struct aps_client_opts *o,
 	c->limits.from_server = true;
 }
 
-static void open_trace(struct aps_client *c, const struct aps_client_opts *o)
+/* Before joining: a trace file that cannot be written fails the call, not a later one. */
+static int open_trace(struct aps_client *c, const struct aps_client_opts *o)
 {
 	const char *path = o->trace != NULL ? o->trace : getenv("APS_TRACE");
 	char name[96];
 
 	if (path == NULL || path[0] == '\0')
-		return;
+		return 0;
 	snprintf(name, sizeof(name), "aps worker %s rank %u", c->job, c->rank);
 	if (aps_trace_open(&c->trace, path, name) < 0)
-		aps_client_log(c, 1, "cannot write the trace file %s", path);
+		return aps_api_fail(APS_ESYS, "cannot write the trace file %.200s%s: %s", path,
+		                    o->trace != NULL ? "" : " ($APS_TRACE)", strerror(errno));
+	return 0;
 }
 
 static int start_io(struct aps_client *c)
@@ -127,11 +131,11 @@ int aps_conn_new(aps_client **out, const struct aps_client_opts *o)
 		return aps_api_fail(APS_ECONN, "cannot connect to '%.200s': %s", o->endpoint,
 		                    aps_transport_strerror());
 	}
-	ret = aps_join(c, o->downlink);
-	if (ret == 0) {
-		open_trace(c, o);
+	ret = open_trace(c, o);
+	if (ret == 0)
+		ret = aps_join(c, o->downlink);
+	if (ret == 0)
 		ret = start_io(c);
-	}
 	if (ret < 0) {
 		free_client(c);
 		return ret;
