@@ -93,7 +93,7 @@ static int check_endpoints(const char *list)
 		return aps_api_fail(APS_ENOMEM, "out of memory");
 	if (aps_shards_parse(list, eps, APS_SHARDS_MAX, &n) < 0)
 		ret = aps_api_fail(APS_EINVAL,
-		                   "endpoint '%.200s': 1 to %d endpoints of 1 to %d bytes, "
+		                   "endpoint list '%.200s': 1 to %d endpoints of 1 to %d bytes, "
 		                   "separated by commas",
 		                   list, APS_SHARDS_MAX, APS_SHARDS_ENDPOINT_MAX - 1);
 	for (uint32_t i = 0; i < n && ret == 0; i++)
