@@ -29,6 +29,10 @@
 #define APS_MSG_TOKEN_MAX   128 /* bytes of a job token, NUL excluded */
 #define APS_MSG_SESSION_LEN 16  /* bytes of a session token */
 
+/* What any apsd takes whatever its configuration: clients check these before joining. */
+#define APS_MSG_RANKS_MAX    65536               /* world size (apsd's max_ranks at most) */
+#define APS_MSG_ELEMENTS_MAX (UINT64_C(1) << 32) /* elements of a tensor */
+
 /* Envelope.flags bits (aps.proto); every other bit is rejected. */
 #define APS_MSG_FLAG_SKIP        (1u << 0) /* PUSH/RESULT: no data, no payload frame */
 #define APS_MSG_FLAG_LOWP_SUM    (1u << 1) /* sum in the low-precision format */

@@ -22,7 +22,7 @@
 #define DEFAULT_MAX_HEADER   (16u * 1024)
 #define DEFAULT_MAX_RANKS    4096u
 #define DEFAULT_MAX_TENSORS  65536u
-#define DEFAULT_MAX_ELEMENTS (UINT64_C(1) << 32)
+#define DEFAULT_MAX_ELEMENTS APS_MSG_ELEMENTS_MAX
 
 /* Fields a type must carry. */
 #define NEED_IDENTITY (1u << 0) /* job, rank, world_size */

@@ -10,6 +10,7 @@
 #include "server/policy.h"
 
 #include "common/err.h"
+#include "proto/frame.h"
 
 #include <assert.h>
 #include <ctype.h>
@@ -64,7 +65,7 @@ const struct key aps_config_keys[] = {
 	          "past it apsd refuses that address's handshakes for a minute, twice as long "
 	          "at each repeat up to an hour; never 127.0.0.1, ::1, ipc, or an address from "
 	          "which a joined worker is connected (0: nobody is turned away)" },
-	{ KEY(max_ranks), .type = KEY_INT, .min = 1, .max = 65536, .def = "1024",
+	{ KEY(max_ranks), .type = KEY_INT, .min = 1, .max = APS_MSG_RANKS_MAX, .def = "1024",
 	  .help = "ranks (world size) of one job" },
 	{ KEY(max_tensors), .type = KEY_INT, .min = 1, .max = 1048576, .def = "65536",
 	  .help = "tensors registered by one job" },

@@ -9,6 +9,7 @@
 
 #include "common/err.h"
 #include "worker/api_error.h"
+#include "worker/options.h"
 #include "worker/sharded.h"
 
 #include <math.h>
@@ -86,11 +87,15 @@ static const struct client_ops *ops_of_request(const struct aps_request *r)
 int aps_client_new(aps_client **out, const struct aps_client_opts *o)
 {
 	bool several = o != NULL && o->endpoint != NULL && strchr(o->endpoint, ',') != NULL;
+	struct aps_format fmt, down;
+	int ret;
 
 	if (several && o->optimizer != NULL && o->optimizer[0] != '\0')
 		return aps_api_fail(APS_EINVAL, "optimize mode serves one daemon, not several "
 		                                "shards: give one endpoint");
-	/* A sharded client checks o through each shard's client. */
+	/* Every shard's client checks o again, but none joins before all of o is checked. */
+	if (several && (ret = aps__options_check(o, &fmt, &down)) < 0)
+		return ret;
 	return several ? aps_sharded_new(out, o) : aps_conn_new(out, o);
 }
 

@@ -98,7 +98,10 @@ int aps_accumulate(const char *fmt, const uint8_t *codes, uint64_t codes_len, ui
 /** Block sizes of block scaling: 16, 32 (the default) or 64 elements. */
 #define APS_BLOCK_DEFAULT 32
 
-/** Exponents block scaling gives n elements: ceil(n / block). */
+/**
+ * Exponents block scaling gives n elements: ceil(n / block). 0 when block is
+ * not 16, 32 or 64 (aps_last_error() says so).
+ */
 uint64_t aps_block_count(uint64_t n, uint32_t block);
 
 /**
@@ -116,7 +119,11 @@ int aps_quantize_blocks(const char *fmt, const float *x, uint64_t n, uint32_t bl
                         const struct aps_quantize_opts *opts, uint8_t *out, uint64_t out_len,
                         int8_t *exps, uint64_t exps_len, struct aps_quantize_stats *stats);
 
-/** Decodes block-scaled codes: out[i] = value of code i times 2^-exps[i / block]. */
+/**
+ * Decodes block-scaled codes: out[i] = value of code i times 2^-exps[i / block].
+ * Errors as aps_quantize_blocks; an exponent of -128 (none that block scaling
+ * gives: 2^128 is past fp32) is APS_ERANGE.
+ */
 int aps_dequantize_blocks(const char *fmt, const uint8_t *codes, uint64_t codes_len,
                           const int8_t *exps, uint64_t exps_len, uint64_t n, uint32_t block,
                           float *out);
@@ -126,7 +133,10 @@ int aps_accumulate_blocks(const char *fmt, const uint8_t *codes, uint64_t codes_
                           const int8_t *exps, uint64_t exps_len, uint64_t n, uint32_t block,
                           float *acc);
 
-/** Largest |x[i]| over the finite values of x[0..n); 0 when there are none. */
+/**
+ * Largest |x[i]| over the finite values of x[0..n); 0 when there are none.
+ * NaN when x is NULL and n > 0 (aps_last_error() says so).
+ */
 float aps_maxabs(const float *x, uint64_t n);
 
 enum aps_scaling_mode {
@@ -139,8 +149,10 @@ enum aps_scaling_mode {
 
 /**
  * The APS scale exponent of x[0..n) for fmt under mode (k = 0 for an all-zero
- * tensor). Non-finite values are ignored. Returns 0 and writes *k, or
- * APS_EINVAL or APS_EFORMAT.
+ * tensor). Non-finite values are ignored. Every argument is checked before x is
+ * read. Returns 0 and writes *k, or APS_EINVAL (NULL pointer, nworkers < 1, a
+ * mode other than NONE, LOCAL or GLOBAL), APS_EFORMAT or APS_ERANGE (n beyond
+ * 2^58).
  */
 int aps_exponent(const char *fmt, const float *x, uint64_t n, int32_t nworkers, int32_t mode,
                  int32_t *k);
@@ -158,12 +170,13 @@ typedef void (*aps_log_fn)(void *ctx, int level, const char *line);
 
 /** Options of aps_client_new; aps_client_opts_init sets the defaults. */
 struct aps_client_opts {
-	const char *endpoint; /* default "tcp://127.0.0.1:5555"; several, comma-separated
+	const char *endpoint; /* default "tcp://127.0.0.1:5555"; tcp://HOST:PORT (PORT
+	                         1..65535) or ipc://PATH; several, comma-separated
 	                         ("tcp://a:5555,tcp://b:5555"): one apsd shard each, see
 	                         partition_bytes */
-	const char *job;      /* default "default" */
+	const char *job;      /* default "default"; 1..64 visible ASCII bytes */
 	uint32_t rank;        /* 0 <= rank < world_size */
-	uint32_t world_size;  /* ranks in the job, >= 1 */
+	uint32_t world_size;  /* ranks in the job, 1..65536 (apsd's max_ranks) */
 	const char *format;   /* uplink format of every tensor, default "e4m3" */
 	int32_t scaling;      /* enum aps_scaling_mode, default APS_SCALING_MODE_LOCAL; GLOBAL
 	                         exchanges exponents through the daemon before each push */
@@ -172,22 +185,26 @@ struct aps_client_opts {
 	int32_t heartbeat_ms; /* liveness while waiting, default 1000 */
 	aps_log_fn log;       /* NULL: no diagnostics */
 	void *log_ctx;
-	const char *trace;   /* Chrome-trace timeline file of every call's stages (scan,
-	                        quantize, push, wait, dequantize); NULL: $APS_TRACE, or off */
-	int32_t policy_auto; /* 1: ask for the daemon's automatic precision policy */
-	const char *rules;   /* formats by tensor name, first match wins: "*.bias=fp32,fc.*=fp16";
-	                        NULL: every tensor in format */
-	int32_t error_feedback;       /* 1: keep each tensor's quantization residual and add it to
-	                                 the next step's gradient (what is flushed is delayed, not lost)
-	                               */
-	const char *curve_server_key; /* the daemon's Z85 public key: encrypt and authenticate */
+	const char *trace;      /* Chrome-trace timeline file of every call's stages (scan,
+	                           quantize, push, wait, dequantize); NULL: $APS_TRACE, or off. Opened
+	                           before joining: one that cannot be written is APS_ESYS */
+	int32_t policy_auto;    /* 1: ask for the daemon's automatic precision policy; 0 or 1 */
+	const char *rules;      /* formats by tensor name, first match wins: "*.bias=fp32,fc.*=fp16"
+	                           (no empty rule; an unknown format is APS_EFORMAT);
+	                           NULL: every tensor in format */
+	int32_t error_feedback; /* 1: keep each tensor's quantization residual and add it to
+	                           the next step's gradient (what is flushed is delayed, not
+	                           lost); 0 or 1 */
+	const char *curve_server_key; /* the daemon's Z85 public key: encrypt and authenticate
+	                                 (the three keys, of 40 Z85 characters each, or none) */
 	const char *curve_public_key; /* this worker's Z85 key pair (aps_curve_keypair), */
 	const char *curve_secret_key; /* whose public half is in the daemon's allowlist */
 	int32_t rejoin; /* 1: when apsd restarts (or does not know this session), the client
 	                   joins the job again, registers its tensors at the steps it is at,
 	                   and sends the calls in flight again: they complete. Ranks whose
 	                   steps differ (a result reached some of them only) get
-	                   APS_EMISMATCH. 0: APS_ENOSESSION (or APS_ECONN after a BYE) */
+	                   APS_EMISMATCH. 0 (default): APS_ENOSESSION (or APS_ECONN after a
+	                   BYE) */
 	uint64_t partition_bytes; /* several shards: tensors above this many fp32 bytes are cut
 	                             into partitions of this size, and partitions and smaller
 	                             tensors go to the shard with the fewest bytes so far, in
@@ -197,7 +214,8 @@ struct aps_client_opts {
 	                             With block scaling it is rounded down to a multiple
 	                             of 256 (partitions start on a block).
 	                             0: 4 MiB (apsd's default chunk_bytes) */
-	const char *optimizer;    /* NULL or "": all-reduce mode. Else optimize mode: the
+	const char *optimizer;    /* NULL or "": all-reduce mode. Else (1..127 visible ASCII
+	                             bytes) optimize mode: the
 	                             daemon holds the weights and steps this optimizer,
 	                             "sgd[,momentum=M][,dampening=D][,nesterov=0|1]
 	                             [,weight_decay=W]" or "adam|adamw[,beta1=B1][,beta2=B2]
@@ -237,11 +255,12 @@ struct aps_client_opts {
 
 /**
  * Generates a CURVE key pair as two Z85 strings of 40 characters (buffers of
- * at least 41 bytes). Returns 0, or APS_ESYS when ZeroMQ has no CURVE.
+ * at least 41 bytes). Returns 0, APS_EINVAL (a NULL buffer) or APS_ESYS when
+ * ZeroMQ has no CURVE; aps_last_error() says which.
  */
 int aps_curve_keypair(char *public_key, char *secret_key);
 
-/** Fills o with the defaults (rank 0 of a world of 1). */
+/** Fills o with the defaults (rank 0 of a world of 1). NULL is a no-op. */
 void aps_client_opts_init(struct aps_client_opts *o);
 
 /** sizeof(struct aps_client_opts) of this library, for bindings to check theirs. */
@@ -250,20 +269,23 @@ size_t aps_client_opts_size(void);
 /**
  * Joins the job: connects, says HELLO and waits for the daemon's WELCOME
  * (with several endpoints: joins the job on every shard, in list order).
- * On success *out owns a client to free with aps_client_close. Returns 0,
- * APS_EINVAL, APS_EFORMAT, APS_ECONN (no connection could be made within
- * connect_timeout_ms, or timeout_ms if that is shorter: the message says
- * whether it was refused or nothing answered; or apsd closed it again and
- * again), APS_ETIMEDOUT (apsd took the connection but did not answer within
- * timeout_ms), APS_EBUSY (the rank is held by a live session), APS_EMISMATCH
- * (the job's world size or options differ) or APS_EACCES (the job token
- * differs, or apsd refused this client's CURVE key: "authentication failed").
+ * On success *out owns a client to free with aps_client_close. Every option is
+ * checked before anything connects (every endpoint of a list before any shard
+ * is joined). Returns 0, APS_EINVAL (an option out of its range, named by
+ * aps_last_error()), APS_EFORMAT (format, downlink or a rule's), APS_ESYS (the
+ * trace file cannot be written), APS_ECONN (no connection could be
+ * made within connect_timeout_ms, or timeout_ms if that is shorter: the message says whether it was
+ * refused or nothing answered; or apsd closed it again and again), APS_ETIMEDOUT (apsd took the
+ * connection but did not answer within timeout_ms), APS_EBUSY (the rank is held by a live session),
+ * APS_EMISMATCH (the job's world size or options differ) or APS_EACCES (the job token differs, or
+ * apsd refused this client's CURVE key: "authentication failed").
  */
 int aps_client_new(aps_client **out, const struct aps_client_opts *o);
 
 /**
- * Registers a tensor of count fp32 elements under name (every rank registers
- * the same tensors) and writes its id. Returns 0, APS_EINVAL, APS_EMISMATCH
+ * Registers a tensor of count fp32 elements (1..2^32) under name (1..255 visible
+ * ASCII bytes; every rank registers the same tensors) and writes its id. Returns
+ * 0, APS_EINVAL (checked before anything is sent), APS_EMISMATCH
  * (another rank registered another count), APS_ETIMEDOUT or APS_ECLOSED.
  */
 int aps_client_register(aps_client *c, const char *name, uint64_t count, uint32_t *tensor_id);

@@ -8,10 +8,11 @@
 
 #include "common/codec.h"
 #include "common/err.h"
-#include "common/rules.h"
 #include "worker/api_error.h"
 #include "worker/join.h"
+#include "worker/options.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -21,90 +22,6 @@
 #include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
-
-void aps_client_opts_init(struct aps_client_opts *o)
-{
-	memset(o, 0, sizeof(*o));
-	o->endpoint = "tcp://127.0.0.1:5555";
-	o->job = "default";
-	o->world_size = 1;
-	o->format = "e4m3";
-	o->scaling = APS_SCALING_MODE_LOCAL;
-	o->timeout_ms = 60000;
-	o->heartbeat_ms = 1000;
-	o->connect_timeout_ms = 10000;
-}
-
-size_t aps_client_opts_size(void)
-{
-	return sizeof(struct aps_client_opts);
-}
-
-/* "" (none) or 1..APS_MSG_TOKEN_MAX visible ASCII bytes. */
-static bool token_ok(const char *token)
-{
-	size_t n = strlen(token);
-
-	for (size_t i = 0; i < n; i++) {
-		if (token[i] < '!' || token[i] > '~')
-			return false;
-	}
-	return n <= APS_MSG_TOKEN_MAX;
-}
-
-static int check_opts(const struct aps_client_opts *o, struct aps_format *fmt,
-                      struct aps_format *down)
-{
-	char why[160];
-	if (o == NULL || o->endpoint == NULL || o->job == NULL || o->format == NULL)
-		return aps_api_fail(APS_EINVAL, "options, endpoint, job and format are required");
-	if (o->world_size < 1 || o->rank >= o->world_size)
-		return aps_api_fail(APS_EINVAL, "rank %u is not in a world of %u", o->rank,
-		                    o->world_size);
-	if (o->job[0] == '\0' || strlen(o->job) > APS_MSG_JOB_MAX)
-		return aps_api_fail(APS_EINVAL, "job name must have 1 to %d bytes",
-		                    APS_MSG_JOB_MAX);
-	if (strlen(o->endpoint) >= 256)
-		return aps_api_fail(APS_EINVAL, "endpoint is longer than 255 bytes");
-	if (aps_format_parse(o->format, fmt) < 0)
-		return aps_api_fail(APS_EFORMAT, "'%.32s' is not a format", o->format);
-	if (o->downlink != NULL && o->downlink[0] != '\0' && strcmp(o->downlink, "auto") != 0 &&
-	    aps_format_parse(o->downlink, down) < 0)
-		return aps_api_fail(APS_EFORMAT, "downlink '%.32s' is not a format", o->downlink);
-	if (o->scaling < APS_SCALING_MODE_NONE || o->scaling > APS_SCALING_MODE_BLOCK)
-		return aps_api_fail(
-		        APS_EINVAL,
-		        "scaling %d is not none (0), local (1), global (2) or block (3)",
-		        o->scaling);
-	if (o->block_size != 0 &&
-	    (o->scaling != APS_SCALING_MODE_BLOCK || !aps_codec_block_ok(o->block_size)))
-		return aps_api_fail(APS_EINVAL, "block_size %u: 16, 32 or 64, with scaling block",
-		                    o->block_size);
-	if (o->codec_threads > APS_CLIENT_CODEC_THREADS_MAX)
-		return aps_api_fail(APS_EINVAL, "codec_threads %u: at most %d", o->codec_threads,
-		                    APS_CLIENT_CODEC_THREADS_MAX);
-	if (o->no_payload_crc != 0 && o->no_payload_crc != 1)
-		return aps_api_fail(APS_EINVAL, "no_payload_crc %d: 0 or 1", o->no_payload_crc);
-	if (o->timeout_ms <= 0 || o->heartbeat_ms <= 0)
-		return aps_api_fail(APS_EINVAL, "timeout_ms and heartbeat_ms must be positive");
-	if (o->connect_timeout_ms < 0)
-		return aps_api_fail(APS_EINVAL, "connect_timeout_ms must be 0 (none) or positive");
-	if (aps_rules_check(o->rules, why, sizeof(why)) < 0)
-		return aps_api_fail(APS_EINVAL, "rules: %s", why);
-	if (o->optimizer != NULL && strlen(o->optimizer) > APS_MSG_OPTIM_MAX)
-		return aps_api_fail(APS_EINVAL, "optimizer is longer than %d bytes",
-		                    APS_MSG_OPTIM_MAX);
-	if (o->job_token != NULL && !token_ok(o->job_token))
-		return aps_api_fail(APS_EINVAL,
-		                    "job_token must be 1 to %d visible ASCII bytes (no spaces)",
-		                    APS_MSG_TOKEN_MAX);
-	/* The workers' weights would not be what a restarted daemon resumes from its checkpoint. */
-	if (o->optimizer != NULL && o->optimizer[0] != '\0' && o->rejoin)
-		return aps_api_fail(APS_EINVAL,
-		                    "rejoin does not apply to optimize mode: after apsd restarts, "
-		                    "restart the workers (the job resumes from its checkpoint)");
-	return 0;
-}
 
 static void copy_opts(struct aps_client *c, const struct aps_client_opts *o,
                       const struct aps_format *fmt)
@@ -138,16 +55,19 @@ static void copy_opts(struct aps_client *c, const struct aps_client_opts *o,
 	c->limits.from_server = true;
 }
 
-static void open_trace(struct aps_client *c, const struct aps_client_opts *o)
+/* Before joining: a trace file that cannot be written fails the call, not a later one. */
+static int open_trace(struct aps_client *c, const struct aps_client_opts *o)
 {
 	const char *path = o->trace != NULL ? o->trace : getenv("APS_TRACE");
 	char name[96];
 
 	if (path == NULL || path[0] == '\0')
-		return;
+		return 0;
 	snprintf(name, sizeof(name), "aps worker %s rank %u", c->job, c->rank);
 	if (aps_trace_open(&c->trace, path, name) < 0)
-		aps_client_log(c, 1, "cannot write the trace file %s", path);
+		return aps_api_fail(APS_ESYS, "cannot write the trace file %.200s%s: %s", path,
+		                    o->trace != NULL ? "" : " ($APS_TRACE)", strerror(errno));
+	return 0;
 }
 
 static int start_io(struct aps_client *c)
@@ -192,7 +112,7 @@ int aps_conn_new(aps_client **out, const struct aps_client_opts *o)
 	struct aps_client *c;
 	int ret;
 
-	if ((ret = check_opts(o, &fmt, &down)) < 0)
+	if ((ret = aps__options_check(o, &fmt, &down)) < 0)
 		return ret;
 	if (out == NULL)
 		return aps_api_fail(APS_EINVAL, "out is NULL");
@@ -211,11 +131,11 @@ int aps_conn_new(aps_client **out, const struct aps_client_opts *o)
 		return aps_api_fail(APS_ECONN, "cannot connect to '%.200s': %s", o->endpoint,
 		                    aps_transport_strerror());
 	}
-	ret = aps_join(c, o->downlink);
-	if (ret == 0) {
-		open_trace(c, o);
+	ret = open_trace(c, o);
+	if (ret == 0)
+		ret = aps_join(c, o->downlink);
+	if (ret == 0)
 		ret = start_io(c);
-	}
 	if (ret < 0) {
 		free_client(c);
 		return ret;

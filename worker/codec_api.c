@@ -9,6 +9,7 @@
 #include "common/scale.h"
 #include "worker/api_error.h"
 
+#include <math.h>
 #include <stdbool.h>
 #include <string.h>
 
@@ -164,7 +165,12 @@ int aps_accumulate(const char *fmt, const uint8_t *codes, uint64_t codes_len, ui
 
 uint64_t aps_block_count(uint64_t n, uint32_t block)
 {
-	return aps_codec_block_count(n, block);
+	if (!aps_codec_block_ok(block)) {
+		aps_api_fail(APS_EINVAL, "block size %u: block scaling takes 16, 32 or 64", block);
+		return 0;
+	}
+	aps_api_ok();
+	return n / block + (n % block != 0); /* ceil(n / block) without wrapping */
 }
 
 /* The block size and the exponents' buffer, after check_codec_args. */
@@ -182,6 +188,18 @@ static int check_blocks(uint64_t n, uint32_t block, const int8_t *exps, uint64_t
 		                    (unsigned long long)n, block,
 		                    (unsigned long long)aps_codec_block_count(n, block),
 		                    (unsigned long long)exps_len);
+	return 0;
+}
+
+/* Exponents block scaling gives are within +-APS_SCALE_BLOCK_MAX: -128 would scale by
+ * 2^128, past fp32. */
+static int check_block_exps(uint64_t n, uint32_t block, const int8_t *exps)
+{
+	for (uint64_t b = 0; b < aps_codec_block_count(n, block); b++) {
+		if (exps[b] < -APS_SCALE_BLOCK_MAX)
+			return aps_api_fail(APS_ERANGE, "block %llu has exponent %d, beyond -%d",
+			                    (unsigned long long)b, exps[b], APS_SCALE_BLOCK_MAX);
+	}
 	return 0;
 }
 
@@ -215,6 +233,8 @@ static int decode_blocks(const char *fmt, const uint8_t *codes, uint64_t codes_l
 
 	if (ret == 0)
 		ret = check_blocks(n, block, exps, exps_len);
+	if (ret == 0)
+		ret = check_block_exps(n, block, exps);
 	if (ret < 0)
 		return ret;
 	if (accumulate)
@@ -240,7 +260,36 @@ int aps_accumulate_blocks(const char *fmt, const uint8_t *codes, uint64_t codes_
 
 float aps_maxabs(const float *x, uint64_t n)
 {
+	if (n > 0 && x == NULL) {
+		aps_api_fail(APS_EINVAL, "NULL buffer with %llu elements", (unsigned long long)n);
+		return NAN;
+	}
+	aps_api_ok();
 	return aps_codec_maxabs(x, n);
+}
+
+/* The exponent's arguments, checked before x is read. */
+static int check_exponent_args(const char *fmt, struct aps_format *f, const float *x, uint64_t n,
+                               int32_t nworkers, int32_t mode, const int32_t *k)
+{
+	int ret = parse_format(fmt, f);
+
+	if (ret < 0)
+		return ret;
+	if (k == NULL || (n > 0 && x == NULL))
+		return aps_api_fail(APS_EINVAL, "NULL argument");
+	if (n > (UINT64_C(1) << 58))
+		return aps_api_fail(APS_ERANGE, "%llu elements is too many", (unsigned long long)n);
+	if (nworkers < 1)
+		return aps_api_fail(APS_EINVAL, "nworkers is %d, must be at least 1", nworkers);
+	if (mode == APS_SCALING_MODE_BLOCK)
+		return aps_api_fail(APS_EINVAL, "block scaling has an exponent per block: "
+		                                "aps_quantize_blocks computes them");
+	if (mode != APS_SCALING_MODE_NONE && mode != APS_SCALING_MODE_LOCAL &&
+	    mode != APS_SCALING_MODE_GLOBAL)
+		return aps_api_fail(APS_EINVAL,
+		                    "scaling mode %d is unknown (none 0, local 1, global 2)", mode);
+	return 0;
 }
 
 int aps_exponent(const char *fmt, const float *x, uint64_t n, int32_t nworkers, int32_t mode,
@@ -248,28 +297,19 @@ int aps_exponent(const char *fmt, const float *x, uint64_t n, int32_t nworkers, 
 {
 	struct aps_format f;
 	float maxabs;
-	int ret = parse_format(fmt, &f);
+	int ret = check_exponent_args(fmt, &f, x, n, nworkers, mode, k);
 
 	if (ret < 0)
 		return ret;
-	if (k == NULL || (n > 0 && x == NULL))
-		return aps_api_fail(APS_EINVAL, "NULL argument");
-	if (nworkers < 1)
-		return aps_api_fail(APS_EINVAL, "nworkers is %d, must be at least 1", nworkers);
-	maxabs = aps_codec_maxabs(x, n);
-	switch (mode) {
-	case APS_SCALING_MODE_NONE:
+	if (mode == APS_SCALING_MODE_NONE) {
 		*k = 0;
 		return aps_api_ok();
-	case APS_SCALING_MODE_LOCAL:
-		ret = aps_scale_local(&f, maxabs, k);
-		break;
-	case APS_SCALING_MODE_GLOBAL:
-		ret = aps_scale_global(&f, maxabs, nworkers, k);
-		break;
-	default:
-		return aps_api_fail(APS_EINVAL, "scaling mode %d is unknown", mode);
 	}
+	maxabs = aps_codec_maxabs(x, n);
+	if (mode == APS_SCALING_MODE_LOCAL)
+		ret = aps_scale_local(&f, maxabs, k);
+	else
+		ret = aps_scale_global(&f, maxabs, nworkers, k);
 	if (ret < 0)
 		return aps_api_fail(ret, "exponent of max %g failed", (double)maxabs);
 	return aps_api_ok();

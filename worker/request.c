@@ -12,6 +12,7 @@
 #include "common/err.h"
 #include "common/rules.h"
 #include "worker/api_error.h"
+#include "worker/options.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -484,6 +485,12 @@ int aps_check_register_args(const char *name, uint64_t count, const uint32_t *te
 		                    "a tensor needs a name of 1 to %d bytes, a count of at least 1 "
 		                    "and an id pointer",
 		                    APS_MSG_NAME_MAX);
+	if (!aps__visible_ascii(name))
+		return aps_api_fail(APS_EINVAL, "tensor name '%.255s' is not visible ASCII", name);
+	if (count > APS_MSG_ELEMENTS_MAX)
+		return aps_api_fail(
+		        APS_EINVAL, "tensor '%.255s' has %llu elements, apsd takes %llu", name,
+		        (unsigned long long)count, (unsigned long long)APS_MSG_ELEMENTS_MAX);
 	return 0;
 }
 

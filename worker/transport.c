@@ -71,13 +71,6 @@ static int set_curve(struct aps_transport *t)
 	return 0;
 }
 
-int aps_curve_keypair(char *public_key, char *secret_key)
-{
-	if (public_key == NULL || secret_key == NULL)
-		return APS_EINVAL;
-	return zmq_curve_keypair(public_key, secret_key) < 0 ? APS_ESYS : 0;
-}
-
 /* 16 random bytes, the first never 0 (ZeroMQ reserves ids that start with 0). */
 static int set_routing_id(void *sock)
 {

@@ -115,6 +115,19 @@ def test_argument_checks_happen_before_sending(apsd):
         assert np.array_equal(c.allreduce("x", x), np.arange(12, dtype=np.float32).reshape(3, 4))
 
 
+def test_tensors_the_daemon_would_refuse_are_refused_by_the_client(apsd):
+    """Names of non-ASCII or spaces and counts past 2**32 (what apsd takes) are
+    refused by libaps before REGISTER goes, and the client goes on."""
+    with aps.Client(apsd, 0, 1, format="fp32") as c:
+        for name in ("two words", "caf\u00e9", "tab\there"):
+            with pytest.raises(aps.ArgumentError, match="visible ASCII"):
+                c.codes_layouts([(name, 4)])
+        with pytest.raises(aps.ArgumentError, match="4294967296"):
+            c.codes_layouts([("big", 2**32 + 1)])
+        x = np.ones(4, np.float32)
+        assert np.array_equal(c.allreduce("fine", x), np.ones(4, np.float32))
+
+
 def test_nonfinite_raises_or_is_sent_as_zeros(apsd):
     with aps.Client(apsd, 0, 1, format="e4m3") as c:
         x = np.array([1.0, np.inf, 2.0], np.float32)

@@ -9,6 +9,8 @@ import sys
 
 import numpy as np
 
+from aps._args import check_has_data, check_writable
+
 
 def _torch_tensor_type():
     torch = sys.modules.get("torch")
@@ -20,7 +22,7 @@ def float32_buffer(x, what="x", writable=True):
     a contiguous float32 numpy array or CPU torch tensor (writable if asked)."""
     tensor_type = _torch_tensor_type()
     if tensor_type is not None and isinstance(x, tensor_type):
-        return _torch_buffer(x, what)
+        return _torch_buffer(x, what, writable)
     if not isinstance(x, np.ndarray):
         raise TypeError(f"{what} must be a numpy.ndarray or torch.Tensor, "
                         f"not {type(x).__name__}")
@@ -29,14 +31,15 @@ def float32_buffer(x, what="x", writable=True):
     if not x.flags.c_contiguous:
         raise ValueError(f"{what} must be C-contiguous (use numpy.ascontiguousarray "
                          "and copy the result back)")
-    if writable and not x.flags.writeable:
-        raise ValueError(f"{what} is read-only: the result is written into it")
+    if writable:
+        check_writable(x, what)
     return x.ctypes.data, x.size
 
 
-def _torch_buffer(x, what):
+def _torch_buffer(x, what, writable):
     import torch
 
+    check_has_data(x, what)
     if x.dtype != torch.float32:
         raise TypeError(f"{what} must have dtype torch.float32, not {x.dtype} "
                         "(aps.torch stages other dtypes through host buffers)")
@@ -46,6 +49,8 @@ def _torch_buffer(x, what):
     if x.is_sparse or not x.is_contiguous():
         raise ValueError(f"{what} must be a dense contiguous tensor (use .contiguous() "
                          "and copy the result back)")
+    if writable:
+        check_writable(x, what)
     return x.data_ptr(), x.numel()
 
 
@@ -60,16 +65,19 @@ def raw_buffer(x, dtype, what="x", writable=True):
     if tensor_type is not None and isinstance(x, tensor_type):
         import torch
 
+        check_has_data(x, what)
         want = getattr(torch, _TORCH_DTYPES[dtype])
         if x.dtype != want or x.device.type != "cpu" or x.is_sparse or not x.is_contiguous():
             raise TypeError(f"{what} must be a contiguous CPU tensor of {want}, not "
                             f"{x.dtype} on {x.device}")
+        if writable:
+            check_writable(x, what)
         return x.data_ptr(), x.numel()
     if not isinstance(x, np.ndarray):
         raise TypeError(f"{what} must be a numpy.ndarray or torch.Tensor, "
                         f"not {type(x).__name__}")
     if x.dtype != dtype or not x.flags.c_contiguous:
         raise TypeError(f"{what} must be a C-contiguous array of {np.dtype(dtype)}, not {x.dtype}")
-    if writable and not x.flags.writeable:
-        raise ValueError(f"{what} is read-only: results are written into it")
+    if writable:
+        check_writable(x, what)
     return x.ctypes.data, x.size

@@ -9,6 +9,8 @@ when the tensor is on a GPU) and store() copies the result back.
 
 import torch
 
+from aps._args import check_has_data
+
 
 def is_direct(t):
     """True if the C client can use t's memory in place."""
@@ -25,6 +27,7 @@ class HostStage:
 
     def load(self, t):
         """The memory to reduce for t: t itself, or a host copy of it in float32."""
+        check_has_data(t, "a staged tensor")
         t = t.detach()
         if is_direct(t):
             self._source = None

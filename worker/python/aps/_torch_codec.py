@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from aps import codec
+from aps._args import POSITIVE_INT32, check_has_data, check_int
 
 __all__ = ["aps_exponent", "dequantize", "dequantize_blocks", "quantize", "quantize_blocks"]
 
@@ -86,10 +87,8 @@ def _checked(fmt, k):
 
 
 def _spec(fmt, scale_exp):
-    codec._fmt(fmt)  # a TypeError for a format that is not a str
-    k = int(scale_exp)
-    if not -(1 << 31) <= k < 1 << 31:  # ctypes would wrap it into int32's range
-        raise ValueError(f"scale exponent {k} is outside [-320, 320]")
+    codec._fmt(fmt)  # a TypeError for a format that is not a str, ValueError for a NUL
+    k = check_int(scale_exp, "scale exponent")  # ctypes would wrap it into int32's range
     return _checked(fmt, k)
 
 
@@ -98,6 +97,7 @@ def _flat_float32(t, what="t"):
     float64 would round twice and is refused, as aps.quantize refuses it."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{what} must be a torch.Tensor, not {type(t).__name__}")
+    check_has_data(t, what)
     if t.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise TypeError(f"{what} must have dtype float32, float16 or bfloat16, not {t.dtype}")
     return t.detach().reshape(-1).to(torch.float32).contiguous()
@@ -283,6 +283,8 @@ def quantize(t, fmt, scale_exp=0, rounding="nearest", out=None, stats=None):
         raise TypeError("out must be a torch uint8 tensor")
     elif out.device != x.device or not out.is_contiguous():
         raise ValueError(f"out must be contiguous and on {x.device}")
+    elif out.requires_grad:
+        raise ValueError("out requires grad: pass a tensor autograd does not track")
     elif out.numel() < need:
         raise ValueError(f"out holds {out.numel()} bytes, {n} {fmt} codes need {need}")
     if stats is not None and not isinstance(stats, dict):
@@ -327,7 +329,8 @@ def dequantize(codes, fmt, count, scale_exp=0, out=None):
     k = int(scale_exp)
     if not isinstance(codes, torch.Tensor) or codes.dtype != torch.uint8:
         raise TypeError("codes must be a torch uint8 tensor")
-    count = int(count)
+    check_has_data(codes, "codes")
+    count = check_int(count, "count", (-1, 1 << 64))
     if count < 0:
         raise ValueError("count must not be negative")
     data = codes.reshape(-1)
@@ -449,7 +452,9 @@ def dequantize_blocks(codes, exps, fmt, count, block=32, out=None):
         raise TypeError("codes must be a torch uint8 tensor")
     if not isinstance(exps, torch.Tensor) or exps.dtype != torch.int8:
         raise TypeError("exps must be a torch int8 tensor")
-    count = int(count)
+    check_has_data(codes, "codes")
+    check_has_data(exps, "exps")
+    count = check_int(count, "count", (-1, 1 << 64))
     if count < 0:
         raise ValueError("count must not be negative")
     need, nb = (count * f.bits + 7) // 8, -(-count // block)
@@ -487,8 +492,7 @@ def aps_exponent(t, fmt, nworkers=1, mode="global"):
     f = _spec(fmt, 0)
     if mode not in _SCALING:
         raise ValueError(f"mode must be one of {sorted(_SCALING)}, not {mode!r}")
-    if int(nworkers) < 1:
-        raise ValueError("nworkers must be at least 1")
+    nworkers = check_int(nworkers, "nworkers", POSITIVE_INT32)  # as libaps's int32
     x = _flat_float32(t)
     if mode == "none":
         return 0
@@ -497,7 +501,7 @@ def aps_exponent(t, fmt, nworkers=1, mode="global"):
         return 0
     if mode == "local":
         return int(local_exponents(f, torch.tensor([maxabs], dtype=torch.float32))[0])
-    return f.emax - _global_exponent(maxabs, int(nworkers))
+    return f.emax - _global_exponent(maxabs, nworkers)
 
 
 def _global_exponent(maxabs, nworkers):

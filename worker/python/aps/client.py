@@ -26,6 +26,7 @@ import threading
 import numpy as np
 
 from aps import _env
+from aps._args import INT32, POSITIVE_INT32, UINT32, UINT64, check_int, check_str
 from aps._buffers import float32_buffer, raw_buffer
 from aps._io import Deferred, IOThread
 from aps import _lib
@@ -46,20 +47,6 @@ def _log_line(_ctx, level, line):
 
 
 _LOG_CALLBACK = LogFn(_log_line)  # one object for the life of the process
-
-
-def _check_str(value, what, allow_none=False):
-    if value is None and allow_none:
-        return None
-    if not isinstance(value, str):
-        raise TypeError(f"{what} must be a str, not {type(value).__name__}")
-    return value.encode()
-
-
-def _check_int(value, what):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{what} must be an int, not {type(value).__name__}")
-    return int(value)
 
 
 class Client:
@@ -132,16 +119,16 @@ class Client:
         if policy not in (None, "auto"):
             raise ValueError(f"policy must be None or 'auto', not {policy!r}")
         endpoint = _endpoint_list(endpoint)
-        self._strings = [_check_str(endpoint, "endpoint"), _check_str(job, "job"),
-                         _check_str(format, "format"),
-                         _check_str(downlink, "downlink", allow_none=True),
-                         _check_str(rules, "rules", allow_none=True),
-                         _check_str(trace, "trace", allow_none=True),
-                         _check_str(curve_server_key, "curve_server_key", allow_none=True),
-                         _check_str(curve_public_key, "curve_public_key", allow_none=True),
-                         _check_str(curve_secret_key, "curve_secret_key", allow_none=True),
-                         _check_str(optimizer, "optimizer", allow_none=True),
-                         _check_str(job_token, "job_token", allow_none=True)]
+        self._strings = [check_str(endpoint, "endpoint"), check_str(job, "job"),
+                         check_str(format, "format"),
+                         check_str(downlink, "downlink", allow_none=True),
+                         check_str(rules, "rules", allow_none=True),
+                         check_str(trace, "trace", allow_none=True),
+                         check_str(curve_server_key, "curve_server_key", allow_none=True),
+                         check_str(curve_public_key, "curve_public_key", allow_none=True),
+                         check_str(curve_secret_key, "curve_secret_key", allow_none=True),
+                         check_str(optimizer, "optimizer", allow_none=True),
+                         check_str(job_token, "job_token", allow_none=True)]
         opts = ClientOpts()
         lib.aps_client_opts_init(ctypes.byref(opts))
         (opts.endpoint, opts.job, opts.format, opts.downlink, opts.rules, opts.trace,
@@ -151,10 +138,10 @@ class Client:
         opts.error_feedback = 1 if error_feedback else 0
         opts.rejoin = 1 if rejoin else 0
         opts.no_payload_crc = 0 if payload_crc else 1
-        opts.rank = _check_int(rank, "rank")
-        opts.world_size = _check_int(world_size, "world_size")
-        if opts.rank != rank or opts.world_size != world_size:
+        rank, world_size = _check_int(rank, "rank"), _check_int(world_size, "world_size")
+        if not 0 <= rank < world_size <= UINT32[1]:
             raise ValueError(f"rank {rank} is not in a world of {world_size}")
+        opts.rank, opts.world_size = rank, world_size
         opts.scaling = _SCALING[scaling]
         if block_size is not None:
             if scaling != "block" or _check_int(block_size, "block_size") not in (16, 32, 64):
@@ -165,14 +152,13 @@ class Client:
             if not 0 <= _check_int(codec_threads, "codec_threads") <= 64:
                 raise ValueError(f"codec_threads {codec_threads}: 0 to 64")
             opts.codec_threads = codec_threads
-        opts.timeout_ms = _check_int(timeout_ms, "timeout_ms")
-        opts.connect_timeout_ms = _check_int(connect_timeout_ms, "connect_timeout_ms")
-        if opts.connect_timeout_ms != connect_timeout_ms:
-            raise ValueError(f"connect_timeout_ms {connect_timeout_ms} is out of range")
+        opts.timeout_ms = check_int(timeout_ms, "timeout_ms", POSITIVE_INT32)
+        # negative: libaps says "connect_timeout_ms must be 0 (none) or positive"
+        opts.connect_timeout_ms = check_int(connect_timeout_ms, "connect_timeout_ms", INT32)
         if partition_bytes is not None:
             if _check_int(partition_bytes, "partition_bytes") < 32:
                 raise ValueError(f"partition_bytes must be at least 32, not {partition_bytes}")
-            opts.partition_bytes = partition_bytes
+            opts.partition_bytes = check_int(partition_bytes, "partition_bytes", UINT64)
         opts.log = _LOG_CALLBACK
         self.endpoint, self.job, self.rank, self.world_size = endpoint, job, rank, world_size
         self.format, self.scaling, self.downlink = format, scaling, downlink
@@ -439,7 +425,8 @@ class Client:
         return self._submit(start, what, overlap=True)
 
     def _call_timeout(self, timeout_ms):
-        return 0 if timeout_ms is None else _check_int(timeout_ms, "timeout_ms")
+        # <= 0: the client's own (aps.h)
+        return 0 if timeout_ms is None else check_int(timeout_ms, "timeout_ms", INT32)
 
     def _prepare(self, name, x):
         """Checks name and x on the calling thread: (name, address, count)."""
@@ -454,6 +441,7 @@ class Client:
         _check_name(name)
         if _check_int(n, f"count of {name!r}") <= 0:
             raise ValueError(f"tensor {name!r} is empty")
+        check_int(n, f"count of {name!r}", UINT64)  # libaps says what apsd takes
         with self._lock:
             known = self._counts.setdefault(name, n)
         if known != n:
@@ -467,10 +455,10 @@ class Client:
         for name, fmt, codes, scale_exp, result, result_exps, *flushed in items:
             call = CodesCall()
             counts = _flushed_counts(call, flushed[0] if flushed else (), name)
-            call.format = _check_str(fmt, f"format of {name!r}")
+            call.format = check_str(fmt, f"format of {name!r}")
             call.codes, call.codes_len = raw_buffer(codes, np.uint8, f"codes of {name!r}",
                                                     writable=False)
-            call.scale_exp = _check_int(scale_exp, f"scale exponent of {name!r}")
+            call.scale_exp = check_int(scale_exp, f"scale exponent of {name!r}", INT32)
             call.result, call.result_len = raw_buffer(result, np.uint8,
                                                       f"result of {name!r}")
             call.result_exps, call.n_result_exps = raw_buffer(
@@ -489,7 +477,7 @@ class Client:
                 self._io.drain()
             settings, zeroed = before() if before is not None else (None, [])
             for (name, call, keep), (k, flushed) in zip(calls, settings or ()):
-                call.scale_exp = _check_int(k, f"scale exponent of {name!r}")
+                call.scale_exp = check_int(k, f"scale exponent of {name!r}", INT32)
                 keep[3] = _flushed_counts(call, flushed, name)
             requests, error = [], None
             for name, call, _ in calls:
@@ -538,7 +526,8 @@ class Client:
         entry = self._ids.get(name)
         if entry is None:
             tid = ctypes.c_uint32()
-            check(lib.aps_client_register(self._c, name.encode(), n, ctypes.byref(tid)))
+            check(lib.aps_client_register(self._c, check_str(name, "tensor name"), n,
+                                          ctypes.byref(tid)))
             entry = self._ids[name] = (tid.value, _packed_bytes(self.format, n,
                                                                 self.block_size))
         return entry[0]
@@ -596,6 +585,12 @@ class Client:
             raise error
 
 
+def _check_int(value, what):
+    """value as an int of any size (TypeError if it is not one); ranges are checked
+    where it is used."""
+    return check_int(value, what, (-float("inf"), float("inf")))
+
+
 def _flushed_counts(call, flushed, name):
     """Sets call's flushed counts from flushed (an int: the whole tensor's,
     counted with its first chunk; or one count per chunk) and returns the
@@ -611,7 +606,7 @@ def _flushed_counts(call, flushed, name):
 
 def _check_name(name):
     """A tensor name of 1 to _NAME_MAX bytes, or ValueError (TypeError: not a str)."""
-    raw = _check_str(name, "tensor name")
+    raw = check_str(name, "tensor name")
     if not 0 < len(raw) <= _NAME_MAX:
         raise ValueError(f"tensor name must have 1 to {_NAME_MAX} bytes, {name!r} has "
                          f"{len(raw)}")
@@ -623,7 +618,7 @@ def _endpoint_list(endpoint):
         if not endpoint:
             raise ValueError("endpoint list is empty")
         for e in endpoint:
-            _check_str(e, "endpoint")
+            check_str(e, "endpoint")
             if "," in e:
                 raise ValueError(f"endpoint {e!r} holds a comma")
         return ",".join(endpoint)

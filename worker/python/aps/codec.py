@@ -8,6 +8,7 @@ import ctypes
 
 import numpy as np
 
+from aps._args import POSITIVE_INT32, UINT64, check_int, check_str, check_writable
 from aps._lib import FormatInfo, QuantizeOpts, QuantizeStats, check, lib
 
 _ROUNDING = {"nearest": 0, "stochastic": 1}
@@ -15,9 +16,7 @@ _SCALING = {"none": 0, "local": 1, "global": 2}
 
 
 def _fmt(fmt):
-    if not isinstance(fmt, str):
-        raise TypeError(f"format must be a str, not {type(fmt).__name__}")
-    return fmt.encode()
+    return check_str(fmt, "format")
 
 
 def _as_float32(x, what="x"):
@@ -57,7 +56,7 @@ def format_info(fmt):
 
 def packed_size(fmt, count):
     """Bytes that count codes of fmt occupy when packed."""
-    return check(lib.aps_packed_size(_fmt(fmt), int(count)))
+    return check(lib.aps_packed_size(_fmt(fmt), check_int(count, "count", UINT64)))
 
 
 def quantize(x, fmt, scale_exp=0, rounding="nearest", seed=0, stream=0, out=None,
@@ -75,11 +74,14 @@ def quantize(x, fmt, scale_exp=0, rounding="nearest", seed=0, stream=0, out=None
         raise TypeError("out must be a numpy uint8 array")
     elif not out.flags.c_contiguous:
         raise ValueError("out must be C-contiguous")
+    elif not out.flags.writeable:
+        check_writable(out, "out")
     elif out.nbytes < need:
         raise ValueError(f"out holds {out.nbytes} bytes, {x.size} {fmt} codes need {need}")
     if stats is not None and not isinstance(stats, dict):
         raise TypeError("stats must be a dict or None")
-    opts = QuantizeOpts(int(scale_exp), _ROUNDING[rounding], int(seed), int(stream), 0)
+    opts = QuantizeOpts(check_int(scale_exp, "scale_exp"), _ROUNDING[rounding],
+                        check_int(seed, "seed", UINT64), check_int(stream, "stream", UINT64), 0)
     st = QuantizeStats()
     check(lib.aps_quantize(_fmt(fmt), _ptr(x), x.size, ctypes.byref(opts), _ptr(out),
                            out.nbytes, ctypes.byref(st)))
@@ -103,7 +105,7 @@ def _decoded(out, count):
         raise ValueError("count must not be negative")
     if out is None:
         return np.empty(count, dtype=np.float32)
-    _as_float32(out, "out")
+    check_writable(_as_float32(out, "out"), "out")
     if out.size < count:
         raise ValueError(f"out holds {out.size} elements, count is {count}")
     return out
@@ -113,9 +115,10 @@ def dequantize(codes, fmt, count, scale_exp=0, out=None):
     """Decodes count packed codes of fmt times 2**-scale_exp; returns a float32
     array of count elements (out, read flat, if given)."""
     codes = _codes(codes)
-    count = int(count)
+    count = check_int(count, "count", (-1, UINT64[1]))  # negative: _decoded says so
+    scale_exp = check_int(scale_exp, "scale_exp")
     out = _decoded(out, count)
-    check(lib.aps_dequantize(_fmt(fmt), _ptr(codes), codes.nbytes, count, int(scale_exp),
+    check(lib.aps_dequantize(_fmt(fmt), _ptr(codes), codes.nbytes, count, scale_exp,
                              _ptr(out)))
     return out
 
@@ -123,9 +126,9 @@ def dequantize(codes, fmt, count, scale_exp=0, out=None):
 def accumulate(codes, fmt, acc, scale_exp=0):
     """acc += dequantize(codes, fmt, acc.size, scale_exp), in place; returns acc."""
     codes = _codes(codes)
-    _as_float32(acc, "acc")
-    check(lib.aps_accumulate(_fmt(fmt), _ptr(codes), codes.nbytes, acc.size, int(scale_exp),
-                             _ptr(acc)))
+    check_writable(_as_float32(acc, "acc"), "acc")
+    check(lib.aps_accumulate(_fmt(fmt), _ptr(codes), codes.nbytes, acc.size,
+                             check_int(scale_exp, "scale_exp"), _ptr(acc)))
     return acc
 
 
@@ -163,7 +166,8 @@ def quantize_blocks(x, fmt, block=32, rounding="nearest", seed=0, stream=0, stat
         raise TypeError("stats must be a dict or None")
     codes = np.empty(packed_size(fmt, x.size), dtype=np.uint8)
     exps = np.empty(-(-x.size // block), dtype=np.int8)
-    opts = QuantizeOpts(0, _ROUNDING[rounding], int(seed), int(stream), 0)
+    opts = QuantizeOpts(0, _ROUNDING[rounding], check_int(seed, "seed", UINT64),
+                        check_int(stream, "stream", UINT64), 0)
     st = QuantizeStats()
     check(lib.aps_quantize_blocks(_fmt(fmt), _ptr(x), x.size, block, ctypes.byref(opts),
                                   _ptr(codes), codes.nbytes, _ptr(exps), exps.size,
@@ -178,7 +182,7 @@ def dequantize_blocks(codes, exps, fmt, count, block=32, out=None):
     """Decodes count block-scaled codes of fmt: element i is code i times
     2**-exps[i // block]; returns a float32 array (out, read flat, if given)."""
     codes = _codes(codes)
-    count, block = int(count), _block(block)
+    count, block = check_int(count, "count", (-1, UINT64[1])), _block(block)
     out = _decoded(out, count)
     exps = _exps(exps, count, block)
     check(lib.aps_dequantize_blocks(_fmt(fmt), _ptr(codes), codes.nbytes, _ptr(exps),
@@ -199,9 +203,8 @@ def aps_exponent(x, fmt, nworkers=1, mode="global"):
     x = _as_float32(x)
     if mode not in _SCALING:
         raise ValueError(f"mode must be one of {sorted(_SCALING)}, not {mode!r}")
-    if int(nworkers) < 1:
-        raise ValueError("nworkers must be at least 1")
+    nworkers = check_int(nworkers, "nworkers", POSITIVE_INT32)
     k = ctypes.c_int32()
-    check(lib.aps_exponent(_fmt(fmt), _ptr(x), x.size, int(nworkers), _SCALING[mode],
+    check(lib.aps_exponent(_fmt(fmt), _ptr(x), x.size, nworkers, _SCALING[mode],
                            ctypes.byref(k)))
     return k.value

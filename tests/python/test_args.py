@@ -1,0 +1,122 @@
+"""Arguments the binding refuses before they reach libaps through ctypes, which
+would pass them on silently: integers wrapped into a C type's range, strings
+cut at a NUL, memory that must not be written (read-only arrays, tensors
+autograd or inference mode guard) written through a pointer, and meta tensors,
+which have no memory."""
+
+import numpy as np
+import pytest
+import torch
+
+import aps
+import aps.torch
+from aps._staging import HostStage
+
+X = np.ones(8, np.float32)
+
+
+def read_only(dtype, n=8):
+    a = np.zeros(n, dtype)
+    a.flags.writeable = False
+    return a
+
+
+def test_read_only_outputs_are_refused_unwritten():
+    codes = aps.quantize(X, "e4m3")
+    cases = [
+        lambda: aps.quantize(X, "e4m3", out=read_only(np.uint8)),
+        lambda: aps.dequantize(codes, "e4m3", 8, out=read_only(np.float32)),
+        lambda: aps.accumulate(codes, "e4m3", read_only(np.float32)),
+        lambda: aps.dequantize_blocks(codes, np.zeros(1, np.int8), "e4m3", 8,
+                                      out=read_only(np.float32)),
+    ]
+    for call in cases:
+        with pytest.raises(ValueError, match="read-only"):
+            call()
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: aps.quantize(X, "e4m3", scale_exp=2**32), "scale_exp 4294967296"),
+    (lambda: aps.quantize(X, "e4m3", rounding="stochastic", seed=-1), "seed -1"),
+    (lambda: aps.quantize(X, "e4m3", rounding="stochastic", stream=2**64), "stream"),
+    (lambda: aps.dequantize(aps.quantize(X, "e4m3"), "e4m3", 8, scale_exp=-2**32), "scale_exp"),
+    (lambda: aps.accumulate(aps.quantize(X, "e4m3"), "e4m3", X.copy(), scale_exp=2**31),
+     "scale_exp"),
+    (lambda: aps.aps_exponent(X, "e4m3", nworkers=2**32 + 1), "nworkers 4294967297"),
+    (lambda: aps.packed_size("e4m3", 2**64 + 3), "count"),
+    (lambda: aps.torch.aps_exponent(torch.ones(4), "e4m3", nworkers=2**31), "nworkers"),
+])
+def test_integers_out_of_their_c_range_are_refused(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_integer_arguments_must_be_integers():
+    with pytest.raises(TypeError, match="scale_exp must be an int"):
+        aps.quantize(X, "e4m3", scale_exp=1.7)
+    with pytest.raises(TypeError, match="nworkers must be an int"):
+        aps.aps_exponent(X, "e4m3", nworkers=2.5)
+    assert aps.quantize(X, "e4m3", scale_exp=np.int32(2)).size == 8
+
+
+@pytest.mark.parametrize("call", [
+    lambda: aps.quantize(X, "e4m3\0junk"),
+    lambda: aps.format_info("e4m3\0junk"),
+    lambda: aps.packed_size("fp16\0", 4),
+    lambda: aps.torch.quantize(torch.ones(4), "e4m3\0junk"),
+    lambda: aps.Client("tcp://127.0.0.1:1", 0, 1, job="a\0b"),
+    lambda: aps.Client("tcp://127.0.0.1:1\0x", 0, 1),
+    lambda: aps.Client("tcp://127.0.0.1:1", 0, 1, job_token="abc\0def"),
+    lambda: aps.Client("tcp://127.0.0.1:1", 0, 1, rules="*=fp16\0,x=y"),
+])
+def test_strings_with_a_nul_are_refused(call):
+    with pytest.raises(ValueError, match="NUL"):
+        call()
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"timeout_ms": 2**32 + 100}, "timeout_ms 4294967396"),
+    ({"timeout_ms": 0}, "timeout_ms 0"),
+    ({"connect_timeout_ms": 2**31}, "connect_timeout_ms"),
+    ({"partition_bytes": 2**64 + 100}, "partition_bytes"),
+    ({"world_size": 2**32 + 1}, "not in a world of"),
+    ({"world_size": 10**6}, "not in a world of 1000000"),
+    ({"policy": "auto", "rules": ""}, "empty rule"),
+])
+def test_client_options_out_of_range_are_refused_before_connecting(kwargs, match):
+    args = {"endpoint": "tcp://127.0.0.1:1", "rank": 0, "world_size": 1,
+            "connect_timeout_ms": 100, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        aps.Client(**args)
+
+
+def test_meta_tensors_are_refused_with_a_clear_message():
+    meta = torch.empty(8, device="meta")
+    cases = [
+        lambda: aps.torch.quantize(meta, "e4m3"),
+        lambda: aps.torch.quantize_blocks(meta, "e4m3"),
+        lambda: aps.torch.aps_exponent(meta, "e4m3"),
+        lambda: aps.torch.dequantize(torch.empty(8, dtype=torch.uint8, device="meta"),
+                                     "e4m3", 8),
+        lambda: HostStage().load(meta),
+    ]
+    for call in cases:
+        with pytest.raises(ValueError, match="meta tensor"):
+            call()
+
+
+def test_tensors_that_cannot_be_written_are_refused_as_results(apsd):
+    with aps.Client(apsd, 0, 1, format="fp32") as c:
+        with pytest.raises(ValueError, match="meta tensor"):
+            c.allreduce("t", torch.empty(8, device="meta"))
+        with pytest.raises(ValueError, match="requires grad"):
+            c.allreduce("t", torch.ones(8, requires_grad=True))
+        with torch.inference_mode():
+            frozen = torch.ones(8)
+        with pytest.raises(ValueError, match="inference tensor"):
+            c.allreduce("t", frozen)
+        with pytest.raises(ValueError, match="NUL"):
+            c.allreduce("t\0u", torch.ones(8))
+        with pytest.raises(ValueError, match="timeout_ms"):
+            c.allreduce("t", torch.ones(8), timeout_ms=2**31)
+        assert torch.equal(c.allreduce("t", torch.ones(8)), torch.ones(8))

@@ -1,0 +1,71 @@
+"""Argument checks of the binding: what ctypes would pass on silently, refused
+before it reaches libaps. ctypes wraps an int into its C type's range (2**32 + 1
+becomes 1, -1 becomes 2**64 - 1), a str is cut at its first NUL ("e4m3\\0x" is
+"e4m3"), and a pointer is written through whatever the memory is (a read-only
+array, a tensor autograd tracks, a meta tensor that has none). Each check
+raises TypeError (not an int, not a str) or ValueError (out of range, a NUL,
+memory that cannot be written).
+
+torch is not imported here: a torch tensor is recognised only if torch is
+already loaded.
+"""
+
+import sys
+
+import numpy as np
+
+INT32 = (-(1 << 31), (1 << 31) - 1)
+UINT32 = (0, (1 << 32) - 1)
+UINT64 = (0, (1 << 64) - 1)
+POSITIVE_INT32 = (1, (1 << 31) - 1)
+
+
+def check_int(value, what, bounds=INT32):
+    """value as a Python int within bounds (lo, hi), both included."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{what} must be an int, not {type(value).__name__}")
+    value = int(value)
+    lo, hi = bounds
+    if not lo <= value <= hi:
+        raise ValueError(f"{what} {value} is out of range ({lo} to {hi})")
+    return value
+
+
+def check_str(value, what, allow_none=False):
+    """value encoded for a C string (bytes), or None when allowed."""
+    if value is None and allow_none:
+        return None
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a str, not {type(value).__name__}")
+    if "\0" in value:
+        raise ValueError(f"{what} {value!r} holds a NUL character (C would cut it there)")
+    return value.encode()
+
+
+def _torch():
+    return sys.modules.get("torch")
+
+
+def check_has_data(t, what):
+    """A torch tensor whose memory exists: a meta tensor has only a shape."""
+    if t.device.type == "meta":
+        raise ValueError(f"{what} is a meta tensor: it has a shape but no data "
+                         "(materialize it, e.g. with .to_empty(device='cpu'), first)")
+
+
+def check_writable(x, what):
+    """x (a numpy array or torch tensor) may be written in place through its pointer."""
+    torch = _torch()
+    if torch is not None and isinstance(x, torch.Tensor):
+        check_has_data(x, what)
+        if x.requires_grad:
+            raise ValueError(f"{what} requires grad: autograd would not see the results "
+                             "written into it (pass .detach() or write under torch.no_grad() "
+                             "into .data)")
+        if x.is_inference() and not torch.is_inference_mode_enabled():
+            raise ValueError(f"{what} is an inference tensor: it cannot be written "
+                             "outside torch.inference_mode() (pass a clone)")
+        return x
+    if isinstance(x, np.ndarray) and not x.flags.writeable:
+        raise ValueError(f"{what} is read-only: the result is written into it")
+    return x
