@@ -6,40 +6,18 @@
 
 #include "common/err.h"
 
-#include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
-#include <time.h>
 
 static const struct aps_peer *key_of(const struct aps_session *s, enum aps_session_key k)
 {
 	return k == APS_SESSION_BY_PEER ? &s->peer : &s->moved_from;
 }
 
-static size_t bucket_of(const struct aps_jobs *t, size_t n_buckets, const struct aps_peer *p)
+static size_t bucket_of(struct aps_jobs *t, size_t n_buckets, const struct aps_peer *p)
 {
-	uint8_t h[crypto_shorthash_BYTES];
-	uint64_t v;
-
-	crypto_shorthash(h, p->id, p->len, t->hash_key);
-	memcpy(&v, h, sizeof(v));
-	return (size_t)(v & (n_buckets - 1));
-}
-
-/* The hash key, once; without randomness a clock's (a hash still, not a secret). */
-static void draw_key(struct aps_jobs *t)
-{
-	if (t->keyed)
-		return;
-	if (getrandom(t->hash_key, sizeof(t->hash_key), 0) != (ssize_t)sizeof(t->hash_key)) {
-		struct timespec ts;
-		clock_gettime(CLOCK_MONOTONIC, &ts);
-		memcpy(t->hash_key, &ts,
-		       sizeof(ts) < sizeof(t->hash_key) ? sizeof(ts) : sizeof(t->hash_key));
-	}
-	t->keyed = true;
+	return (size_t)(aps_peer_hash(&t->hasher, p) & (n_buckets - 1));
 }
 
 /* Twice the buckets (64 at first). Returns 0 or APS_ENOMEM (the old ones stay). */
@@ -68,7 +46,6 @@ static int index_grow(struct aps_jobs *t, enum aps_session_key k)
 /* Makes sure the index has buckets. Returns 0 or APS_ENOMEM. */
 static int index_ready(struct aps_jobs *t, enum aps_session_key k)
 {
-	draw_key(t);
 	return t->index[k].n_buckets > 0 ? 0 : index_grow(t, k);
 }
 

@@ -146,9 +146,8 @@ struct aps_job {
 
 /*
  * Sessions by a routing id: chained buckets, a power of two of them, at most
- * one session a bucket on average. A peer picks its routing id, so the hash is
- * keyed (SipHash, a key drawn at the first session): nobody can pick ids that
- * share a bucket. Before, every message walked a list of every session: 3000
+ * one session a bucket on average, hashed with a key (peer.h): nobody can pick
+ * ids that share a bucket. Before, every message walked a list of every session: 3000
  * connections whose HELLO was refused cost an honest job more than half its
  * steps (an attack on 2026-12-07).
  */
@@ -162,8 +161,7 @@ struct aps_jobs {
 	struct aps_session *sessions;
 	uint32_t n_jobs;
 	struct aps_session_index index[APS_SESSION_KEYS];
-	uint8_t hash_key[16];
-	bool keyed;
+	struct aps_peer_hasher hasher;
 };
 
 /* The session of a peer, or NULL. */

@@ -8,7 +8,8 @@
 
 static struct aps_outq_peer **link_of(struct aps_outq *q, const struct aps_peer *peer)
 {
-	struct aps_outq_peer **link = &q->buckets[aps_peer_hash(peer) % APS_OUTQ_BUCKETS];
+	struct aps_outq_peer **link =
+	        &q->buckets[aps_peer_hash(&q->hasher, peer) % APS_OUTQ_BUCKETS];
 
 	while (*link != NULL && !aps_peer_equal(&(*link)->peer, peer))
 		link = &(*link)->next;

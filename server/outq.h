@@ -40,6 +40,7 @@ struct aps_outq_peer {
 
 struct aps_outq {
 	struct aps_outq_peer *buckets[APS_OUTQ_BUCKETS];
+	struct aps_peer_hasher hasher;
 	size_t total; /* messages in every queue */
 	size_t peers; /* peers with a queue */
 };

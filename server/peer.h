@@ -22,14 +22,17 @@ static inline bool aps_peer_equal(const struct aps_peer *a, const struct aps_pee
 	return a->len == b->len && memcmp(a->id, b->id, a->len) == 0;
 }
 
-/* FNV-1a of the id, for hash tables. */
-static inline uint32_t aps_peer_hash(const struct aps_peer *p)
-{
-	uint32_t h = 2166136261u;
+/*
+ * A keyed hash of routing ids for the daemon's tables (SipHash-2-4, libsodium),
+ * its key drawn at the first use. A peer picks its routing id: with a hash it
+ * could work out (FNV before 2026-12-07), it could pick ids that all share one
+ * bucket and make every lookup walk them.
+ */
+struct aps_peer_hasher {
+	uint8_t key[16];
+	bool keyed;
+};
 
-	for (uint8_t i = 0; i < p->len; i++)
-		h = (h ^ p->id[i]) * 16777619u;
-	return h;
-}
+uint64_t aps_peer_hash(struct aps_peer_hasher *h, const struct aps_peer *p);
 
 #endif

@@ -143,6 +143,60 @@ static void test_outq_a_tallied_message_counts_until_it_goes(void **state)
 	aps_tally_release(t); /* the last reference: freed (ASan would say otherwise) */
 }
 
+static int count_send(void *ctx, const struct aps_peer *peer, const uint8_t *hdr, size_t len,
+                      struct aps_sbuf *payload, struct aps_tally *tally, uint32_t slot)
+{
+	(void)peer;
+	(void)hdr;
+	(void)len;
+	(void)payload;
+	(void)tally;
+	(void)slot;
+	(*(size_t *)ctx)++;
+	return 0;
+}
+
+/* FNV-1a, the unkeyed hash outq used before 2026-12-07. */
+static uint32_t fnv(const uint8_t *id, size_t len)
+{
+	uint32_t h = 2166136261u;
+
+	for (size_t i = 0; i < len; i++)
+		h = (h ^ id[i]) * 16777619u;
+	return h;
+}
+
+static void test_outq_ids_picked_to_share_a_bucket_do_not(void **state)
+{
+	/* 64 routing ids that shared one of the 256 buckets under FNV, as a peer
+	 * could pick them: each lookup walked all. Keyed, they spread. */
+	struct aps_outq q = { 0 };
+	size_t found = 0, longest = 0, sent = 0, lost = 0, got = 0;
+	uint8_t tag = 1;
+
+	(void)state;
+	for (uint32_t i = 0; found < 64; i++) {
+		struct aps_peer p = { .len = 5,
+			              .id = { 0, (uint8_t)i, (uint8_t)(i >> 8), (uint8_t)(i >> 16),
+			                      'x' } };
+		if (fnv(p.id, p.len) % APS_OUTQ_BUCKETS != 0)
+			continue;
+		assert_int_equal(aps_outq_push(&q, &p, &tag, 1, NULL, NULL, 0), 0);
+		found++;
+	}
+	for (size_t b = 0; b < APS_OUTQ_BUCKETS; b++) {
+		size_t n = 0;
+		for (const struct aps_outq_peer *p = q.buckets[b]; p != NULL; p = p->next)
+			n++;
+		longest = n > longest ? n : longest;
+	}
+	assert_true(longest <= 8); /* 64 in 256 buckets: 64 under FNV */
+	aps_outq_flush(&q, count_send, &got, &sent, &lost);
+	assert_int_equal(sent, 64);
+	assert_int_equal(got, 64);
+	assert_int_equal(q.peers, 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -150,6 +204,7 @@ int main(void)
 		cmocka_unit_test(test_outq_refuses_past_its_bounds),
 		cmocka_unit_test(test_outq_a_peer_gone_loses_its_queue_and_payload_refs),
 		cmocka_unit_test(test_outq_a_tallied_message_counts_until_it_goes),
+		cmocka_unit_test(test_outq_ids_picked_to_share_a_bucket_do_not),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
