@@ -7,13 +7,13 @@
  */
 #include "server/access.h"
 
+#include "server/addrs.h"
 #include "server/outbox.h"
 #include "server/server_impl.h"
 
 #include "common/err.h"
 #include "common/log.h"
 
-#include <arpa/inet.h>
 #include <fnmatch.h>
 #include <stdio.h>
 #include <string.h>
@@ -27,21 +27,15 @@
 void aps_access_origin(const char *address, char out[APS_JOB_ORIGIN_LEN])
 {
 	static const char ipc[] = "localhost:";
-	char net[INET6_ADDRSTRLEN];
-	struct in6_addr a;
 
-	snprintf(out, APS_JOB_ORIGIN_LEN, "%s", address[0] != '\0' ? address : "unknown");
 	if (strncmp(address, ipc, sizeof(ipc) - 1) == 0) {
 		const char *uid = address + sizeof(ipc) - 1;
 		snprintf(out, APS_JOB_ORIGIN_LEN, "ipc uid %.*s", (int)strcspn(uid, ":"), uid);
-		return;
+	} else if (address[0] == '\0' || strlen(address) >= INET6_ADDRSTRLEN) {
+		snprintf(out, APS_JOB_ORIGIN_LEN, "%s", address[0] != '\0' ? address : "unknown");
+	} else {
+		aps_addrs_origin(address, out);
 	}
-	if (strchr(address, ':') == NULL || inet_pton(AF_INET6, address, &a) != 1 ||
-	    IN6_IS_ADDR_V4MAPPED(&a))
-		return;
-	memset(&a.s6_addr[8], 0, 8);
-	if (inet_ntop(AF_INET6, &a, net, sizeof(net)) != NULL)
-		snprintf(out, APS_JOB_ORIGIN_LEN, "%s/64", net);
 }
 
 static uint32_t jobs_started_from(const struct aps_server *srv, const char *origin)

@@ -40,26 +40,27 @@ struct aps_config {
 	char listen[APS_CONFIG_ENDPOINT_MAX + 1]; /* tcp://, ipc:// or inproc:// */
 	enum aps_log_level log_level;
 	enum aps_downlink downlink;
-	int heartbeat_ms;           /* interval between HEARTBEATs */
-	int heartbeat_timeout_ms;   /* silence after which a session is dead */
-	int reconnect_grace_ms;     /* a closed connection may come back */
-	int max_jobs;               /* jobs alive at once */
-	int max_jobs_per_address;   /* of those, started from one address or ipc user */
-	int max_ranks;              /* world size limit of one job */
-	int max_tensors;            /* tensors registered by one job */
-	uint64_t max_job_bytes;     /* fp32 bytes of one job's tensors */
-	uint64_t max_message_bytes; /* largest frame accepted; 0: chunk_bytes + 64k */
-	uint64_t max_total_bytes;   /* of every job together; 0: half the memory */
-	uint64_t max_held_bytes;    /* early pushes held, every job; 0: max_total_bytes / 4 */
-	int max_connections;        /* 0: from RLIMIT_NOFILE */
-	int join_timeout_ms;        /* to join, and for a job to fill */
-	int max_silent_closes;      /* an address's, a minute; 0: no limit */
-	int drain_batch;            /* messages read per ZMQ_FD wake-up */
-	int threads;                /* threads that sum; 0: the CPU set's cores */
-	int io_threads;             /* ZeroMQ I/O threads; 0: cores / 4 */
-	enum aps_scaling scaling;   /* of jobs whose HELLO states none */
-	enum aps_sum sum;           /* how pushes are summed */
-	uint64_t chunk_bytes;       /* chunk size of large tensors, in fp32 bytes */
+	int heartbeat_ms;                /* interval between HEARTBEATs */
+	int heartbeat_timeout_ms;        /* silence after which a session is dead */
+	int reconnect_grace_ms;          /* a closed connection may come back */
+	int max_jobs;                    /* jobs alive at once */
+	int max_jobs_per_address;        /* of those, started from one address or ipc user */
+	int max_ranks;                   /* world size limit of one job */
+	int max_tensors;                 /* tensors registered by one job */
+	uint64_t max_job_bytes;          /* fp32 bytes of one job's tensors */
+	uint64_t max_message_bytes;      /* largest frame accepted; 0: chunk_bytes + 64k */
+	uint64_t max_total_bytes;        /* of every job together; 0: half the memory */
+	uint64_t max_held_bytes;         /* early pushes held, every job; 0: max_total_bytes / 4 */
+	int max_connections;             /* 0: from RLIMIT_NOFILE */
+	int max_connections_per_address; /* 0: no limit */
+	int join_timeout_ms;             /* to join, and for a job to fill */
+	int max_silent_closes;           /* an address's, a minute; 0: no limit */
+	int drain_batch;                 /* messages read per ZMQ_FD wake-up */
+	int threads;                     /* threads that sum; 0: the CPU set's cores */
+	int io_threads;                  /* ZeroMQ I/O threads; 0: cores / 4 */
+	enum aps_scaling scaling;        /* of jobs whose HELLO states none */
+	enum aps_sum sum;                /* how pushes are summed */
+	uint64_t chunk_bytes;            /* chunk size of large tensors, in fp32 bytes */
 	char stats[APS_CONFIG_ENDPOINT_MAX + 1];          /* stats socket path; "" chooses one */
 	char metrics_listen[APS_CONFIG_ENDPOINT_MAX + 1]; /* "ADDR:PORT", "" for none */
 	char trace[APS_CONFIG_ENDPOINT_MAX + 1];          /* timeline file, "" for none */

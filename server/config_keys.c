@@ -56,6 +56,10 @@ const struct key aps_config_keys[] = {
 	{ KEY(max_connections), .type = KEY_INT, .min = 0, .max = 1 << 20, .def = "0",
 	  .help = "connections open at once; one more is shut at once (0: from RLIMIT_NOFILE, "
 	          "two descriptors a connection and 64 spare)" },
+	{ KEY(max_connections_per_address), .type = KEY_INT, .min = 0, .max = 1 << 20,
+	  .def = "1024",
+	  .help = "connections open at once from one IP address (IPv6: its /64); one more is shut "
+	          "at once; never 127.0.0.1, ::1 or ipc (0: no limit)" },
 	{ KEY(join_timeout_ms), .type = KEY_INT, .min = 100, .max = 86400000, .def = "60000",
 	  .help = "a connection that has not joined a job, or a job whose ranks have not all "
 	          "joined, within this many milliseconds is dropped (its slot freed); so is a job "

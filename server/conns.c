@@ -207,6 +207,11 @@ static int push_closed(struct aps_conns *t, uint64_t id)
 /* The slot's connection is over: its id is reported, its duplicate closed. */
 static void retire(struct aps_conns *t, struct aps_conn *c)
 {
+	char ip[INET6_ADDRSTRLEN];
+
+	if (c->counted && aps_admission_ip_of(c->address, ip))
+		aps_addrs_close(&t->addrs, ip, c->admitted);
+	c->counted = false;
 	push_closed(t, c->id);
 	if (c->dup >= 0)
 		close(c->dup);
@@ -237,6 +242,8 @@ static int dup_stream(int fd)
 
 int aps_conns_accepted(struct aps_conns *t, int fd, uint64_t now)
 {
+	const struct aps_addrs_entry *e;
+	char ip[INET6_ADDRSTRLEN];
 	struct aps_conn *c;
 
 	if (fd < 0)
@@ -253,11 +260,24 @@ int aps_conns_accepted(struct aps_conns *t, int fd, uint64_t now)
 	describe_peer(c->dup, c->address, sizeof(c->address));
 	t->live++;
 	t->cnt.accepted++;
-	if (t->live <= t->max)
+	if (t->live > t->max) {
+		t->cnt.refused++;
+		aps_conns_drop(t, c->id, now);
+		return APS_EBUSY;
+	}
+	if (!aps_admission_ip_of(c->address, ip) || (e = aps_addrs_open(&t->addrs, ip)) == NULL)
 		return 0;
-	t->cnt.refused++;
+	c->counted = true;
+	if (t->max_per_address == 0 || e->open <= t->max_per_address || aps_admission_exempt(ip))
+		return 0;
+	t->cnt.refused_address++;
 	aps_conns_drop(t, c->id, now);
-	return APS_EBUSY;
+	return APS_ERANGE;
+}
+
+const char *aps_conns_address(const struct aps_conns *t, int fd)
+{
+	return fd >= 0 && (size_t)fd < t->cap ? t->slots[fd].address : "";
 }
 
 int aps_conns_closed(struct aps_conns *t, int fd, const char **address)
@@ -288,13 +308,11 @@ static bool open_from(const struct aps_conn *c, const char *ip)
 	return c->id != 0 && aps_admission_ip_of(c->address, its) && strcmp(its, ip) == 0;
 }
 
-bool aps_conns_joined_from(const struct aps_conns *t, const char *ip)
+bool aps_conns_joined_from(struct aps_conns *t, const char *ip)
 {
-	for (size_t fd = 0; fd < t->cap; fd++) {
-		if (t->slots[fd].admitted && open_from(&t->slots[fd], ip))
-			return true;
-	}
-	return false;
+	const struct aps_addrs_entry *e = aps_addrs_find(&t->addrs, ip);
+
+	return e != NULL && e->joined > 0;
 }
 
 uint32_t aps_conns_quiet_from(const struct aps_conns *t, const char *ip, uint32_t most,
@@ -347,9 +365,12 @@ enum aps_conns_delivery aps_conns_delivered(struct aps_conns *t, uint64_t id,
 void aps_conns_admit(struct aps_conns *t, uint64_t id, bool admitted, uint64_t now)
 {
 	struct aps_conn *c = slot_of_id(t, id);
+	char ip[INET6_ADDRSTRLEN];
 
 	if (c == NULL)
 		return;
+	if (c->counted && c->admitted != admitted && aps_admission_ip_of(c->address, ip))
+		aps_addrs_join(&t->addrs, ip, admitted ? 1 : -1);
 	c->deadline_ms = admitted ? 0 : now + t->join_timeout_ms;
 	c->admitted = admitted;
 }
@@ -539,5 +560,6 @@ void aps_conns_free(struct aps_conns *t)
 	}
 	free(t->slots);
 	free(t->closed);
+	aps_addrs_free(&t->addrs);
 	memset(t, 0, sizeof(*t));
 }

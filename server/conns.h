@@ -30,6 +30,7 @@
 #ifndef APS_SERVER_CONNS_H
 #define APS_SERVER_CONNS_H
 
+#include "server/addrs.h"
 #include "server/peer.h"
 
 #include <stdbool.h>
@@ -62,6 +63,7 @@ struct aps_conn {
 	uint64_t accepted_ms;
 	uint64_t deadline_ms;  /* dropped when not admitted by then; 0: admitted, or no deadline */
 	bool admitted;         /* a session joined a job on it */
+	bool counted;          /* in the table of addresses (a TCP peer's) */
 	bool unheard;          /* dropped: read past APS_CONNS_UNHEARD_MAX before a message */
 	uint64_t dropped_ms;   /* when apsd shut it down; 0: it did not */
 	uint64_t gone_ms;      /* when its peer was first seen gone; 0: not yet */
@@ -84,6 +86,7 @@ struct aps_conn {
 struct aps_conns_counters {
 	uint64_t accepted;
 	uint64_t refused;          /* over max_connections */
+	uint64_t refused_address;  /* over max_connections_per_address */
 	uint64_t unjoined_dropped; /* not admitted within join_timeout_ms */
 	uint64_t zmtp_refused;     /* closed by ZeroMQ after the handshake */
 	uint64_t unfinished;       /* dropped: read past max_unfinished_bytes, nothing delivered */
@@ -95,6 +98,8 @@ struct aps_conns {
 	struct aps_conn *slots; /* by ZeroMQ's descriptor */
 	size_t cap;
 	size_t live, max;
+	size_t max_per_address; /* open from one address (addrs.h); 0: no limit */
+	struct aps_addrs addrs;
 	uint64_t join_timeout_ms;
 	/* Bytes a TCP connection may have read and not delivered from one tick to the
 	 * next (a message is whole or nothing: libzmq keeps every frame of an unfinished
@@ -115,9 +120,14 @@ struct aps_conns {
 /* An empty table for at most max connections. */
 void aps_conns_init(struct aps_conns *t, size_t max, uint64_t join_timeout_ms);
 
-/* The monitor's "accepted fd". Returns 0, or APS_EBUSY when it is one over the
- * limit (it is shut down at once), or APS_ENOMEM. */
+/* The monitor's "accepted fd". Returns 0, or APS_EBUSY when it is one over
+ * max, APS_ERANGE one over max_per_address from its address (127.0.0.1, ::1
+ * and ipc excepted, where a host's own workers connect): it is shut down at
+ * once; or APS_ENOMEM. */
 int aps_conns_accepted(struct aps_conns *t, int fd, uint64_t now);
+
+/* The "ip:port" of the connection last accepted on descriptor fd, "" if none. */
+const char *aps_conns_address(const struct aps_conns *t, int fd);
 
 /* The monitor's "handshake failed" and "succeeded" (they name no descriptor). */
 void aps_conns_handshake_failed(struct aps_conns *t);
@@ -145,7 +155,7 @@ uint64_t aps_conns_parked_bytes(const struct aps_conns *t);
 int aps_conns_closed(struct aps_conns *t, int fd, const char **address);
 
 /* Whether a connection from ip (as in "ip:port") is open and joined a job. */
-bool aps_conns_joined_from(const struct aps_conns *t, const char *ip);
+bool aps_conns_joined_from(struct aps_conns *t, const char *ip);
 
 /* The id of the connection now on fd (0 when none). */
 uint64_t aps_conns_id(const struct aps_conns *t, int fd);

@@ -136,6 +136,7 @@ static void resolve_limits(struct daemon *d, struct aps_server_opts *o)
 
 	o->max_connections = cfg->max_connections > 0 ? (size_t)cfg->max_connections
 	                                              : aps_hostlimits_connections(nofile);
+	o->max_connections_per_address = (size_t)cfg->max_connections_per_address;
 	o->max_total_bytes =
 	        cfg->max_total_bytes > 0 ? cfg->max_total_bytes : aps_hostlimits_memory() / 2;
 	o->max_held_bytes = cfg->max_held_bytes > 0 ? cfg->max_held_bytes : o->max_total_bytes / 4;

@@ -16,14 +16,19 @@ static void draw_key(struct aps_peer_hasher *h)
 	h->keyed = true;
 }
 
-uint64_t aps_peer_hash(struct aps_peer_hasher *h, const struct aps_peer *p)
+uint64_t aps_peer_hash_bytes(struct aps_peer_hasher *h, const void *data, size_t len)
 {
 	uint8_t out[crypto_shorthash_BYTES];
 	uint64_t v;
 
 	if (!h->keyed)
 		draw_key(h);
-	crypto_shorthash(out, p->id, p->len, h->key);
+	crypto_shorthash(out, data, len, h->key);
 	memcpy(&v, out, sizeof(v));
 	return v;
+}
+
+uint64_t aps_peer_hash(struct aps_peer_hasher *h, const struct aps_peer *p)
+{
+	return aps_peer_hash_bytes(h, p->id, p->len);
 }

@@ -7,6 +7,7 @@
 #define APS_SERVER_PEER_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -34,5 +35,7 @@ struct aps_peer_hasher {
 };
 
 uint64_t aps_peer_hash(struct aps_peer_hasher *h, const struct aps_peer *p);
+/* The same hash of any bytes (an address). */
+uint64_t aps_peer_hash_bytes(struct aps_peer_hasher *h, const void *data, size_t len);
 
 #endif

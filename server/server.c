@@ -272,6 +272,7 @@ int aps_server_new(struct aps_server **out, uv_loop_t *loop, const struct aps_se
 		.drain_batch = o->drain_batch,
 		.io_threads = o->io_threads,
 		.max_connections = o->max_connections,
+		.max_connections_per_address = o->max_connections_per_address,
 		.join_timeout_ms = o->join_timeout_ms,
 		.max_silent_closes = o->max_silent_closes,
 		.curve_secret = o->curve_secret,

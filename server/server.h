@@ -65,18 +65,19 @@ struct aps_server_opts {
 	uint32_t max_jobs_per_address; /* started from one address or ipc user; 0: any */
 	uint32_t max_ranks;
 	uint32_t max_tensors;
-	uint64_t max_job_bytes;     /* fp32 bytes of the tensors of one job */
-	uint64_t max_total_bytes;   /* the same, of every job together */
-	uint64_t max_held_bytes;    /* pushes held until their rank's turn, every job together */
-	size_t max_connections;     /* open at once */
-	uint64_t join_timeout_ms;   /* to join (a connection), to fill (a job) */
-	unsigned max_silent_closes; /* an address's closes without a message a minute */
-	enum aps_scaling scaling;   /* of jobs whose HELLO states none */
-	bool lowp;                  /* sum = lowp: the paper's rounded sum, global scaling only */
-	bool elastic;               /* jobs shrink when a rank is lost (docs/RELIABILITY.md) */
-	size_t chunk_elems;         /* elements per chunk, a multiple of 8 */
-	const char *summary;        /* the configuration in one line, for reports */
-	struct aps_trace *trace;    /* borrowed; NULL: no timeline */
+	uint64_t max_job_bytes;   /* fp32 bytes of the tensors of one job */
+	uint64_t max_total_bytes; /* the same, of every job together */
+	uint64_t max_held_bytes;  /* pushes held until their rank's turn, every job together */
+	size_t max_connections;   /* open at once */
+	size_t max_connections_per_address; /* open at once from one address; 0: any */
+	uint64_t join_timeout_ms;           /* to join (a connection), to fill (a job) */
+	unsigned max_silent_closes;         /* an address's closes without a message a minute */
+	enum aps_scaling scaling;           /* of jobs whose HELLO states none */
+	bool lowp;               /* sum = lowp: the paper's rounded sum, global scaling only */
+	bool elastic;            /* jobs shrink when a rank is lost (docs/RELIABILITY.md) */
+	size_t chunk_elems;      /* elements per chunk, a multiple of 8 */
+	const char *summary;     /* the configuration in one line, for reports */
+	struct aps_trace *trace; /* borrowed; NULL: no timeline */
 	struct aps_policy_config policy; /* hybrid precision of new jobs */
 	const char *curve_secret;        /* Z85; NULL: no CURVE */
 	const char *const *curve_allow;  /* Z85 public keys of the workers let in */

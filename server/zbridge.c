@@ -537,6 +537,7 @@ int aps_zbridge_new(struct aps_zbridge **out, uv_loop_t *loop, const struct aps_
 	b->drain_batch = o->drain_batch > 0 ? o->drain_batch : 256;
 	b->max_message_bytes = o->max_message_bytes;
 	aps_conns_init(&b->conns, o->max_connections, o->join_timeout_ms);
+	b->conns.max_per_address = o->max_connections_per_address;
 	aps_admission_init(&b->admission, o->max_silent_closes);
 	if (o->max_message_bytes > 0) /* a header frame, a payload frame, and slack */
 		b->conns.max_unfinished_bytes = 2 * (uint64_t)o->max_message_bytes + (1u << 20);

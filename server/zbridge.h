@@ -42,15 +42,16 @@ struct aps_zbridge_ops {
 
 struct aps_zbridge_opts {
 	const char *endpoint;
-	int64_t max_message_bytes;      /* ZMQ_MAXMSGSIZE: a larger frame closes the connection */
-	int drain_batch;                /* messages per loop iteration */
-	unsigned io_threads;            /* ZMQ_IO_THREADS; 0: libzmq's default (1) */
-	size_t max_connections;         /* open at once; one more is shut at once */
-	uint64_t join_timeout_ms;       /* a connection not admitted by then is dropped */
-	unsigned max_silent_closes;     /* an address's closes without a message a minute,
-	                                   then it is turned away (admission.h); 0: never */
-	const char *curve_secret;       /* Z85 secret key of the daemon; NULL: no CURVE */
-	const char *const *curve_allow; /* Z85 public keys of the workers let in */
+	int64_t max_message_bytes; /* ZMQ_MAXMSGSIZE: a larger frame closes the connection */
+	int drain_batch;           /* messages per loop iteration */
+	unsigned io_threads;       /* ZMQ_IO_THREADS; 0: libzmq's default (1) */
+	size_t max_connections;    /* open at once; one more is shut at once */
+	size_t max_connections_per_address; /* open from one address (conns.h); 0: no limit */
+	uint64_t join_timeout_ms;           /* a connection not admitted by then is dropped */
+	unsigned max_silent_closes;         /* an address's closes without a message a minute,
+	                                       then it is turned away (admission.h); 0: never */
+	const char *curve_secret;           /* Z85 secret key of the daemon; NULL: no CURVE */
+	const char *const *curve_allow;     /* Z85 public keys of the workers let in */
 	size_t n_curve_allow;
 	const char *allow_from; /* networks that may connect (netlist.h); NULL, "": any */
 };
@@ -68,6 +69,9 @@ struct aps_zbridge_opts {
 	X(connections, "connections", "Connections accepted.")                                  \
 	X(refused_connections, "refused_connections",                                           \
 	  "Connections shut at once: max_connections were open.")                               \
+	X(refused_address_connections, "refused_address_connections",                           \
+	  "Connections shut at once: max_connections_per_address were open from their "         \
+	  "address.")                                                                           \
 	X(unjoined_dropped, "unjoined_dropped",                                                 \
 	  "Connections dropped that had not joined within join_timeout_ms.")                    \
 	X(unfinished_dropped, "unfinished_dropped",                                             \

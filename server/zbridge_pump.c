@@ -52,6 +52,7 @@ const struct aps_zbridge_counters *aps_zbridge_counters(struct aps_zbridge *b)
 	b->cnt.handshakes_turned_away = b->admission.refused;
 	b->cnt.connections = c->accepted;
 	b->cnt.refused_connections = c->refused;
+	b->cnt.refused_address_connections = c->refused_address;
 	b->cnt.unjoined_dropped = c->unjoined_dropped;
 	b->cnt.zmtp_refused = c->zmtp_refused;
 	b->cnt.unfinished_dropped = c->unfinished;
@@ -177,15 +178,24 @@ void aps__zbridge_schedule_drain(struct aps_zbridge *b)
 }
 
 /* One line a second at most for connections over the limit, with their count. */
-static void log_refused(struct aps_zbridge *b)
+/* address: the one that had max_connections_per_address open; NULL: max_connections. */
+static void log_refused(struct aps_zbridge *b, const char *address)
 {
 	uint64_t now = aps__zbridge_now_ms(b);
+	unsigned long long n;
 
 	if (!aps_log_gate_open(&b->refused_log, now, 1000))
 		return;
-	aps_log_warn("zbridge",
-	             "refused connections count=%llu reason=\"max_connections=%zu open\"",
-	             (unsigned long long)aps_log_gate_pass(&b->refused_log, now) + 1, b->conns.max);
+	n = aps_log_gate_pass(&b->refused_log, now) + 1;
+	if (address == NULL)
+		aps_log_warn("zbridge",
+		             "refused connections count=%llu reason=\"max_connections=%zu open\"",
+		             n, b->conns.max);
+	else
+		aps_log_warn(
+		        "zbridge",
+		        "refused connections count=%llu address=%s reason=\"max_connections_per_address=%zu open from its address\"",
+		        n, address, b->conns.max_per_address);
 }
 
 /* One line a second at most for connections ZeroMQ closed, with their count. */
@@ -230,8 +240,14 @@ static void on_event(struct aps_zbridge *b, uint16_t event, int32_t value)
 {
 	switch (event) {
 	case ZMQ_EVENT_ACCEPTED:
-		if (aps_conns_accepted(&b->conns, value, aps__zbridge_now_ms(b)) == APS_EBUSY)
-			log_refused(b);
+		switch (aps_conns_accepted(&b->conns, value, aps__zbridge_now_ms(b))) {
+		case APS_EBUSY:
+			log_refused(b, NULL);
+			break;
+		case APS_ERANGE:
+			log_refused(b, aps_conns_address(&b->conns, value));
+			break;
+		}
 		break;
 	case ZMQ_EVENT_ACCEPT_FAILED: /* outside allow_from (libzmq closed it), or an error */
 		b->cnt.accepts_closed++;

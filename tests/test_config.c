@@ -134,7 +134,8 @@ static void test_config_defaults(void **state)
 	assert_string_equal(
 	        line, "listen=tcp://127.0.0.1:5555 log_level=info downlink=auto "
 	              "heartbeat_ms=1000 heartbeat_timeout_ms=5000 reconnect_grace_ms=1500 "
-	              "max_jobs=64 max_jobs_per_address=16 max_connections=0 join_timeout_ms=60000 "
+	              "max_jobs=64 max_jobs_per_address=16 max_connections=0 "
+	              "max_connections_per_address=1024 join_timeout_ms=60000 "
 	              "max_silent_closes=32 "
 	              "max_ranks=1024 max_tensors=65536 max_job_bytes=8G max_total_bytes=0 "
 	              "max_held_bytes=0 max_message_bytes=0 "

@@ -13,6 +13,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -348,6 +349,33 @@ static void test_conns_drop_every_connection_of_a_peer(void **state)
 	close(b.peer);
 }
 
+static void test_addrs_count_an_ipv6_slash_64_as_one_address(void **state)
+{
+	struct aps_addrs a = { 0 };
+	char ip[32];
+
+	(void)state;
+	assert_int_equal(aps_addrs_open(&a, "2001:db8::1")->open, 1);
+	assert_int_equal(aps_addrs_open(&a, "2001:db8::ffff:2")->open, 2); /* the same /64 */
+	assert_int_equal(aps_addrs_open(&a, "2001:db8:0:1::1")->open, 1);  /* the next /64 */
+	assert_int_equal(aps_addrs_open(&a, "::ffff:10.0.0.1")->open, 1);
+	assert_int_equal(aps_addrs_open(&a, "::ffff:10.0.0.2")->open, 1); /* v4: as it is */
+	aps_addrs_join(&a, "2001:db8::1", 1);
+	assert_int_equal(aps_addrs_find(&a, "2001:db8::7")->joined, 1);
+	aps_addrs_close(&a, "2001:db8::1", true);
+	assert_int_equal(aps_addrs_find(&a, "2001:db8::1")->open, 1);
+	assert_int_equal(aps_addrs_find(&a, "2001:db8::1")->joined, 0);
+	aps_addrs_close(&a, "2001:db8::ffff:2", false);
+	assert_null(aps_addrs_find(&a, "2001:db8::1")); /* freed with its last */
+	for (int i = 0; i < 1000; i++) {                /* grows past its first buckets */
+		snprintf(ip, sizeof(ip), "10.1.%d.%d", i / 256, i % 256);
+		assert_int_equal(aps_addrs_open(&a, ip)->open, 1);
+	}
+	assert_int_equal(a.n, 1003);
+	assert_int_equal(aps_addrs_find(&a, "10.1.3.231")->open, 1);
+	aps_addrs_free(&a);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -361,6 +389,7 @@ int main(void)
 		cmocka_unit_test(test_conns_drop_a_message_without_end),
 		cmocka_unit_test(test_conns_notice_a_descriptor_closed_without_a_word),
 		cmocka_unit_test(test_conns_drop_every_connection_of_a_peer),
+		cmocka_unit_test(test_addrs_count_an_ipv6_slash_64_as_one_address),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -786,6 +786,58 @@ def test_max_connections_is_a_limit_and_a_counter(daemon_factory):
     a_job_still_works(d)
 
 
+def test_one_address_cannot_take_every_connection(daemon_factory):
+    # Before: one address could open every connection max_connections allows
+    # (joined ranks of its own jobs, or connections that never speak, kept open
+    # until join_timeout_ms and opened again), and no one else could connect.
+    # Now max_connections_per_address are open from one address at most (IPv6:
+    # its /64); 127.0.0.1, where a host's own workers connect, is not counted.
+    d = daemon_factory(extra=["--max_connections_per_address", "20"])
+
+    def crowd(source, n):
+        return [socket.create_connection(("127.0.0.1", int(d.endpoint.rsplit(":", 1)[1])),
+                                         timeout=10, source_address=(source, 0))
+                for _ in range(n)]
+
+    def closed(s):  # after libzmq's greeting, sent at accept, before apsd shuts it
+        s.settimeout(5)
+        try:
+            while s.recv(64) != b"":
+                pass
+            return True
+        except ConnectionResetError:
+            return True
+        except socket.timeout:
+            return False
+
+    def refused(n):
+        deadline = time.monotonic() + 10
+        while d.counter("refused_address_connections") < n and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return d.counter("refused_address_connections")
+
+    stranger = crowd("127.0.0.2", 30)
+    assert refused(10) == 10
+    # the 21st to 30th were shut; the first 20 stay
+    assert [closed(s) for s in stranger[20:]] == [True] * 10
+    assert "address=127.0.0.2:" in d.log_path.read_text()
+    assert "max_connections_per_address=20 open from its address" in d.log_path.read_text()
+    # another address, and the host's own, connect as before
+    other = raw_zmtp(d.endpoint, "127.0.0.3")
+    local = crowd("127.0.0.1", 30)
+    a_job_still_works(d)
+    assert refused(10) == 10
+    # a closed connection gives its place back
+    for s in stranger[:5]:
+        s.close()
+    time.sleep(0.5)
+    again = crowd("127.0.0.2", 5)
+    time.sleep(0.5)
+    assert refused(10) == 10
+    for s in stranger + again + local + [other]:
+        s.close()
+
+
 def test_an_oversized_frame_moves_a_counter(daemon_factory):
     # Before: the connection closed and no counter moved.
     d = daemon_factory(extra=["--chunk_bytes", "16k", "--max_message_bytes", "128k"])
