@@ -8,6 +8,7 @@
 #include "server/access.h"
 
 #include "server/addrs.h"
+#include "server/admission.h"
 #include "server/outbox.h"
 #include "server/server_impl.h"
 
@@ -36,6 +37,11 @@ void aps_access_origin(const char *address, char out[APS_JOB_ORIGIN_LEN])
 	} else {
 		aps_addrs_origin(address, out);
 	}
+}
+
+bool aps_access_origin_local(const char *origin)
+{
+	return aps_admission_exempt(origin) || strncmp(origin, "ipc uid ", 8) == 0;
 }
 
 static uint32_t jobs_started_from(const struct aps_server *srv, const char *origin)

@@ -24,6 +24,9 @@ int aps_access_may_start(struct aps_server *srv, const struct aps_session *s,
 /* Whom a job started from address is charged to: the IPv4 address, an IPv6
  * address's /64, an ipc peer's user. */
 void aps_access_origin(const char *address, char out[APS_JOB_ORIGIN_LEN]);
+/* Whether an origin is this host's (127.0.0.1, ::1, ipc), where its own workers
+ * start their jobs: each job is charged on its own there. */
+bool aps_access_origin_local(const char *origin);
 
 /* Every rank of job waits to reconnect: a new run may take its name once
  * their graces end. */

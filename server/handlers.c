@@ -26,8 +26,7 @@ static void init_tensor(struct aps_server *srv, struct aps_job *job, struct aps_
 {
 	t->round.trace = srv->opts.trace;
 	t->round.engine = srv->engine;
-	job->held.pool = &srv->held;
-	t->round.share = &job->held;
+	t->round.share = &job->held->share;
 	t->round.lane = t->id; /* a tensor's first chunk on its own thread, the next on the next */
 	t->round.label = t->name;
 	t->round.job_label = job->name;

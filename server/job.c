@@ -220,9 +220,46 @@ int aps_jobs_create(struct aps_jobs *t, const char *name, uint32_t world_size, s
 	return 0;
 }
 
+int aps_jobs_share_held(struct aps_jobs *t, struct aps_job *job, const char *origin, bool local,
+                        struct aps_round_held *pool)
+{
+	struct aps_held_share *h = NULL;
+
+	for (h = local ? NULL : t->shares; h != NULL; h = h->next) {
+		if (strcmp(h->origin, origin) == 0)
+			break;
+	}
+	if (h == NULL) {
+		if ((h = calloc(1, sizeof(*h))) == NULL)
+			return APS_ENOMEM;
+		snprintf(h->origin, sizeof(h->origin), "%s", local ? "" : origin);
+		h->share.pool = pool;
+		h->next = t->shares;
+		t->shares = h;
+	}
+	h->jobs++;
+	job->held = h;
+	return 0;
+}
+
+/* The job is gone (its rounds with it: the share holds nothing of it). */
+static void release_share(struct aps_jobs *t, struct aps_held_share *h)
+{
+	struct aps_held_share **link = &t->shares;
+
+	if (h == NULL || --h->jobs > 0)
+		return;
+	while (*link != NULL && *link != h)
+		link = &(*link)->next;
+	if (*link != NULL)
+		*link = h->next;
+	free(h);
+}
+
 void aps_jobs_remove(struct aps_jobs *t, struct aps_job *job)
 {
 	struct aps_job **link = &t->jobs;
+	struct aps_held_share *held = job->held;
 
 	while (*link != NULL && *link != job)
 		link = &(*link)->next;
@@ -235,6 +272,7 @@ void aps_jobs_remove(struct aps_jobs *t, struct aps_job *job)
 			s->job = NULL;
 	}
 	free_job(job);
+	release_share(t, held);
 }
 
 void aps_jobs_free_all(struct aps_jobs *t)

@@ -141,7 +141,7 @@ struct aps_job {
 	char origin[APS_JOB_ORIGIN_LEN];   /* its first HELLO's address (IPv6: its /64) */
 	bool filled;                       /* every rank has joined once: no deadline */
 	struct aps_log_gate mismatch_log;  /* HELLOs refused for their options (join.c) */
-	struct aps_round_share held;       /* its early pushes' part of max_held_bytes */
+	struct aps_held_share *held;       /* its early pushes' part of max_held_bytes */
 };
 
 /*
@@ -156,8 +156,22 @@ struct aps_session_index {
 	size_t n_buckets, n;
 };
 
+/*
+ * A part of max_held_bytes (round.h), one for the jobs started from one
+ * address (their origin): a stranger's 16 jobs from one address get one fair
+ * part, not 16. Jobs from 127.0.0.1, ::1 and ipc, where a host's own workers
+ * start theirs, get one each.
+ */
+struct aps_held_share {
+	struct aps_held_share *next;
+	char origin[APS_JOB_ORIGIN_LEN]; /* "": one job's own */
+	uint32_t jobs;
+	struct aps_round_share share;
+};
+
 struct aps_jobs {
 	struct aps_job *jobs;
+	struct aps_held_share *shares;
 	struct aps_session *sessions;
 	uint32_t n_jobs;
 	struct aps_session_index index[APS_SESSION_KEYS];
@@ -182,6 +196,10 @@ uint64_t aps_jobs_bytes(const struct aps_jobs *t);
 /* A new job (world_size ranks, none connected). Returns 0 or APS_ENOMEM. */
 int aps_jobs_create(struct aps_jobs *t, const char *name, uint32_t world_size,
                     struct aps_job **out);
+/* The job's part of pool (job->held): that of the other jobs of origin, or its
+ * own ("" or local). Returns 0 or APS_ENOMEM. */
+int aps_jobs_share_held(struct aps_jobs *t, struct aps_job *job, const char *origin, bool local,
+                        struct aps_round_held *pool);
 /* Frees a job that has no session left. */
 void aps_jobs_remove(struct aps_jobs *t, struct aps_job *job);
 void aps_jobs_free_all(struct aps_jobs *t);

@@ -100,6 +100,12 @@ static int create_job(struct aps_server *srv, const struct aps_session *s, const
 		aps_log_warn("checkpoint",
 		             "no randomness: job=%s writes checkpoints anyone resumes", job->name);
 	aps_access_origin(s->address, job->origin);
+	ret = aps_jobs_share_held(&srv->jobs, job, job->origin,
+	                          aps_access_origin_local(job->origin), &srv->held);
+	if (ret < 0) {
+		aps_jobs_remove(&srv->jobs, job);
+		return ret;
+	}
 	job->created_ms = uv_now(srv->loop);
 	job->lowp = srv->opts.lowp;
 	job->no_crc = (m->flags & APS_MSG_FLAG_NO_CRC) != 0;

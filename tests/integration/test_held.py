@@ -37,8 +37,10 @@ def test_early_pushes_past_the_bound_are_asked_again_and_sum_exactly(daemon_fact
     assert d.counter("unread_dropped") == 0 and d.counter("reconnects") == 0
 
 
-def join(d, job, world, n, minor):
-    peers = [Peer(d.endpoint) for _ in range(world)]
+def join(d, job, world, n, minor, source=None):
+    """world ranks of job (from source, an address of 127.0.0.0/8, if given)."""
+    endpoint = d.endpoint.replace("tcp://", f"tcp://{source}:0;") if source else d.endpoint
+    peers = [Peer(endpoint) for _ in range(world)]
     for r, p in enumerate(peers):
         w = p.hello(job, r, world, version_minor=minor)
         assert w["type"] == WELCOME, w
@@ -164,6 +166,43 @@ def test_a_job_past_its_fair_part_gives_up_room_to_another(daemon_factory):
     assert_mean(results, n, 0.5)
     assert d.counter("held_bytes") == 0
     for p in peers:
+        p.close()
+
+
+def test_jobs_from_one_address_share_one_fair_part(daemon_factory):
+    # Before: each job had a fair part of max_held_bytes, so a stranger's second
+    # job from the same address took half the bound from its first (and 16
+    # jobs, max_jobs_per_address, 16 parts: every honest job's share gone). Now
+    # the jobs started from one address (not 127.0.0.1, ::1 or ipc, a host's own)
+    # share one part; a job from another address gets a part of its own.
+    d = daemon_factory(extra=["--max_held_bytes", "4M", "--chunk_bytes", "4M"])
+    n, world = 1 << 20, 8
+    codes = bytes(aps.quantize(np.full(n, 0.5, np.float32), "e4m3", scale_exp=0))
+    crc = crc32c(codes)
+    a = join(d, "a", world, n, minor=10, source="127.0.0.2")
+    b = join(d, "b", world, n, minor=10, source="127.0.0.2")
+    for r in range(1, world):
+        push(a[r], "a", r, world, codes, 10, crc)
+    time.sleep(0.5)
+    for r in range(1, world):
+        push(b[r], "b", r, world, codes, 10, crc)
+    time.sleep(0.5)
+    held = {j["name"]: j["held_bytes"] for j in d.ask("jobs")["jobs"]}
+    assert held == {"a": 4 << 20, "b": 0}, held  # before: 2 MiB each, 2 given up
+    assert d.counter("pushes_given_up") == 0
+    assert d.counter("pushes_declined") == 3 + 7
+    c = join(d, "c", 2, n, minor=10, source="127.0.0.3")
+    push(c[1], "c", 1, 2, codes, 10, crc)
+    time.sleep(0.5)
+    held = {j["name"]: j["held_bytes"] for j in d.ask("jobs")["jobs"]}
+    assert held == {"a": 3 << 20, "b": 0, "c": 1 << 20}, held
+    assert d.counter("pushes_given_up") == 1
+    for job, peers in (("a", a), ("b", b), ("c", c)):
+        push(peers[0], job, 0, len(peers), codes, 10, crc)
+        results, _ = gather(peers, job, len(peers), codes, crc, want_again=True)
+        assert_mean(results, n, 0.5)
+    assert d.counter("held_bytes") == 0
+    for p in a + b + c:
         p.close()
 
 
