@@ -191,7 +191,7 @@ struct aps_client_opts {
 	int32_t policy_auto;    /* 1: ask for the daemon's automatic precision policy; 0 or 1 */
 	const char *rules;      /* formats by tensor name, first match wins: "*.bias=fp32,fc.*=fp16"
 	                           (no empty rule; an unknown format is APS_EFORMAT);
-	                           NULL: every tensor in format */
+	                           NULL or "": every tensor in format */
 	int32_t error_feedback; /* 1: keep each tensor's quantization residual and add it to
 	                           the next step's gradient (what is flushed is delayed, not
 	                           lost); 0 or 1 */

@@ -113,13 +113,14 @@ static char *trim(char *s)
 	return s;
 }
 
-/* GLOB=FORMAT items separated by commas, none empty; an unknown format is APS_EFORMAT. */
+/* GLOB=FORMAT items separated by commas, none empty; an unknown format is APS_EFORMAT.
+ * NULL or "" is no rules, as apsd's `rules =`. */
 static int check_rules(const char *rules)
 {
 	char copy[APS_RULES_MAX], why[160];
 	struct aps_format f;
 
-	if (rules == NULL)
+	if (rules == NULL || rules[0] == '\0')
 		return 0;
 	if (strlen(rules) >= sizeof(copy))
 		return aps_api_fail(APS_EINVAL, "rules are longer than %d bytes",
@@ -131,9 +132,7 @@ static int check_rules(const char *rules)
 		if (next != NULL)
 			*next++ = '\0';
 		if (trim(item)[0] == '\0')
-			return aps_api_fail(APS_EINVAL,
-			                    "rules '%.200s' hold an empty rule (NULL: none)",
-			                    rules);
+			return aps_api_fail(APS_EINVAL, "rules '%.200s' hold an empty rule", rules);
 		eq = strchr(item, '=');
 		fmt = eq != NULL ? trim(eq + 1) : "";
 		if (fmt[0] != '\0' && aps_format_parse(fmt, &f) < 0)

@@ -81,7 +81,7 @@ def test_strings_with_a_nul_are_refused(call):
     ({"partition_bytes": 2**64 + 100}, "partition_bytes"),
     ({"world_size": 2**32 + 1}, "not in a world of"),
     ({"world_size": 10**6}, "not in a world of 1000000"),
-    ({"policy": "auto", "rules": ""}, "empty rule"),
+    ({"policy": "auto", "rules": "fc.*=fp16,,x=fp32"}, "empty rule"),
 ])
 def test_client_options_out_of_range_are_refused_before_connecting(kwargs, match):
     args = {"endpoint": "tcp://127.0.0.1:1", "rank": 0, "world_size": 1,
