@@ -20,16 +20,22 @@ static char *trim(char *s)
 	return s;
 }
 
-/* Calls fn(glob, format or NULL, arg) per rule until fn returns non-zero. */
+/* Calls fn(glob, format or NULL, arg) per rule until fn returns non-zero; an
+ * empty item (two commas, or one at an end) is a rule of glob "" too. */
 static int each_rule(const char *rules, int (*fn)(const char *glob, const char *fmt, void *arg),
                      void *arg)
 {
-	char copy[APS_RULES_MAX], *save = NULL;
+	char copy[APS_RULES_MAX], *all;
 	int ret;
 
 	snprintf(copy, sizeof(copy), "%s", rules != NULL ? rules : "");
-	for (char *item = strtok_r(copy, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
-		char *eq = strchr(item, '=');
+	all = trim(copy);
+	for (char *item = all[0] != '\0' ? all : NULL, *next; item != NULL; item = next) {
+		char *eq;
+		next = strchr(item, ',');
+		if (next != NULL)
+			*next++ = '\0';
+		eq = strchr(item, '=');
 		if (eq != NULL)
 			*eq = '\0';
 		ret = fn(trim(item), eq != NULL ? trim(eq + 1) : NULL, arg);
@@ -49,6 +55,10 @@ static int check_one(const char *glob, const char *fmt, void *arg)
 	struct check *c = arg;
 	struct aps_format f;
 
+	if (fmt == NULL && glob[0] == '\0') {
+		snprintf(c->why, c->len, "an empty rule (two commas, or one at an end)");
+		return APS_ECONFIG;
+	}
 	if (fmt == NULL || glob[0] == '\0') {
 		snprintf(c->why, c->len, "rule '%s' is not GLOB=FORMAT", glob);
 		return APS_ECONFIG;

@@ -48,6 +48,14 @@ static void test_policy_rules_pin_by_name(void **state)
 	assert_int_equal(aps_policy_check_rules("*.bias", why, sizeof(why)), APS_ECONFIG);
 	assert_int_equal(aps_policy_check_rules("a=e9m9", why, sizeof(why)), APS_ECONFIG);
 	assert_non_null(strstr(why, "'e9m9' is not a format"));
+	/* an empty rule was skipped: --rules ",,," ran with none, and libaps refuses it */
+	assert_int_equal(aps_policy_check_rules(",,,", why, sizeof(why)), APS_ECONFIG);
+	assert_non_null(strstr(why, "an empty rule"));
+	assert_int_equal(aps_policy_check_rules("a=fp16,,b=fp32", why, sizeof(why)), APS_ECONFIG);
+	assert_non_null(strstr(why, "an empty rule"));
+	assert_int_equal(aps_policy_check_rules("a=fp16,", why, sizeof(why)), APS_ECONFIG);
+	assert_int_equal(aps_policy_check_rules("", why, sizeof(why)), 0); /* no rules */
+	assert_int_equal(aps_policy_check_rules("  ", why, sizeof(why)), 0);
 }
 
 static void test_policy_small_tensors_travel_in_fp32(void **state)
