@@ -77,47 +77,36 @@ struct aps_addrs_entry *aps_addrs_open(struct aps_addrs *a, const char *ip)
 	return *link;
 }
 
-static struct aps_addrs_entry **find_link(struct aps_addrs *a, const char *ip)
+void aps_addrs_close(struct aps_addrs *a, struct aps_addrs_entry *e, bool joined)
+{
+	struct aps_addrs_entry **link;
+
+	e->joined -= joined && e->joined > 0;
+	if (--e->open > 0)
+		return;
+	link = link_of(a, e->origin);
+	if (*link == e)
+		*link = e->next;
+	free(e);
+	a->n--;
+}
+
+void aps_addrs_join(struct aps_addrs_entry *e, int delta)
+{
+	if (delta > 0)
+		e->joined++;
+	else if (e->joined > 0)
+		e->joined--;
+}
+
+const struct aps_addrs_entry *aps_addrs_find(struct aps_addrs *a, const char *ip)
 {
 	char origin[APS_ADDRS_ORIGIN_LEN];
 
 	if (a->n == 0)
 		return NULL;
 	aps_addrs_origin(ip, origin);
-	return link_of(a, origin);
-}
-
-void aps_addrs_close(struct aps_addrs *a, const char *ip, bool joined)
-{
-	struct aps_addrs_entry **link = find_link(a, ip), *e;
-
-	if (link == NULL || (e = *link) == NULL)
-		return;
-	e->joined -= joined && e->joined > 0;
-	if (--e->open > 0)
-		return;
-	*link = e->next;
-	free(e);
-	a->n--;
-}
-
-void aps_addrs_join(struct aps_addrs *a, const char *ip, int delta)
-{
-	struct aps_addrs_entry **link = find_link(a, ip);
-
-	if (link == NULL || *link == NULL)
-		return;
-	if (delta > 0)
-		(*link)->joined++;
-	else if ((*link)->joined > 0)
-		(*link)->joined--;
-}
-
-const struct aps_addrs_entry *aps_addrs_find(struct aps_addrs *a, const char *ip)
-{
-	struct aps_addrs_entry **link = find_link(a, ip);
-
-	return link != NULL ? *link : NULL;
+	return *link_of(a, origin);
 }
 
 void aps_addrs_free(struct aps_addrs *a)

@@ -36,10 +36,11 @@ void aps_addrs_origin(const char *ip, char out[APS_ADDRS_ORIGIN_LEN]);
 /* One more connection open from ip; returns its origin's entry, or NULL when out
  * of memory (the connection then goes uncounted). */
 struct aps_addrs_entry *aps_addrs_open(struct aps_addrs *a, const char *ip);
-/* One connection of ip's closed (joined: it was admitted). */
-void aps_addrs_close(struct aps_addrs *a, const char *ip, bool joined);
-/* One connection of ip's admitted (delta 1) or no longer (-1). */
-void aps_addrs_join(struct aps_addrs *a, const char *ip, int delta);
+/* One connection of e's (from aps_addrs_open) closed (joined: it was admitted);
+ * e is freed with its last. */
+void aps_addrs_close(struct aps_addrs *a, struct aps_addrs_entry *e, bool joined);
+/* One connection of e's admitted (delta 1) or no longer (-1). */
+void aps_addrs_join(struct aps_addrs_entry *e, int delta);
 /* ip's origin's entry, or NULL: nothing open from there. */
 const struct aps_addrs_entry *aps_addrs_find(struct aps_addrs *a, const char *ip);
 void aps_addrs_free(struct aps_addrs *a);

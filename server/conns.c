@@ -207,11 +207,9 @@ static int push_closed(struct aps_conns *t, uint64_t id)
 /* The slot's connection is over: its id is reported, its duplicate closed. */
 static void retire(struct aps_conns *t, struct aps_conn *c)
 {
-	char ip[INET6_ADDRSTRLEN];
-
-	if (c->counted && aps_admission_ip_of(c->address, ip))
-		aps_addrs_close(&t->addrs, ip, c->admitted);
-	c->counted = false;
+	if (c->from != NULL)
+		aps_addrs_close(&t->addrs, c->from, c->admitted);
+	c->from = NULL;
 	push_closed(t, c->id);
 	if (c->dup >= 0)
 		close(c->dup);
@@ -242,7 +240,6 @@ static int dup_stream(int fd)
 
 int aps_conns_accepted(struct aps_conns *t, int fd, uint64_t now)
 {
-	const struct aps_addrs_entry *e;
 	char ip[INET6_ADDRSTRLEN];
 	struct aps_conn *c;
 
@@ -265,10 +262,11 @@ int aps_conns_accepted(struct aps_conns *t, int fd, uint64_t now)
 		aps_conns_drop(t, c->id, now);
 		return APS_EBUSY;
 	}
-	if (!aps_admission_ip_of(c->address, ip) || (e = aps_addrs_open(&t->addrs, ip)) == NULL)
+	if (!aps_admission_ip_of(c->address, ip) ||
+	    (c->from = aps_addrs_open(&t->addrs, ip)) == NULL)
 		return 0;
-	c->counted = true;
-	if (t->max_per_address == 0 || e->open <= t->max_per_address || aps_admission_exempt(ip))
+	if (t->max_per_address == 0 || c->from->open <= t->max_per_address ||
+	    aps_admission_exempt(ip))
 		return 0;
 	t->cnt.refused_address++;
 	aps_conns_drop(t, c->id, now);
@@ -365,12 +363,10 @@ enum aps_conns_delivery aps_conns_delivered(struct aps_conns *t, uint64_t id,
 void aps_conns_admit(struct aps_conns *t, uint64_t id, bool admitted, uint64_t now)
 {
 	struct aps_conn *c = slot_of_id(t, id);
-	char ip[INET6_ADDRSTRLEN];
-
 	if (c == NULL)
 		return;
-	if (c->counted && c->admitted != admitted && aps_admission_ip_of(c->address, ip))
-		aps_addrs_join(&t->addrs, ip, admitted ? 1 : -1);
+	if (c->from != NULL && c->admitted != admitted)
+		aps_addrs_join(c->from, admitted ? 1 : -1);
 	c->deadline_ms = admitted ? 0 : now + t->join_timeout_ms;
 	c->admitted = admitted;
 }

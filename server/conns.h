@@ -61,9 +61,9 @@ struct aps_conn {
 	int dup;     /* apsd's duplicate of ZeroMQ's descriptor, -1 when dup failed */
 	uint32_t accepts;
 	uint64_t accepted_ms;
-	uint64_t deadline_ms;  /* dropped when not admitted by then; 0: admitted, or no deadline */
-	bool admitted;         /* a session joined a job on it */
-	bool counted;          /* in the table of addresses (a TCP peer's) */
+	uint64_t deadline_ms; /* dropped when not admitted by then; 0: admitted, or no deadline */
+	bool admitted;        /* a session joined a job on it */
+	struct aps_addrs_entry *from; /* its address in the table (a TCP peer's); NULL: none */
 	bool unheard;          /* dropped: read past APS_CONNS_UNHEARD_MAX before a message */
 	uint64_t dropped_ms;   /* when apsd shut it down; 0: it did not */
 	uint64_t gone_ms;      /* when its peer was first seen gone; 0: not yet */
