@@ -490,6 +490,9 @@ def test_checkpoints_of_every_job_stay_within_checkpoint_max_bytes(daemon_factor
         c.step("w", np.ones(n, np.float32), w, 0.1)
         c.close()
         wait_for(d, f"job=j{i} step=1")
+    # "queued" comes first: the write's own line follows from its thread
+    d.wait_for_log("checkpoint: written job=j1 step=1")
+    d.wait_for_log("checkpoint: failed job=j3 step=1")
     log = d.log_path.read_text()
     assert "checkpoint: written job=j1 step=1" in log
     assert "checkpoint: failed job=j3 step=1 reason=\"checkpoint_max_bytes is 3145728" in log
