@@ -26,7 +26,9 @@ static void init_tensor(struct aps_server *srv, struct aps_job *job, struct aps_
 {
 	t->round.trace = srv->opts.trace;
 	t->round.engine = srv->engine;
+	t->job = job;
 	t->round.share = &job->held->share;
+	t->round.owner = t;
 	t->round.lane = t->id; /* a tensor's first chunk on its own thread, the next on the next */
 	t->round.label = t->name;
 	t->round.job_label = job->name;
@@ -235,35 +237,64 @@ static bool starts_step(const struct aps_tensor *t, uint32_t rank, uint64_t step
 	return true;
 }
 
-/*
- * A push that came before a lower rank's while max_held_bytes of such pushes
- * are held was not kept: its rank is asked for it again (AGAIN) when its turn
- * comes. A client older than AGAIN would wait forever, and its call made again
- * would find its other chunks of the step taken: the tensor's step fails for
- * every rank (they make their calls again together).
- */
-static void declined(struct aps_server *srv, struct aps_session *s, struct aps_tensor *t,
-                     const struct aps_msg *m)
+/* Drops t's step: every rank's call of it fails APS_ENOMEM saying why, and they
+ * make their calls again together. */
+static void fail_step(struct aps_server *srv, struct aps_tensor *t, const char *why)
 {
-	struct aps_job *job = s->job;
-	struct aps_msg about = *m;
+	struct aps_job *job = t->job;
+	struct aps_msg about;
 
-	srv->counters.pushes_declined++;
-	if (s->minor >= APS_PROTO_VERSION_MINOR_AGAIN)
-		return;
+	aps_msg_init(&about, APS_MSG_PUSH);
+	snprintf(about.job, sizeof(about.job), "%s", job->name);
+	about.world_size = job->world_size;
+	about.tensor_id = t->id;
+	about.step = t->round.step;
 	aps_job_abort_tensor(job, t);
 	for (uint32_t r = 0; r < job->world_size; r++) {
 		if (job->ranks[r] == NULL)
 			continue;
 		about.rank = r;
-		aps_outbox_error(
-		        srv, &job->ranks[r]->peer, APS_ENOMEM, &about,
-		        "tensor '%.80s' step %llu: apsd holds max_held_bytes = %llu of "
-		        "pushes that came before a lower rank's, and rank %u's client "
-		        "(protocol 1.%u) cannot be asked for its own again (1.%d): call again",
-		        t->name, (unsigned long long)m->step, (unsigned long long)srv->held.limit,
-		        s->rank, s->minor, APS_PROTO_VERSION_MINOR_AGAIN);
+		aps_outbox_error(srv, &job->ranks[r]->peer, APS_ENOMEM, &about, "%s", why);
 	}
+}
+
+/*
+ * A push that came before a lower rank's while max_held_bytes of such pushes
+ * are held was not kept: its rank is asked for it again (AGAIN) when its turn
+ * comes. A client older than AGAIN would wait forever, and its call made again
+ * would find its other chunks of the step taken: the tensor's step fails for
+ * every rank.
+ */
+static void declined(struct aps_server *srv, struct aps_session *s, struct aps_tensor *t,
+                     const struct aps_msg *m)
+{
+	char why[2 * APS_MSG_TEXT_MAX]; /* the ERROR keeps what fits */
+
+	srv->counters.pushes_declined++;
+	if (s->minor >= APS_PROTO_VERSION_MINOR_AGAIN)
+		return;
+	snprintf(why, sizeof(why),
+	         "tensor '%.80s' step %llu: apsd holds max_held_bytes = %llu of pushes that "
+	         "came before a lower rank's, and rank %u's client (protocol 1.%u) cannot be "
+	         "asked for its own again (1.%d): call again",
+	         t->name, (unsigned long long)m->step, (unsigned long long)srv->held.limit, s->rank,
+	         s->minor, APS_PROTO_VERSION_MINOR_AGAIN);
+	fail_step(srv, t, why);
+}
+
+void aps_handle_drop_held_step(void *ctx, struct aps_round *r)
+{
+	struct aps_tensor *t = r->owner;
+	char why[2 * APS_MSG_TEXT_MAX]; /* the ERROR keeps what fits */
+
+	snprintf(why, sizeof(why),
+	         "tensor '%.64s' step %llu: apsd gave what this step held to another job's "
+	         "pushes (max_held_bytes = %llu, shared), and this job's clients older than "
+	         "protocol 1.%d cannot be asked for theirs again: call again",
+	         t->name, (unsigned long long)r->step,
+	         (unsigned long long)((struct aps_server *)ctx)->held.limit,
+	         APS_PROTO_VERSION_MINOR_AGAIN);
+	fail_step(ctx, t, why);
 }
 
 void aps_handle_push(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m,

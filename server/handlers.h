@@ -20,4 +20,8 @@ void aps_handle_exponents(struct aps_server *srv, struct aps_session *s, const s
 void aps_handle_heartbeat(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m);
 void aps_handle_bye(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m);
 
+/* aps_round_held.drop_step (ctx: the server): the step of r, a tensor's round
+ * that holds pushes of a client older than AGAIN, fails for every rank. */
+void aps_handle_drop_held_step(void *ctx, struct aps_round *r);
+
 #endif

@@ -73,6 +73,7 @@ struct aps_tensor_stats {
 struct aps_tensor {
 	char name[APS_MSG_NAME_MAX + 1];
 	uint32_t id;
+	struct aps_job *job; /* its job (borrowed) */
 	uint64_t count;
 	bool *registered; /* world_size: the rank registered this tensor */
 	struct aps_round round;

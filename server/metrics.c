@@ -78,6 +78,10 @@ static void render_daemon(FILE *f, const struct aps_server *srv)
 	        "Held pushes a job gave up, past its fair part of max_held_bytes, for another "
 	        "job's: asked again at their turn.",
 	        srv->held.given_up);
+	counter(f, "held_steps_dropped",
+	        "Steps dropped, past their job's fair part of max_held_bytes, for another job's: "
+	        "they held pushes of clients that cannot be asked again (protocol < 1.10).",
+	        srv->held.steps_dropped);
 	gauge(f, "uptime_seconds", "Seconds since the daemon started.",
 	      (double)(uv_now(srv->loop) - srv->started_ms) / 1000.0);
 	gauge(f, "jobs", "Jobs being served.", srv->jobs.n_jobs);

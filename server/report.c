@@ -47,6 +47,8 @@ static json_t *counters(const struct aps_server *srv)
 	json_object_set_new(o, "parked_bytes", json_integer((json_int_t)z->parked_bytes));
 	json_object_set_new(o, "held_bytes", json_integer((json_int_t)srv->held.bytes));
 	json_object_set_new(o, "pushes_given_up", json_integer((json_int_t)srv->held.given_up));
+	json_object_set_new(o, "held_steps_dropped",
+	                    json_integer((json_int_t)srv->held.steps_dropped));
 	aps_engine_counters(srv->engine, &e);
 	json_object_set_new(o, "engine_threads", json_integer((json_int_t)e.threads));
 	json_object_set_new(o, "engine_tasks", json_integer((json_int_t)e.tasks));

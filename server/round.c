@@ -137,6 +137,7 @@ static void hold(struct aps_round *r, const struct aps_contribution *c)
 	if (c->payload.data == NULL || len == 0)
 		return;
 	r->held_bytes += len;
+	r->held_unaskable += !c->askable;
 	if (s == NULL)
 		return;
 	if (r->held_bytes == len)
@@ -157,6 +158,7 @@ static void unhold(struct aps_round *r, const struct aps_contribution *c)
 	if (c->payload.data == NULL || len == 0)
 		return;
 	r->held_bytes -= len;
+	r->held_unaskable -= !c->askable;
 	if (s == NULL)
 		return;
 	if (r->held_bytes == 0)
@@ -457,6 +459,31 @@ static uint64_t give_up(struct aps_round *r, uint64_t need)
 }
 
 /*
+ * Frees what v holds past fair, up to need bytes: contributions that can be
+ * asked for again first (give_up); then, with drop_step, the steps of rounds
+ * that hold one that cannot, whole (they may take v below fair).
+ */
+static void take_from(struct aps_round_share *v, uint64_t fair, uint64_t need, bool drop)
+{
+	struct aps_round_held *p = v->pool;
+	uint64_t got = 0, over = v->bytes - fair < need ? v->bytes - fair : need;
+	struct aps_round *q, *next_q;
+
+	for (q = v->rounds; q != NULL && got < over; q = next_q) {
+		uint64_t had = q->held_bytes;
+
+		next_q = q->share_next; /* q leaves the list if it gives up everything */
+		if (!drop) {
+			got += give_up(q, over - got);
+		} else if (q->held_unaskable > 0) {
+			p->drop_step(p->ctx, q);
+			p->steps_dropped++;
+			got += had - q->held_bytes;
+		}
+	}
+}
+
+/*
  * Room in the pool for len more bytes of s, if s would stay within its fair
  * part: taken from the shares that hold more than theirs, down to it.
  */
@@ -468,18 +495,11 @@ static bool make_room(struct aps_round_share *s, uint64_t len)
 
 	if (s->bytes + len > fair)
 		return false;
-	for (v = p->holders; v != NULL && p->bytes + len > p->limit; v = next_v) {
-		uint64_t over = p->bytes + len - p->limit, got = 0;
-		struct aps_round *q, *next_q;
-
-		next_v = v->next; /* v leaves the list if it gives up everything */
-		if (v == s || v->bytes <= fair)
-			continue;
-		if (over > v->bytes - fair)
-			over = v->bytes - fair;
-		for (q = v->rounds; q != NULL && got < over; q = next_q) {
-			next_q = q->share_next;
-			got += give_up(q, over - got);
+	for (int drop = 0; drop <= (p->drop_step != NULL); drop++) {
+		for (v = p->holders; v != NULL && p->bytes + len > p->limit; v = next_v) {
+			next_v = v->next; /* v leaves the list if it gives up everything */
+			if (v != s && v->bytes > fair)
+				take_from(v, fair, p->bytes + len - p->limit, drop);
 		}
 	}
 	return p->bytes + len <= p->limit;

@@ -66,15 +66,25 @@ struct aps_round_chunk {
  * holds more: then that job gives up contributions it holds, the highest ranks
  * first, those whose clients can be asked again (askable), as many as the
  * newcomer needs but never below its own fair part, and they are asked for
- * again in their turn. So a job that holds pushes it never completes (its
- * rank 0 never pushes) keeps no more than its part once others need theirs.
+ * again in their turn. Where that is not room enough, the rounds of such a job
+ * that hold a contribution its client cannot be asked for again (older than
+ * AGAIN) lose their step (drop_step): every rank makes it again. So a job that
+ * holds pushes it never completes (its rank 0 never pushes) keeps no more than
+ * its part once others need theirs.
  */
 struct aps_round_share;
+struct aps_round;
 struct aps_round_held {
 	uint64_t bytes, limit;
 	struct aps_round_share *holders; /* the shares that hold something */
 	uint32_t n_holders;
 	uint64_t given_up; /* contributions given up for another job's (asked again) */
+	/* Drops r's step to free what it holds for another job's: the callee aborts
+	 * r (aps_round_abort) and tells its ranks. NULL: what cannot be asked for
+	 * again stays held until its turn. */
+	void (*drop_step)(void *ctx, struct aps_round *r);
+	void *ctx;
+	uint64_t steps_dropped; /* by drop_step */
 };
 
 /* One job's part of aps_round_held. */
@@ -112,8 +122,10 @@ struct aps_round {
 	struct aps_round_share *share; /* its job's (borrowed); NULL: early ones are all kept */
 	uint64_t held_bytes;           /* of held, this round's part of share->bytes */
 	struct aps_round *share_prev, *share_next; /* in share->rounds while held_bytes > 0 */
-	float *acc;                                /* count floats, the rank-ordered sum */
-	uint8_t *scratch;                          /* lowp: one chunk's codes */
+	uint32_t held_unaskable;                   /* of held, contributions not askable */
+	void *owner;                /* its tensor, for share->pool->drop_step (borrowed) */
+	float *acc;                 /* count floats, the rank-ordered sum */
+	uint8_t *scratch;           /* lowp: one chunk's codes */
 	bool step_fmt_set;          /* the first contribution of the step fixed these: */
 	struct aps_format step_fmt; /* uplink format, the "auto" downlink */
 	int step_scale;             /* lowp: every rank's k */

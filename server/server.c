@@ -292,6 +292,8 @@ int aps_server_new(struct aps_server **out, uv_loop_t *loop, const struct aps_se
 	srv->limits.max_ranks = o->max_ranks;
 	srv->limits.max_tensors = o->max_tensors;
 	srv->held.limit = o->max_held_bytes;
+	srv->held.drop_step = aps_handle_drop_held_step;
+	srv->held.ctx = srv;
 	ret = init_downlink(srv);
 	if (ret == 0 && o->checkpoint_dir != NULL && o->checkpoint_dir[0] != '\0')
 		ret = aps_ckpt_queue_new(&srv->ckpt, loop, o->checkpoint_dir, o->checkpoint_keep,

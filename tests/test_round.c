@@ -242,14 +242,24 @@ static int add_rank(struct aps_round *r, int rank, bool askable)
 	return aps_round_add(r, (uint32_t)rank, 0, 0, APS_ROUND_ALLREDUCE, &c, why, sizeof(why));
 }
 
+static int dropped;
+
+/* aps_round_held.drop_step: what the server does, less telling the ranks. */
+static void drop_step(void *ctx, struct aps_round *r)
+{
+	assert_ptr_equal(ctx, r);
+	aps_round_abort(r);
+	dropped++;
+}
+
 /*
  * Two jobs share max_held_bytes, room for two early contributions. Job A's
  * ranks 3 and 2 come early and take it all (its rank 0 does not come). Job B's
  * rank 3 comes early: B holds nothing, so A gives up its highest rank's (3)
  * for it, down to its fair part (half), and B's is kept. A's rank 3 is asked
  * for when its turn comes, and A's mean is the same bits. Contributions of
- * clients that cannot be asked again (askable false) are never given up: B's
- * rank 2 is then declined.
+ * clients that cannot be asked again (askable false) are not given up: B's
+ * rank 3 is then declined, unless the pool may drop A's step (drop_step).
  */
 static void test_round_a_job_past_its_fair_part_gives_up_room(void **state)
 {
@@ -308,6 +318,14 @@ static void test_round_a_job_past_its_fair_part_gives_up_room(void **state)
 	assert_int_equal(add_rank(&a, 2, false), 0);
 	assert_int_equal(add_rank(&b, 3, true), APS_ROUND_ADD_DECLINED);
 	assert_true(pool.given_up == 1 && sa.bytes == pool.limit);
+	/* ...unless its step may be dropped: then A's round gives up all it held */
+	pool.drop_step = drop_step;
+	pool.ctx = &a;
+	assert_int_equal(add_rank(&b, 2, true), 0);
+	assert_true(pool.steps_dropped == 1 && pool.given_up == 1 && dropped == 1);
+	assert_true(sa.bytes == 0 && sa.rounds == NULL && a.held_unaskable == 0);
+	assert_true(pool.n_holders == 1 && pool.bytes == sb.bytes && sb.bytes == pool.limit / 2);
+	assert_false(aps_round_busy(&a));
 	aps_round_fini(&a);
 	aps_round_fini(&b);
 	assert_true(pool.bytes == 0 && pool.n_holders == 0);

@@ -206,6 +206,46 @@ def test_jobs_from_one_address_share_one_fair_part(daemon_factory):
         p.close()
 
 
+def test_an_old_clients_held_step_gives_way_to_another_job(daemon_factory):
+    # Before: held pushes of clients older than 1.10 were never given up (they
+    # cannot be asked again), so a job of such clients whose rank 0 stayed away
+    # held the whole bound as long as it sent heartbeats, and every early push
+    # of every other job was declined and asked again (100 of 100 in the
+    # attack). Now such a job's step is dropped for another job's pushes, as
+    # when its own push is declined: each of its ranks' calls fails
+    # APS_ENOMEM, and the step made again sums.
+    d = daemon_factory(extra=["--max_held_bytes", "4M", "--chunk_bytes", "4M"])
+    n, world = 1 << 20, 5
+    codes = bytes(aps.quantize(np.full(n, 0.25, np.float32), "e4m3", scale_exp=0))
+    crc = crc32c(codes)
+    old = join(d, "old", world, n, minor=9)
+    for r in range(1, world):
+        push(old[r], "old", r, world, codes, 9, crc)
+    time.sleep(0.5)
+    keep_alive(old, "old", old[0])
+    assert d.counter("held_bytes") == 4 << 20 and d.counter("pushes_declined") == 0
+    procs = [start_worker(d.endpoint, r, 4, [300000, 4097], steps=6, timeout_ms=20000,
+                          job="honest", jitter_ms=60 if r == 0 else 0) for r in range(4)]
+    while any(p.poll() is None for p in procs):
+        keep_alive(old, "old", old[0])
+        time.sleep(0.3)
+    assert_all_ok(collect(procs, 60), 6, 2)
+    assert d.counter("pushes_declined") == 0  # before: most honest early pushes
+    assert d.counter("held_steps_dropped") == 1 and d.counter("pushes_given_up") == 0
+    for r in range(1, world):  # rank 0's were read by keep_alive
+        err = old[r].recv_type(ERROR, 5000)
+        assert err is not None and err["error_code"] == ENOMEM, (r, err)
+        assert "gave what this step held to another job's" in err["error_text"], err
+    for r, p in enumerate(old):  # each in its turn: nothing early to hold
+        push(p, "old", r, world, codes, 9, crc)
+        time.sleep(0.3)
+    results, _ = gather(old, "old", world, codes, crc, want_again=False)
+    assert_mean(results, n, 0.25)
+    assert d.counter("held_bytes") == 0
+    for p in old:
+        p.close()
+
+
 def test_an_old_client_declined_fails_the_step_for_every_rank(daemon_factory):
     # A client of protocol 1.9 cannot be asked again: when its push is declined
     # the tensor's step is dropped, every rank's call of it fails APS_ENOMEM
