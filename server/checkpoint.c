@@ -612,6 +612,31 @@ static int refuses(const struct aps_ckpt *head, uint64_t len, const struct aps_c
 	return 0;
 }
 
+int aps_ckpt_check_newest(const char *dir, const char *job, const struct aps_ckpt_want *want,
+                          uint64_t *bytes, char *refusal, size_t refusal_len)
+{
+	char path[APS_CKPT_PATH_MAX], why[256];
+	size_t n = 0;
+	int err = 0, ret = 0;
+	uint64_t *steps = list_steps(dir, job, &n, &err), len = 0;
+	struct aps_ckpt head;
+
+	if (steps == NULL && err != 0 && err != ENOENT)
+		return APS_ESYS;
+	for (size_t i = 0; i < n; i++) {
+		memset(&head, 0, sizeof(head));
+		if (aps_ckpt_path(dir, job, steps[i], path, sizeof(path)) < 0 ||
+		    read_head(path, &head, &len, why, sizeof(why)) < 0)
+			continue; /* aps_ckpt_load_newest skips it too, and says why */
+		ret = refuses(&head, len, want, path, refusal, refusal_len);
+		ret = ret < 0 ? ret : 1;
+		*bytes = len;
+		break;
+	}
+	free(steps);
+	return ret;
+}
+
 int aps_ckpt_load_newest(const char *dir, const char *job, const struct aps_ckpt_want *want,
                          struct aps_ckpt *out, char *path, size_t path_len, char *refusal,
                          size_t refusal_len)

@@ -104,4 +104,14 @@ int aps_ckpt_load_newest(const char *dir, const char *job, const struct aps_ckpt
                          struct aps_ckpt *out, char *path, size_t path_len, char *why,
                          size_t why_len);
 
+/*
+ * What aps_ckpt_load_newest would find from the newest header that reads, without
+ * reading a file whole: 1 when there is a file to load (*bytes: its length), 0
+ * when there is none, APS_ESYS when dir cannot be read, APS_EACCES / APS_ERANGE
+ * with why as there. One directory listing and one small read: cheap enough for
+ * the event loop.
+ */
+int aps_ckpt_check_newest(const char *dir, const char *job, const struct aps_ckpt_want *want,
+                          uint64_t *bytes, char *why, size_t why_len);
+
 #endif

@@ -126,7 +126,10 @@ struct aps_job {
 	struct aps_optim_config optim;       /* kind APS_OPTIM_NONE: all-reduce mode */
 	char optim_spec[APS_OPTIM_SPEC_MAX]; /* canonical, "" in all-reduce mode */
 	struct aps_ckpt resume;              /* loaded at start; tensors taken at REGISTER */
-	uint64_t resume_bytes;            /* of resume, not taken yet: max_total_bytes counts it */
+	uint64_t resume_bytes; /* of resume, not taken yet: max_total_bytes counts it */
+	/* Its checkpoint being read (ckpt_load.h; a tag, not owned): its ranks' WELCOMEs
+	 * wait, and they may send only HELLO, HEARTBEAT and BYE. */
+	const struct aps_ckpt_load *loading;
 	struct aps_ckpt_owner ckpt_owner; /* its token's, written in its checkpoints */
 	uint64_t last_ckpt_step;          /* step of the last checkpoint queued */
 	/*

@@ -12,6 +12,7 @@
 #include "server/join.h"
 
 #include "server/access.h"
+#include "server/ckpt_load.h"
 #include "server/leave.h"
 #include "server/optimize.h"
 #include "server/outbox.h"
@@ -84,8 +85,7 @@ static bool options_differ(const struct aps_job *job, bool job_policy_auto, cons
 }
 
 static int create_job(struct aps_server *srv, const struct aps_session *s, const struct aps_msg *m,
-                      const struct aps_optim_config *optim, struct aps_ckpt *resume,
-                      struct aps_job **out)
+                      const struct aps_optim_config *optim, struct aps_job **out)
 {
 	struct aps_job *job;
 	int ret;
@@ -133,7 +133,7 @@ static int create_job(struct aps_server *srv, const struct aps_session *s, const
 	             job->name, job->world_size, aps_scaling_name(job->scaling),
 	             job->downlink_auto ? "auto" : job->downlink.name,
 	             optim->kind == APS_OPTIM_NONE ? "allreduce" : "optimize ", m->optimizer);
-	aps_optimize_job_start(srv, job, optim, resume);
+	aps_optimize_job_start(job, optim);
 	*out = job;
 	return 0;
 }
@@ -312,13 +312,70 @@ static void joined(struct aps_server *srv, struct aps_job *job, struct aps_sessi
 		job->filled = true;
 }
 
+static void end_now(struct aps_server *srv, struct aps_job *job, int code, const char *text);
+
+/*
+ * Its checkpoint read (ckpt_load.h): the job takes it, and its ranks hear their
+ * WELCOMEs now; or, refused, the job ends and they hear why. A job that ended
+ * meanwhile is not looked at (another of its name has another read, or none).
+ */
+static void on_checkpoint_loaded(void *ctx, const struct aps_ckpt_load *l, const char *name,
+                                 int ret, struct aps_ckpt *ck, const char *path, const char *why)
+{
+	struct aps_server *srv = ctx;
+	struct aps_job *job = aps_jobs_find(&srv->jobs, name);
+	char text[APS_MSG_TEXT_MAX + 1];
+	uint64_t now = uv_now(srv->loop);
+
+	if (job == NULL || job->loading != l)
+		return;
+	job->loading = NULL;
+	if (srv->stopping) /* its ranks heard BYE; the file stays as it was */
+		return;
+	ret = aps_optimize_job_resume(srv, job, ret, ck, path, why, text, sizeof(text));
+	if (ret < 0) {
+		srv->counters.refused_token += ret == APS_EACCES;
+		srv->counters.refused_hello++;
+		end_now(srv, job, ret, text);
+		return;
+	}
+	job->created_ms = now; /* join_timeout_ms counts from here */
+	for (uint32_t r = 0; r < job->world_size; r++) {
+		struct aps_session *s = job->ranks[r];
+		if (s == NULL || s->detached_ms != 0)
+			continue;
+		s->last_seen_ms = now; /* no keepalive was due before its WELCOME */
+		aps_join_welcome(srv, s, 0);
+	}
+}
+
+/* Reads job's checkpoint off the loop; meanwhile its ranks wait for their WELCOMEs,
+ * and bytes (the file's) count against max_total_bytes. */
+static int load_checkpoint(struct aps_server *srv, struct aps_job *job,
+                           const struct aps_ckpt_want *want, uint64_t bytes, char *why, size_t len)
+{
+	int ret = aps_ckpt_load_start(srv->loop, srv->opts.checkpoint_dir, job->name, want,
+	                              on_checkpoint_loaded, srv, &job->loading);
+
+	if (ret < 0) {
+		snprintf(why, len, "job '%.64s': cannot start reading its checkpoint (%s)",
+		         job->name, aps_strerror(ret));
+		aps_log_error("checkpoint", "not resumed job=%s: %s", job->name, why);
+		aps_jobs_remove(&srv->jobs, job);
+		return ret;
+	}
+	job->resume_bytes = bytes;
+	return 0;
+}
+
 void aps_handle_hello(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m)
 {
 	char why[APS_MSG_TEXT_MAX + 1], spec[APS_OPTIM_SPEC_MAX] = "";
-	struct aps_ckpt resume = { 0 };
 	struct aps_optim_config optim;
+	struct aps_ckpt_want want;
 	struct aps_job *job;
-	int ret;
+	uint64_t resume_bytes = 0;
+	int ret, resume = 0;
 
 	if (s->job != NULL)
 		return hello_again(srv, s, m);
@@ -357,15 +414,19 @@ void aps_handle_hello(struct aps_server *srv, struct aps_session *s, const struc
 	if (ret == 0 && job == NULL)
 		ret = new_job_refuses(srv, s, m, why, sizeof(why));
 	if (ret == 0 && job == NULL) { /* its checkpoint: another token's, or too large */
-		ret = aps_optimize_resume_load(srv, m, &optim, &resume, why, sizeof(why));
-		srv->counters.refused_token += ret == APS_EACCES;
-		ret = ret > 0 ? 0 : ret;
+		resume = aps_optimize_resume_check(srv, m, &optim, &want, &resume_bytes, why,
+		                                   sizeof(why));
+		srv->counters.refused_token += resume == APS_EACCES;
+		ret = resume < 0 ? resume : 0;
 	}
-	if (ret == 0 && job == NULL && create_job(srv, s, m, &optim, &resume, &job) < 0)
+	if (ret == 0 && job == NULL && create_job(srv, s, m, &optim, &job) < 0) {
 		ret = APS_ENOMEM;
-	aps_ckpt_free(&resume); /* what create_job did not take */
+		snprintf(why, sizeof(why), "out of memory");
+	}
+	if (ret == 0 && resume == 1)
+		ret = load_checkpoint(srv, job, &want, resume_bytes, why, sizeof(why));
 	if (ret < 0)
-		return refuse_hello(srv, s, m, ret, ret == APS_ENOMEM ? "out of memory" : why);
+		return refuse_hello(srv, s, m, ret, why);
 	s->job = job;
 	s->rank = m->rank;
 	job->ranks[m->rank] = s;
@@ -378,6 +439,9 @@ void aps_join_welcome(struct aps_server *srv, struct aps_session *s, uint32_t fl
 {
 	struct aps_job *job = s->job;
 	struct aps_msg w;
+
+	if (job->loading != NULL)
+		return; /* its checkpoint is being read: on_checkpoint_loaded welcomes it */
 
 	aps_outbox_init(&w, APS_MSG_WELCOME, job, s->rank);
 	w.step = job->barrier_step; /* the job's next barrier: a rank that is back joins it */
@@ -464,7 +528,8 @@ void aps_join_tick(struct aps_server *srv, uint64_t now)
 
 	for (; job != NULL; job = next) {
 		next = job->next;
-		if (!job->filled && now - job->created_ms >= srv->opts.join_timeout_ms)
+		if (!job->filled && job->loading == NULL &&
+		    now - job->created_ms >= srv->opts.join_timeout_ms)
 			expire(srv, job);
 		else if (job->departed[0] != '\0' && job->departed_ms == 0)
 			job->departed_ms = now;

@@ -51,49 +51,75 @@ static uint64_t ckpt_tensor_bytes(const struct aps_ckpt_tensor *ct)
 	return ct->arrays[0] != NULL ? (uint64_t)ct->n_arrays * ct->count * sizeof(float) : 0;
 }
 
-int aps_optimize_resume_load(struct aps_server *srv, const struct aps_msg *m,
-                             const struct aps_optim_config *cfg, struct aps_ckpt *ck, char *why,
-                             size_t why_len)
+/* What max_job_bytes and max_total_bytes leave a job besides the others'. */
+static uint64_t room_for_job(const struct aps_server *srv)
 {
-	const char *dir = srv->opts.checkpoint_dir;
 	uint64_t used = aps_jobs_bytes(&srv->jobs), max = srv->opts.max_job_bytes;
 	uint64_t total = srv->opts.max_total_bytes;
-	struct aps_ckpt_want want = { .token = m->job_token };
-	char path[APS_CKPT_PATH_MAX];
+
+	if (total != 0 && (used >= total || total - used < max))
+		max = used >= total ? 1 : total - used;
+	return max;
+}
+
+int aps_optimize_resume_check(struct aps_server *srv, const struct aps_msg *m,
+                              const struct aps_optim_config *cfg, struct aps_ckpt_want *want,
+                              uint64_t *bytes, char *why, size_t why_len)
+{
+	const char *dir = srv->opts.checkpoint_dir;
 	int ret;
 
 	if (cfg->kind == APS_OPTIM_NONE || dir == NULL || dir[0] == '\0')
 		return 0;
-	if (total != 0 && (used >= total || total - used < max))
-		max = used >= total ? 1 : total - used;
-	want.max_bytes = max;
-	ret = aps_ckpt_load_newest(dir, m->job, &want, ck, path, sizeof(path), why, why_len);
-	if (ret == APS_EACCES || ret == APS_ERANGE) {
+	*want = (struct aps_ckpt_want){ .token = m->job_token, .max_bytes = room_for_job(srv) };
+	ret = aps_ckpt_check_newest(dir, m->job, want, bytes, why, why_len);
+	if (ret == APS_EACCES || ret == APS_ERANGE)
 		aps_log_warn("checkpoint", "not resumed job=%s: %s", m->job, why);
-		return ret;
-	}
-	if (ret != 1)
-		return 0;
-	aps_log_info("checkpoint", "resuming job=%s step=%llu tensors=%u path=%s optimizer=%s",
-	             m->job, (unsigned long long)ck->step, ck->n_tensors, path, ck->optimizer);
-	return 1;
+	return ret == 1 || ret == APS_EACCES || ret == APS_ERANGE ? ret : 0;
 }
 
-void aps_optimize_job_start(struct aps_server *srv, struct aps_job *job,
-                            const struct aps_optim_config *cfg, struct aps_ckpt *ck)
+void aps_optimize_job_start(struct aps_job *job, const struct aps_optim_config *cfg)
 {
 	job->optim = *cfg;
-	if (cfg->kind == APS_OPTIM_NONE)
-		return;
-	aps_optim_describe(cfg, job->optim_spec, sizeof(job->optim_spec));
-	if (ck->n_tensors == 0)
-		return;
+	if (cfg->kind != APS_OPTIM_NONE)
+		aps_optim_describe(cfg, job->optim_spec, sizeof(job->optim_spec));
+}
+
+int aps_optimize_job_resume(struct aps_server *srv, struct aps_job *job, int ret,
+                            struct aps_ckpt *ck, const char *path, const char *why, char *out,
+                            size_t out_len)
+{
+	uint64_t bytes = 0, room;
+
+	job->resume_bytes = 0; /* what was kept for the file while it was read */
+	if (ret == APS_EACCES || ret == APS_ERANGE) {
+		aps_log_warn("checkpoint", "not resumed job=%s: %s", job->name, why);
+		snprintf(out, out_len, "%s", why);
+		return ret;
+	}
+	if (ret != 1 || ck->n_tensors == 0)
+		return 0;
+	for (uint32_t i = 0; i < ck->n_tensors; i++)
+		bytes += ckpt_tensor_bytes(&ck->tensors[i]);
+	room = room_for_job(srv);
+	if (bytes > room) {
+		snprintf(
+		        out, out_len,
+		        "job '%.64s': its checkpoint %.200s (step %llu) holds %llu bytes, and %llu "
+		        "fit max_job_bytes and max_total_bytes now",
+		        job->name, path, (unsigned long long)ck->step, (unsigned long long)bytes,
+		        (unsigned long long)room);
+		aps_log_warn("checkpoint", "not resumed job=%s: %s", job->name, out);
+		return APS_ERANGE;
+	}
+	aps_log_info("checkpoint", "resuming job=%s step=%llu tensors=%u path=%s optimizer=%s",
+	             job->name, (unsigned long long)ck->step, ck->n_tensors, path, ck->optimizer);
 	job->resume = *ck;
 	memset(ck, 0, sizeof(*ck));
 	srv->counters.resumed++;
 	job->last_ckpt_step = job->resume.step;
-	for (uint32_t i = 0; i < job->resume.n_tensors; i++)
-		job->resume_bytes += ckpt_tensor_bytes(&job->resume.tensors[i]);
+	job->resume_bytes = bytes;
+	return 0;
 }
 
 /* The checkpoint's tensor that t (name, count) takes, or NULL. */

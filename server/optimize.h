@@ -18,19 +18,27 @@ struct aps_server;
 int aps_optimize_parse_hello(const struct aps_msg *m, struct aps_optim_config *cfg, char *why,
                              size_t why_len);
 /*
- * Before a new job of optimize mode starts: the newest checkpoint of its name,
- * which the HELLO's job token must own (checkpoint.h) and which must fit
- * max_job_bytes and what max_total_bytes leaves, read whole only then.
- * Returns 1 with *ck loaded, 0 (none, or checkpoints off), or APS_EACCES /
+ * Before a new job of optimize mode starts: whether there is a checkpoint of
+ * its name to resume, which the HELLO's job token must own (checkpoint.h) and
+ * which must fit max_job_bytes and what max_total_bytes leaves, from the
+ * newest file's header. Returns 1 (*want and *bytes for aps_ckpt_load_start;
+ * want->token is m's), 0 (none, or checkpoints off), or APS_EACCES /
  * APS_ERANGE with why: the HELLO is refused.
  */
-int aps_optimize_resume_load(struct aps_server *srv, const struct aps_msg *m,
-                             const struct aps_optim_config *cfg, struct aps_ckpt *ck, char *why,
-                             size_t why_len);
-/* A new job in optimize mode: its settings, and the checkpoint ck it resumes (moved
- * in; nothing when ck->n_tensors is 0). */
-void aps_optimize_job_start(struct aps_server *srv, struct aps_job *job,
-                            const struct aps_optim_config *cfg, struct aps_ckpt *ck);
+int aps_optimize_resume_check(struct aps_server *srv, const struct aps_msg *m,
+                              const struct aps_optim_config *cfg, struct aps_ckpt_want *want,
+                              uint64_t *bytes, char *why, size_t why_len);
+/* A new job in optimize mode: its settings. */
+void aps_optimize_job_start(struct aps_job *job, const struct aps_optim_config *cfg);
+/*
+ * The read of job's checkpoint ended (ckpt_load.h's ret, ck, path, why): the job
+ * takes ck (moved in) if it still fits what max_total_bytes leaves. Returns 0
+ * (resumed, or nothing to resume), or APS_EACCES / APS_ERANGE with why in
+ * out: the job's ranks are refused.
+ */
+int aps_optimize_job_resume(struct aps_server *srv, struct aps_job *job, int ret,
+                            struct aps_ckpt *ck, const char *path, const char *why, char *out,
+                            size_t out_len);
 /* What max_total_bytes counts of job's checkpoint for a tensor registered as
  * name and count, which it will take (0: none). */
 uint64_t aps_optimize_resumed_bytes(const struct aps_job *job, const char *name, uint64_t count);

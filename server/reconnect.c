@@ -160,7 +160,8 @@ void aps_reconnect_tick(struct aps_server *srv, uint64_t now)
 		next = s->next;
 		if (s->job == NULL)
 			continue;
-		if (s->detached_ms == 0 && now - s->last_seen_ms >= timeout) {
+		if (s->detached_ms == 0 && now - s->last_seen_ms >= timeout &&
+		    s->job->loading == NULL) { /* no keepalive is due before the WELCOME */
 			silent(srv, s, now);
 			continue;
 		}

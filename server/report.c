@@ -138,6 +138,7 @@ static json_t *jobs(const struct aps_server *srv)
 		              "optimizer", j->optim_spec, "last_checkpoint_step",
 		              (json_int_t)j->last_ckpt_step, "held_bytes", (json_int_t)held);
 		json_object_set_new(o, "stalls_unlisted", json_integer(unlisted));
+		json_object_set_new(o, "reading_checkpoint", json_boolean(j->loading != NULL));
 		json_array_append_new(a, o);
 		json_object_update_new(
 		        o, json_pack("{s:s, s:i, s:i, s:s, s:s, s:b, s:i, s:I, s:I, s:o}", "name",

@@ -83,6 +83,14 @@ static bool session_may_send(struct aps_server *srv, struct aps_session *s, cons
 {
 	if (m->type == APS_MSG_HELLO)
 		return true;
+	if (s != NULL && s->job != NULL && s->job->loading != NULL && m->type != APS_MSG_BYE &&
+	    m->type != APS_MSG_HEARTBEAT) {
+		srv->counters.bad_state++;
+		aps_outbox_error(srv, peer, APS_EPROTO, m,
+		                 "%s before the WELCOME: job '%s' is reading its checkpoint",
+		                 aps_msg_type_name(m->type), s->job->name);
+		return false;
+	}
 	if (s != NULL && s->job != NULL && s->rank == m->rank && strcmp(s->job->name, m->job) == 0)
 		return true;
 	srv->counters.bad_session++;

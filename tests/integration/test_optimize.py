@@ -9,6 +9,7 @@ import os
 import re
 import signal
 import subprocess
+import threading
 import time
 
 import numpy as np
@@ -17,6 +18,7 @@ import torch
 
 import aps
 from conftest import BUILD, Daemon
+from peers import EPROTO, ERROR, HELLO, REGISTER, WELCOME, Peer
 from test_policy import ask
 
 TORCH_OPTIMIZERS = {
@@ -500,3 +502,66 @@ def test_checkpoints_of_every_job_stay_within_checkpoint_max_bytes(daemon_factor
     files = sorted(os.listdir(ckdir))
     assert files == ["j0.00000000000000000001.ckpt", "j1.00000000000000000001.ckpt"], files
     assert sum((ckdir / f).stat().st_size for f in files) <= 3 << 20
+
+
+def test_a_resume_reads_its_checkpoint_off_the_loop(daemon_factory, tmp_path):
+    # Before: a job's first HELLO read its checkpoint whole on the event loop,
+    # so every other job stood still while it was read: a 384 MiB file held
+    # another job's step for the whole 2.9 s of the read. Now it is read on a
+    # thread (0.13 s, the longest step, with the machine loaded); the job's
+    # ranks are welcomed when it is in.
+    ckdir = tmp_path / "ck"
+    ckdir.mkdir()
+    d = daemon_factory(extra=["--checkpoint_dir", str(ckdir), "--checkpoint_steps", "0",
+                              "--reconnect_grace_ms", "0"])
+    n = 32 << 20  # adam: weights and 2 state arrays, 384 MiB in the file
+    w = np.ones(n, np.float32)
+    c = aps.Client(d.endpoint, 0, 1, format="fp32", optimizer="adam", job="big",
+                   timeout_ms=60000)
+    c.broadcast("w", w)
+    c.step("w", w, w, 0.1)
+    c.close()
+    d.wait_for_log("checkpoint: written job=big step=1", timeout=60)
+    del w
+    other = aps.Client(d.endpoint, 0, 1, job="other")
+    x = np.ones(1024, np.float32)
+    other.allreduce("x", x)
+    gaps, done = [], threading.Event()
+
+    def resume():
+        t0 = time.monotonic()
+        big = aps.Client(d.endpoint, 0, 1, format="fp32", optimizer="adam", job="big",
+                         timeout_ms=60000)
+        gaps.append(time.monotonic() - t0)
+        done.set()
+        big.close()  # its checkpoint written again: a copy on the loop, not measured
+
+    t = threading.Thread(target=resume)
+    t.start()
+    worst, last = 0.0, time.monotonic()
+    while not done.is_set():
+        other.allreduce("x", x)
+        now = time.monotonic()
+        worst, last = max(worst, now - last), now
+    t.join()
+    other.close()
+    took = gaps[0]
+    print(f"resume {took:.3f} s, the other job's longest step meanwhile {worst:.3f} s")
+    assert d.counter("resumed") == 1
+    assert took > 0.1, took  # a read the loop would notice
+    assert worst < took / 4, (worst, took)
+    # While it is read, its ranks may say HELLO, HEARTBEAT and BYE only: a
+    # REGISTER before the WELCOME would start a tensor without its weights
+    wait_for(d, "checkpoint: written job=big step=1", after=1, timeout=60)
+    p = Peer(d.endpoint)
+    bad_state = d.counter("bad_state")
+    p.send(type=HELLO, job="big", rank=0, world_size=1, optimizer="adam", format="fp32")
+    p.send(type=REGISTER, job="big", rank=0, world_size=1, tensor_name="w", total_count=n,
+           format="fp32")
+    err, welcome = p.recv(20000), p.recv(20000)
+    assert err["type"] == ERROR and err["error_code"] == EPROTO, err
+    assert "REGISTER before the WELCOME: job 'big' is reading its checkpoint" \
+        in err["error_text"], err
+    assert welcome["type"] == WELCOME, welcome
+    assert d.counter("bad_state") == bad_state + 1 and d.counter("resumed") == 2
+    p.close()

@@ -1,0 +1,32 @@
+/*
+ * A job's checkpoint read off the event loop: aps_ckpt_load_newest runs on
+ * libuv's thread pool (a 384 MiB file held the loop, and every other job,
+ * for 2.9 s), and what it found is handed to the loop thread. The loop does
+ * not end while a read runs.
+ */
+#ifndef APS_SERVER_CKPT_LOAD_H
+#define APS_SERVER_CKPT_LOAD_H
+
+#include "server/checkpoint.h"
+
+#include <uv.h>
+
+struct aps_ckpt_load;
+
+/*
+ * On the loop thread, when the read of job's checkpoint ended: ret as
+ * aps_ckpt_load_newest's (1: ck holds it, the callee may take it and zero
+ * *ck; what is left is freed after), path the file's, why the reason of a
+ * refusal (APS_EACCES, APS_ERANGE).
+ */
+typedef void (*aps_ckpt_loaded_cb)(void *ctx, const struct aps_ckpt_load *l, const char *job,
+                                   int ret, struct aps_ckpt *ck, const char *path, const char *why);
+
+/* Starts reading the newest intact checkpoint of job in dir for want (every
+ * string copied). Returns 0 and the read (*out: a tag, freed when done has
+ * returned), or APS_ENOMEM / APS_ESYS. */
+int aps_ckpt_load_start(uv_loop_t *loop, const char *dir, const char *job,
+                        const struct aps_ckpt_want *want, aps_ckpt_loaded_cb done, void *ctx,
+                        const struct aps_ckpt_load **out);
+
+#endif
