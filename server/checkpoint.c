@@ -75,7 +75,7 @@ void aps_ckpt_free(struct aps_ckpt *ck)
 	if (ck == NULL)
 		return;
 	for (uint32_t i = 0; ck->tensors != NULL && i < ck->n_tensors; i++) {
-		for (uint32_t a = 0; a < APS_CKPT_ARRAYS_MAX; a++)
+		for (uint32_t a = 0; a < APS_CKPT_ARRAYS_MAX && !ck->tensors[i].borrowed; a++)
 			free(ck->tensors[i].arrays[a]);
 	}
 	free(ck->tensors);

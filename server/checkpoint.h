@@ -46,6 +46,7 @@ struct aps_ckpt_tensor {
 	uint64_t updates, state_t;
 	uint32_t n_arrays;                  /* 1 + the optimizer's state slots */
 	float *arrays[APS_CKPT_ARRAYS_MAX]; /* each count floats, owned */
+	bool borrowed; /* arrays are a job's, not owned: ckpt_copy.h copies them */
 };
 
 struct aps_ckpt {

@@ -7,6 +7,7 @@
  */
 #include "server/finish.h"
 
+#include "server/ckpt_copy.h"
 #include "server/optimize.h"
 #include "server/outbox.h"
 #include "server/resend.h"
@@ -148,6 +149,43 @@ static void on_engine_finish(void *ctx, int ret, struct aps_round_result *res, b
 	free(f);
 }
 
+/*
+ * While the job's snapshot is copied its weights must not change: the chunk's
+ * finish, which steps them, waits (once per chunk, in the order they came).
+ * Returns false when it cannot wait (no memory): the copy is waited for, and the
+ * chunk finishes now.
+ */
+static bool defer(struct aps_job *job, struct aps_tensor *t, uint32_t chunk, uint64_t arrived_ns)
+{
+	struct aps_deferred_finish **link = &job->deferred, *d;
+
+	for (; *link != NULL; link = &(*link)->next) {
+		if ((*link)->t == t && (*link)->chunk == chunk)
+			return true;
+	}
+	d = malloc(sizeof(*d));
+	if (d == NULL) {
+		aps_ckpt_copy_wait(job->copying);
+		return false;
+	}
+	*d = (struct aps_deferred_finish){ NULL, t, chunk, t->round.step, arrived_ns };
+	*link = d;
+	return true;
+}
+
+void aps_finish_deferred(struct aps_server *srv, struct aps_job *job)
+{
+	struct aps_deferred_finish *d = job->deferred, *next;
+
+	job->deferred = NULL; /* a finish may start another snapshot, and defer again */
+	for (; d != NULL; d = next) {
+		next = d->next;
+		if (d->t->round.step == d->step && aps_round_chunk_complete(&d->t->round, d->chunk))
+			aps_finish_chunk(srv, job, d->t, d->chunk, d->arrived_ns);
+		free(d);
+	}
+}
+
 /* arrived_ns: when the push that completed the chunk arrived (uv_hrtime). */
 void aps_finish_chunk(struct aps_server *srv, struct aps_job *job, struct aps_tensor *t,
                       uint32_t chunk, uint64_t arrived_ns)
@@ -156,6 +194,8 @@ void aps_finish_chunk(struct aps_server *srv, struct aps_job *job, struct aps_te
 	struct aps_round_result res;
 	int ret;
 
+	if (job->copying != NULL && defer(job, t, chunk, arrived_ns))
+		return;
 	if (aps_round_offloaded(&t->round)) {
 		struct engine_finish *f = malloc(sizeof(*f));
 		if (f != NULL) {

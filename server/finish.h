@@ -11,9 +11,12 @@
 struct aps_server;
 
 /* Chunk chunk of t is complete: its result to every rank (arrived_ns: when the
- * push that completed it arrived, uv_hrtime). */
+ * push that completed it arrived, uv_hrtime); while the job's snapshot is
+ * copied (job->copying), once the copy is done (aps_finish_deferred). */
 void aps_finish_chunk(struct aps_server *srv, struct aps_job *job, struct aps_tensor *t,
                       uint32_t chunk, uint64_t arrived_ns);
+/* The job's snapshot copy is done: the finishes that waited for it. */
+void aps_finish_deferred(struct aps_server *srv, struct aps_job *job);
 
 /* Releases job's barrier when every rank it waits for is in it. */
 void aps_finish_barrier(struct aps_server *srv, struct aps_job *job);

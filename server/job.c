@@ -4,6 +4,8 @@
  */
 #include "server/job.h"
 
+#include "server/ckpt_copy.h"
+
 #include "common/err.h"
 
 #include <stdio.h>
@@ -185,6 +187,12 @@ static void free_tensor(struct aps_tensor *tensor)
 
 static void free_job(struct aps_job *job)
 {
+	if (job->copying != NULL) /* its arrays are read on a thread */
+		aps_ckpt_copy_wait(job->copying);
+	for (struct aps_deferred_finish *d = job->deferred, *next; d != NULL; d = next) {
+		next = d->next;
+		free(d);
+	}
 	for (uint32_t i = 0; i < job->n_tensors; i++)
 		free_tensor(job->tensors[i]);
 	free(job->tensors);

@@ -93,6 +93,14 @@ struct aps_tensor {
 	const struct aps_optim_config *optim; /* the job's, for the round's transform */
 };
 
+/* A complete chunk whose finish waits for its job's snapshot copy (finish.c). */
+struct aps_deferred_finish {
+	struct aps_deferred_finish *next;
+	struct aps_tensor *t;
+	uint32_t chunk;
+	uint64_t step, arrived_ns;
+};
+
 struct aps_job {
 	struct aps_job *next;
 	char name[APS_MSG_JOB_MAX + 1];
@@ -130,6 +138,10 @@ struct aps_job {
 	/* Its checkpoint being read (ckpt_load.h; a tag, not owned): its ranks' WELCOMEs
 	 * wait, and they may send only HELLO, HEARTBEAT and BYE. */
 	const struct aps_ckpt_load *loading;
+	/* Its snapshot being copied (ckpt_copy.h; a tag, not owned): its weights must
+	 * not change meanwhile, and the finishes that would step them wait here. */
+	const struct aps_ckpt_copy *copying;
+	struct aps_deferred_finish *deferred;
 	struct aps_ckpt_owner ckpt_owner; /* its token's, written in its checkpoints */
 	uint64_t last_ckpt_step;          /* step of the last checkpoint queued */
 	/*

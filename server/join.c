@@ -518,7 +518,7 @@ static void end_departed(struct aps_server *srv, struct aps_job *job)
 	srv->counters.jobs_expired++;
 	aps_log_warn("server", "job ended job=%s rounds=%llu reason=\"%s\"", job->name,
 	             (unsigned long long)job->rounds_completed, text);
-	aps_optimize_checkpoint(srv, job, "job ended");
+	aps_optimize_checkpoint(srv, job, "job ended", APS_SNAPSHOT_END);
 	end_now(srv, job, job->departed_code != 0 ? job->departed_code : APS_EPEERLOST, text);
 }
 

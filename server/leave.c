@@ -52,7 +52,7 @@ static void rank_gone(struct aps_server *srv, struct aps_session *s, bool lost, 
 	if (aps_job_connected(job) == 0) {
 		aps_log_info("server", "job ended job=%s rounds=%llu", job->name,
 		             (unsigned long long)job->rounds_completed);
-		aps_optimize_checkpoint(srv, job, "job ended");
+		aps_optimize_checkpoint(srv, job, "job ended", APS_SNAPSHOT_END);
 		aps_leave_end_job(srv, job);
 	}
 }

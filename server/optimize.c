@@ -9,6 +9,8 @@
  */
 #include "server/optimize.h"
 
+#include "server/ckpt_copy.h"
+
 #include "server/outbox.h"
 #include "server/server_impl.h"
 
@@ -262,7 +264,7 @@ void aps_optimize_chunk_done(struct aps_server *srv, struct aps_job *job, struct
 	srv->counters.updates++;
 	if (k > 0 && o->updates % k == 0 && o->updates > job->last_ckpt_step &&
 	    job_at_step(job, o->updates))
-		aps_optimize_checkpoint(srv, job, "every checkpoint_steps");
+		aps_optimize_checkpoint(srv, job, "every checkpoint_steps", APS_SNAPSHOT_STEP);
 }
 
 static int copy_array(float **dst, const float *src, size_t n)
@@ -274,18 +276,36 @@ static int copy_array(float **dst, const float *src, size_t n)
 	return 0;
 }
 
-static int snapshot_tensor(const struct aps_tensor *t, struct aps_ckpt_tensor *ct)
+/* How a snapshot takes a tensor's arrays. */
+enum take {
+	TAKE_COPY,   /* copied now, on the loop */
+	TAKE_BORROW, /* borrowed, copied on a thread (ckpt_copy.h) while they stay still */
+	TAKE_MOVE,   /* moved out: the job ends */
+};
+
+static int take_array(float **dst, float **src, size_t n, enum take how)
 {
-	const struct aps_optim_tensor *o = &t->opt;
-	int ret = copy_array(&ct->arrays[0], o->weights, o->count);
+	if (how == TAKE_COPY)
+		return copy_array(dst, *src, n);
+	*dst = *src;
+	if (how == TAKE_MOVE)
+		*src = NULL;
+	return 0;
+}
+
+static int snapshot_tensor(struct aps_tensor *t, struct aps_ckpt_tensor *ct, enum take how)
+{
+	struct aps_optim_tensor *o = &t->opt;
+	int ret = take_array(&ct->arrays[0], &o->weights, o->count, how);
 
 	snprintf(ct->name, sizeof(ct->name), "%s", t->name);
 	ct->count = o->count;
 	ct->updates = o->updates;
 	ct->state_t = o->state_t;
 	ct->n_arrays = 1 + o->slots;
+	ct->borrowed = how == TAKE_BORROW;
 	for (unsigned s = 0; ret == 0 && s < o->slots; s++)
-		ret = copy_array(&ct->arrays[1 + s], o->state[s], o->count);
+		ret = take_array(&ct->arrays[1 + s], &o->state[s], o->count, how);
 	return ret;
 }
 
@@ -301,19 +321,20 @@ static int snapshot_unclaimed(const struct aps_ckpt_tensor *src, struct aps_ckpt
 	return ret;
 }
 
-/* A tensor in the middle of a step (some chunks applied) or left torn by a lost rank. */
+/* A tensor in the middle of a step (some chunks applied, or being applied on an
+ * engine thread) or left torn by a lost rank. */
 static const struct aps_tensor *half_stepped(const struct aps_job *job)
 {
 	for (uint32_t i = 0; i < job->n_tensors; i++) {
 		const struct aps_tensor *t = job->tensors[i];
-		if (t->opt.torn ||
-		    (t->round.kind == APS_ROUND_ALLREDUCE && t->round.chunks_finished > 0))
+		if (t->opt.torn || (t->round.kind == APS_ROUND_ALLREDUCE &&
+		                    (t->round.chunks_finished > 0 || t->round.chunks_sealed > 0)))
 			return t;
 	}
 	return NULL;
 }
 
-static int snapshot(const struct aps_job *job, struct aps_ckpt *ck)
+static int snapshot(struct aps_job *job, struct aps_ckpt *ck, enum take how)
 {
 	uint32_t cap = job->n_tensors + job->resume.n_tensors;
 	int ret = 0;
@@ -326,12 +347,13 @@ static int snapshot(const struct aps_job *job, struct aps_ckpt *ck)
 	if (ck->tensors == NULL)
 		return APS_ENOMEM;
 	for (uint32_t i = 0; ret == 0 && i < job->n_tensors; i++) {
-		const struct aps_tensor *t = job->tensors[i];
+		struct aps_tensor *t = job->tensors[i];
 		if (!t->opt.ready)
 			continue;
-		ret = snapshot_tensor(t, &ck->tensors[ck->n_tensors++]);
+		ret = snapshot_tensor(t, &ck->tensors[ck->n_tensors++], how);
 		ck->step = t->opt.updates < ck->step ? t->opt.updates : ck->step;
 	}
+	/* Copied now: a REGISTER takes them, whatever a thread reads (rarely many). */
 	for (uint32_t i = 0; ret == 0 && i < job->resume.n_tensors; i++) {
 		if (job->resume.tensors[i].arrays[0] != NULL)
 			ret = snapshot_unclaimed(&job->resume.tensors[i],
@@ -350,13 +372,25 @@ static bool trained(const struct aps_job *job)
 	return job->resume.n_tensors > 0;
 }
 
-void aps_optimize_checkpoint(struct aps_server *srv, struct aps_job *job, const char *why)
+void aps_optimize_checkpoint(struct aps_server *srv, struct aps_job *job, const char *why,
+                             enum aps_snapshot when)
 {
+	enum take how = when == APS_SNAPSHOT_STEP  ? TAKE_BORROW
+	                : when == APS_SNAPSHOT_END ? TAKE_MOVE
+	                                           : TAKE_COPY;
 	const struct aps_tensor *torn;
 	struct aps_ckpt *ck;
+	int ret;
 
 	if (srv->ckpt == NULL || job->optim.kind == APS_OPTIM_NONE)
 		return;
+	if (job->copying != NULL) {
+		if (when == APS_SNAPSHOT_STEP)
+			return; /* the next is due checkpoint_steps later */
+		/* Nothing was stepped since the snapshot being copied: it is the last. */
+		aps_ckpt_copy_wait(job->copying);
+		return;
+	}
 	if (!trained(job)) { /* its weights are rank 0's broadcast: nothing to keep */
 		aps_log_debug("checkpoint", "none job=%s reason=\"%s\": no step taken", job->name,
 		              why);
@@ -371,8 +405,9 @@ void aps_optimize_checkpoint(struct aps_server *srv, struct aps_job *job, const 
 		return;
 	}
 	ck = calloc(1, sizeof(*ck));
-	if (ck == NULL || snapshot(job, ck) < 0 || ck->n_tensors == 0) {
-		if (ck != NULL && ck->n_tensors > 0) {
+	ret = ck != NULL ? snapshot(job, ck, how) : APS_ENOMEM;
+	if (ret < 0 || ck->n_tensors == 0) {
+		if (ret < 0) {
 			srv->counters.checkpoint_failures++;
 			aps_log_error("checkpoint", "out of memory for a snapshot job=%s",
 			              job->name);
@@ -386,6 +421,22 @@ void aps_optimize_checkpoint(struct aps_server *srv, struct aps_job *job, const 
 	job->last_ckpt_step = ck->step;
 	aps_log_debug("checkpoint", "queued job=%s step=%llu reason=\"%s\"", job->name,
 	              (unsigned long long)ck->step, why);
+	if (how == TAKE_BORROW &&
+	    aps_ckpt_copy_start(srv->loop, ck, srv->snapshot_copied, srv, &job->copying) == 0)
+		return;
+	if (how == TAKE_BORROW) { /* no thread for it: copied now */
+		uint64_t step = ck->step;
+		aps_ckpt_free(ck); /* which frees no borrowed array */
+		if (snapshot(job, ck, TAKE_COPY) < 0) {
+			srv->counters.checkpoint_failures++;
+			aps_log_error("checkpoint", "out of memory for a snapshot job=%s",
+			              job->name);
+			aps_ckpt_free(ck);
+			free(ck);
+			return;
+		}
+		ck->step = step;
+	}
 	aps_ckpt_queue_push(srv->ckpt, ck);
 }
 

@@ -50,8 +50,16 @@ bool aps_optimize_check_push(struct aps_server *srv, struct aps_session *s, stru
 /* A chunk's result was encoded: the workers' view follows it; a finished step counts. */
 void aps_optimize_chunk_done(struct aps_server *srv, struct aps_job *job, struct aps_tensor *t,
                              const struct aps_round_result *res, bool broadcast);
+/* When a snapshot is taken, which says how it takes the job's arrays. */
+enum aps_snapshot {
+	APS_SNAPSHOT_STEP, /* every checkpoint_steps: copied on a thread (ckpt_copy.h), the
+	                      job's updates wait; skipped while the last is copied */
+	APS_SNAPSHOT_END,  /* the job ends (freed next): moved out, no copy */
+	APS_SNAPSHOT_STOP, /* apsd stops: copied on the loop */
+};
 /* Queues a checkpoint of job (when checkpoints are on and it has weights). */
-void aps_optimize_checkpoint(struct aps_server *srv, struct aps_job *job, const char *why);
+void aps_optimize_checkpoint(struct aps_server *srv, struct aps_job *job, const char *why,
+                             enum aps_snapshot when);
 /* PULL: the weights of a tensor, to the rank that asked. */
 void aps_handle_pull(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m);
 

@@ -6,6 +6,7 @@
  * silences (reconnect.c) and job deadlines (join.c). Sending is outbox.c's,
  * what a rank's loss does leave.c's.
  */
+#include "server/finish.h"
 #include "server/handlers.h"
 #include "server/join.h"
 #include "server/leave.h"
@@ -271,6 +272,28 @@ static void on_checkpoint(void *ctx, const struct aps_ckpt *ck, int ret, const c
 	             (unsigned long long)ck->step, ck->n_tensors, seconds);
 }
 
+/* A job's snapshot was copied (optimize.c): it is queued for its write, and its
+ * finishes that waited for the copy run now. */
+static void on_snapshot_copied(void *ctx, const struct aps_ckpt_copy *c, struct aps_ckpt *ck,
+                               int ret)
+{
+	struct aps_server *srv = ctx;
+	struct aps_job *job = aps_jobs_find(&srv->jobs, ck->job);
+
+	if (ret < 0) {
+		srv->counters.checkpoint_failures++;
+		aps_log_error("checkpoint", "out of memory for a snapshot job=%s", ck->job);
+		aps_ckpt_free(ck);
+		free(ck);
+	} else {
+		aps_ckpt_queue_push(srv->ckpt, ck);
+	}
+	if (job == NULL || job->copying != c)
+		return; /* it ended meanwhile (and waited for the copy) */
+	job->copying = NULL;
+	aps_finish_deferred(srv, job);
+}
+
 int aps_server_new(struct aps_server **out, uv_loop_t *loop, const struct aps_server_opts *o)
 {
 	static const struct aps_zbridge_ops ops = { on_message, on_disconnect };
@@ -302,6 +325,7 @@ int aps_server_new(struct aps_server **out, uv_loop_t *loop, const struct aps_se
 	srv->held.limit = o->max_held_bytes;
 	srv->held.drop_step = aps_handle_drop_held_step;
 	srv->held.ctx = srv;
+	srv->snapshot_copied = on_snapshot_copied;
 	ret = init_downlink(srv);
 	if (ret == 0 && o->checkpoint_dir != NULL && o->checkpoint_dir[0] != '\0')
 		ret = aps_ckpt_queue_new(&srv->ckpt, loop, o->checkpoint_dir, o->checkpoint_keep,
@@ -347,7 +371,7 @@ void aps_server_stop(struct aps_server *srv)
 		return;
 	srv->stopping = true;
 	for (struct aps_job *job = srv->jobs.jobs; job != NULL; job = job->next)
-		aps_optimize_checkpoint(srv, job, "stopping");
+		aps_optimize_checkpoint(srv, job, "stopping", APS_SNAPSHOT_STOP);
 	for (struct aps_session *s = srv->jobs.sessions; s != NULL; s = s->next) {
 		if (s->job == NULL)
 			continue;

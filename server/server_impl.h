@@ -7,6 +7,7 @@
 #define APS_SERVER_SERVER_IMPL_H
 
 #include "common/log.h"
+#include "server/ckpt_copy.h"
 #include "server/ckpt_queue.h"
 #include "server/engine.h"
 #include "server/job.h"
@@ -32,9 +33,12 @@ struct aps_server {
 	bool trim_due;                   /* a job ended since: trim at a tick */
 	bool stopping;
 	struct aps_ckpt_queue *ckpt; /* NULL: no checkpoint_dir */
-	struct aps_engine *engine;   /* NULL: threads = 1, every sum on the loop */
-	struct aps_round_held held;  /* early pushes of every round (max_held_bytes) */
-	uv_timer_t *tick_timer;      /* graces, silences, job deadlines (owned) */
+	/* A job's snapshot copied off the loop (optimize.c starts it, server.c ends it:
+	 * queued, and the job's waiting finishes run). */
+	aps_ckpt_copied_cb snapshot_copied;
+	struct aps_engine *engine;  /* NULL: threads = 1, every sum on the loop */
+	struct aps_round_held held; /* early pushes of every round (max_held_bytes) */
+	uv_timer_t *tick_timer;     /* graces, silences, job deadlines (owned) */
 	uint64_t last_tick_ms;
 };
 
