@@ -120,3 +120,45 @@ def test_tensors_that_cannot_be_written_are_refused_as_results(apsd):
         with pytest.raises(ValueError, match="timeout_ms"):
             c.allreduce("t", torch.ones(8), timeout_ms=2**31)
         assert torch.equal(c.allreduce("t", torch.ones(8)), torch.ones(8))
+
+
+def tiny_model():
+    torch.manual_seed(0)
+    return torch.nn.Linear(4, 2)
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    ({"sync_every": 2.5}, TypeError, "sync_every must be an int, not float"),
+    ({"sync_every": "4"}, TypeError, "sync_every must be an int, not str"),
+    ({"sync_every": 0}, ValueError, "sync_every 0 is out of range"),
+    ({"fragments": 1.5}, TypeError, "fragments must be an int"),
+    ({"overlap": float("nan")}, TypeError, "overlap must be an int"),
+    ({"mix": float("nan")}, ValueError, "mix nan is not a finite number"),
+    ({"mix": "0.5"}, TypeError, "mix must be a number, not str"),
+    ({"outer_lr": float("nan")}, ValueError, "outer_lr nan is not a finite number"),
+    ({"outer_lr": float("inf")}, ValueError, "outer_lr inf"),
+    ({"outer_lr": -0.7}, ValueError, "outer_lr -0.7 is out of range"),
+    ({"outer_momentum": float("nan")}, ValueError, "outer_momentum nan"),
+    ({"outer_momentum": -0.5}, ValueError, "outer_momentum -0.5 is out of range"),
+    ({"prefix": "outer\0"}, ValueError, "prefix 'outer\\\\x00' holds a NUL"),
+    ({"prefix": None}, TypeError, "prefix must be a str"),
+])
+def test_diloco_refuses_bad_settings_before_touching_the_client(kwargs, error, match):
+    # a client with no attributes: the settings are refused before it is used
+    args = {"sync_every": 4, **kwargs}
+    with pytest.raises(error, match=match):
+        aps.torch.DiLoCo(tiny_model(), None, object(), **args)
+
+
+def test_diloco_sync_refuses_a_fragment_it_does_not_have(apsd):
+    spec = aps.torch.optimizer_spec("sgd", momentum=0.9, nesterov=True)
+    model = tiny_model()
+    with aps.Client(apsd, 0, 1, format="fp32", optimizer=spec, job="frag") as c:
+        diloco = aps.torch.DiLoCo(model, None, c, sync_every=4, fragments=2)
+        for fragment, error, match in [(2, ValueError, "fragment 2 is out of range"),
+                                       (-1, ValueError, "fragment -1 is out of range"),
+                                       (True, TypeError, "fragment must be an int")]:
+            with pytest.raises(error, match=match):
+                diloco.sync(fragment)
+        diloco.sync(1)
+        assert diloco.syncs == 1
