@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import aps
+import aps.daemon
 import aps.torch
 from aps._staging import HostStage
 
@@ -162,3 +163,54 @@ def test_diloco_sync_refuses_a_fragment_it_does_not_have(apsd):
                 diloco.sync(fragment)
         diloco.sync(1)
         assert diloco.syncs == 1
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    ({"endpoint": "127.0.0.1:5555"}, ValueError, "is not tcp://HOST:PORT or ipc://PATH"),
+    ({"endpoint": "ipc://"}, ValueError, "is not tcp://HOST:PORT or ipc://PATH"),
+    ({"endpoint": "tcp://127.0.0.1"}, ValueError, "has no host:port"),
+    ({"endpoint": "tcp://127.0.0.1:70000"}, ValueError, "endpoint 'tcp://127.0.0.1:70000'"),
+    ({"endpoint": "tcp://127.0.0.1:0"}, ValueError, "port 0 is not in 1..65535"),
+    ({"endpoint": 5555}, TypeError, "endpoint must be a str"),
+    ({"log_level": "verbose"}, ValueError, "log_level must be one of"),
+    ({"extra_args": "--stats s.json"}, TypeError, "extra_args must be a list"),
+])
+def test_local_daemon_refuses_what_it_could_not_start_or_probe(kwargs, error, match):
+    # before: apsd was started, and left running when is_listening refused the endpoint
+    with pytest.raises(error, match=match):
+        aps.daemon.LocalDaemon(binary="/bin/true", **kwargs)
+
+
+@pytest.mark.parametrize("timeout,error,match", [
+    (float("nan"), ValueError, "timeout nan is not a finite number"),
+    (float("inf"), ValueError, "timeout inf is not a finite number"),
+    (-1, ValueError, "timeout -1.0 is out of range"),
+    (None, TypeError, "timeout must be a number"),
+])
+def test_local_daemon_timeouts_are_finite_seconds(timeout, error, match):
+    d = aps.daemon.LocalDaemon(binary="/bin/true")
+    with pytest.raises(error, match=match):
+        d.start(timeout=timeout)
+    assert d.proc is None  # refused before anything was started
+    with pytest.raises(error, match=match):
+        d.stop(timeout=timeout)
+
+
+@pytest.mark.parametrize("call,error,match", [
+    (lambda: aps.daemon.is_listening("tcp://127.0.0.1:1", timeout=0), ValueError,
+     "timeout 0 would not wait"),
+    (lambda: aps.daemon.is_listening("tcp://127.0.0.1:1", timeout=float("nan")), ValueError,
+     "timeout nan"),
+    (lambda: aps.daemon.is_listening("tcp://127.0.0.1:1", timeout=1e12), ValueError,
+     "timeout 1000000000000.0 is out of range"),
+    (lambda: aps.daemon.is_listening(b"tcp://127.0.0.1:1"), TypeError,
+     "endpoint must be a str"),
+    (lambda: aps.daemon.is_listening("tcp://[::1:5555"), ValueError,
+     "endpoint 'tcp://\\[::1:5555'"),
+    (lambda: aps.daemon.is_local(None), TypeError, "endpoint must be a str"),
+    (lambda: aps.daemon.free_endpoint(""), ValueError, "host is empty"),
+    (lambda: aps.daemon.free_endpoint("127.0.0.1\0"), ValueError, "NUL"),
+])
+def test_daemon_probes_refuse_bad_arguments(call, error, match):
+    with pytest.raises(error, match=match):
+        call()

@@ -21,6 +21,7 @@ UINT32 = (0, (1 << 32) - 1)
 UINT64 = (0, (1 << 64) - 1)
 POSITIVE_INT32 = (1, (1 << 31) - 1)
 ANY_INT = (-math.inf, math.inf)  # a Python int, range checked where it is used
+SECONDS = (0.0, 1e9)  # a timeout: socket.settimeout takes up to about 9.2e9 s
 
 
 def check_int(value, what, bounds=INT32):
