@@ -4,6 +4,8 @@ cut at a NUL, memory that must not be written (read-only arrays, tensors
 autograd or inference mode guard) written through a pointer, and meta tensors,
 which have no memory."""
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -214,3 +216,93 @@ def test_local_daemon_timeouts_are_finite_seconds(timeout, error, match):
 def test_daemon_probes_refuse_bad_arguments(call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+def parse_error(capsys, argv):
+    """The exit status and message of a refused aps.launch command line."""
+    import aps.launch
+    with pytest.raises(SystemExit) as exc:
+        aps.launch._parse([*argv, "train.py"])
+    return exc.value.code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,env,match", [
+    (["--nnodes", "0"], {}, "argument --nnodes: 0: at least 1 node"),
+    (["--nnodes", "-2", "--node_rank", "-1"], {}, "argument --nnodes: -2: at least 1 node"),
+    (["-n", "70000"], {}, "1 x --nproc_per_node 70000 is 70000 ranks: apsd takes at most 65536"),
+    (["--nnodes", "300", "-n", "300", "--master_addr", "h", "--job-token", "t"], {},
+     "--nnodes 300 x --nproc_per_node 300"),
+    (["--shards", "65"], {}, "--shards 65: a client takes at most 64"),
+    (["--endpoint", "127.0.0.1:5555"], {}, "--endpoint: endpoint '127.0.0.1:5555' is not tcp"),
+    (["--endpoint", "tcp://127.0.0.1:5555,,tcp://127.0.0.1:5556"], {},
+     "--endpoint: endpoint '' is not tcp"),
+    (["--endpoint", "tcp://127.0.0.1:99999"], {}, "--endpoint: endpoint 'tcp://127.0.0.1:99999'"),
+    (["--endpoint", "tcp://127.0.0.1"], {}, "--endpoint: endpoint 'tcp://127.0.0.1' has no"),
+    (["--endpoint", ",".join(["ipc:///tmp/a"] * 65)], {}, "--endpoint: 65 endpoints: at most 64"),
+    (["--endpoint", "ipc:///" + "a" * 300], {}, "longer than 255 bytes"),
+    ([], {"APS_ENDPOINT": "localhost:5555"}, "APS_ENDPOINT: endpoint 'localhost:5555'"),
+    (["--job", "my job"], {}, "--job: 'my job': 1 to 64 visible ASCII"),
+    (["--job", "j" * 65], {}, "--job: 'jjj.*: 1 to 64 visible"),
+    ([], {"APS_JOB": "caf\u00e9"}, "APS_JOB: 'caf\u00e9': 1 to 64 visible"),
+    (["--job-token", "s" * 129], {}, "--job-token: 'sss.*1 to 128 visible"),
+    ([], {"APS_JOB_TOKEN": "two words"}, "APS_JOB_TOKEN: 'two words'"),
+])
+def test_launch_refuses_options_every_worker_would_fail_on(capsys, monkeypatch, argv, env,
+                                                           match):
+    # before: apsd and every worker started, each Client failing (job, token, world size,
+    # shards), a traceback (an endpoint is_listening cannot probe) or an unclear message
+    for var in ("APS_ENDPOINT", "APS_JOB", "APS_JOB_TOKEN"):
+        monkeypatch.delenv(var, raising=False)
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    code, err = parse_error(capsys, argv)
+    assert code == 2 and re.search(match, err), err
+
+
+def test_launch_takes_the_largest_valid_options(monkeypatch):
+    import aps.launch
+    for var in ("APS_ENDPOINT", "APS_JOB", "APS_JOB_TOKEN"):
+        monkeypatch.delenv(var, raising=False)
+    args = aps.launch._parse(["-n", "65536", "--endpoint", ",".join(["ipc:///tmp/a"] * 64),
+                              "--job", "j" * 64, "--job-token", "~" * 128, "train.py"])
+    assert args.nproc == 65536 and args.job == "j" * 64
+    assert aps.launch._parse(["--shards", "64", "train.py"]).shards == 64
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    ({"nproc": 0}, ValueError, "nproc 0 is out of range"),
+    ({"nproc": 2.0}, TypeError, "nproc must be an int"),
+    ({"nnodes": 2, "node_rank": 2}, ValueError, "node_rank 2 is out of range \\(0 to 1\\)"),
+    ({"nnodes": 0, "node_rank": 0}, ValueError, "nnodes 0 is out of range"),
+    ({"nnodes": 1000, "nproc": 1000}, ValueError, "apsd takes at most 65536 ranks"),
+    ({"master_port": 70000}, ValueError, "master_port 70000 is out of range"),
+    ({"master_port": "29500"}, TypeError, "master_port must be an int"),
+    ({"master_addr": ""}, ValueError, "master_addr is empty"),
+])
+def test_launch_layout_refuses_a_place_no_rank_has(kwargs, error, match):
+    from aps.launch import Layout
+    args = {"nproc": 2, "nnodes": 1, "node_rank": 0, "master_addr": "127.0.0.1",
+            "master_port": 29500, **kwargs}
+    with pytest.raises(error, match=match):
+        Layout(**args)
+
+
+def test_launch_worker_env_and_workers_refuse_bad_arguments():
+    from aps.launch import Layout, Workers, worker_env
+    layout = Layout(nproc=2, nnodes=2, node_rank=1, master_addr="h", master_port=29500)
+    # before: local rank 2 of 2 on node 1 became RANK 4, in a world of 4
+    with pytest.raises(ValueError, match="local_rank 2 is out of range \\(0 to 1\\)"):
+        worker_env(layout, 2, "tcp://h:5555", "j", base={})
+    with pytest.raises(ValueError, match="local_rank -1 is out of range"):
+        worker_env(layout, -1, "tcp://h:5555", "j", base={})
+    with pytest.raises(ValueError, match="job 'j\\\\x00k' holds a NUL"):
+        worker_env(layout, 0, "tcp://h:5555", "j\0k", base={})
+    with pytest.raises(TypeError, match="endpoint must be a str"):
+        worker_env(layout, 0, None, "j", base={})
+    assert worker_env(layout, 1, "tcp://h:5555", "j", base={})["RANK"] == "3"
+    none = Workers.__new__(Workers)  # no worker started: only the arguments are checked
+    none.output, none.procs = None, []
+    with pytest.raises(ValueError, match="poll_s nan is not a finite number"):
+        none.wait(poll_s=float("nan"))
+    with pytest.raises(ValueError, match="grace_s -1.0 is out of range"):
+        none.stop(grace_s=-1)
