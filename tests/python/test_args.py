@@ -306,3 +306,37 @@ def test_launch_worker_env_and_workers_refuse_bad_arguments():
         none.wait(poll_s=float("nan"))
     with pytest.raises(ValueError, match="grace_s -1.0 is out of range"):
         none.stop(grace_s=-1)
+
+
+def test_device_codes_refuse_mismatched_tensors_layouts_and_stages(apsd):
+    import aps._device_codes as dc
+    with aps.Client(apsd, 0, 1, format="e4m3", job="device-codes-args") as c:
+        [layouts] = c.codes_layouts([("t", 100)])
+        send, result = layouts
+        stage = dc.DeviceStage()
+        # before: zip dropped "u", whose all-reduce silently never happened
+        with pytest.raises(ValueError, match="2 tensors, 1 layouts and 1 stages"):
+            dc.codes_call(c, [("t", torch.ones(100)), ("u", torch.ones(100))], [layouts],
+                          [stage], False)
+        # before: the 101st element was silently left out
+        with pytest.raises(ValueError, match="tensor 't' has 101 elements, its layouts 100"):
+            dc.codes_call(c, [("t", torch.ones(101))], [layouts], [stage], False)
+        with pytest.raises(ValueError, match="x has 99 elements, the layout 100"):
+            dc.encode(torch.ones(99), send, "local", torch.zeros(send.bytes, dtype=torch.uint8))
+        with pytest.raises(ValueError, match="out must be uint8 with room for 100 bytes"):
+            dc.encode(torch.ones(100), send, "local", torch.zeros(50, dtype=torch.uint8))
+        codes = torch.zeros(result.bytes, dtype=torch.uint8)
+        with pytest.raises(ValueError, match="exps has 0 exponents, the layout 1 chunks"):
+            dc.decode(codes, [], result, torch.zeros(100))
+        with pytest.raises(ValueError, match="out has 101 elements, the layout 100"):
+            dc.decode(codes, [0], result, torch.zeros(101))
+        t = torch.ones(100)
+        assert dc.codes_call(c, [("t", t)], [layouts], [stage], False).wait() == []
+        with pytest.raises(ValueError, match="into has 101 elements, the result of 't' 100"):
+            stage.store(torch.zeros(101))
+        stage.store()
+        assert torch.equal(t, torch.ones(100))
+        # before: "no" is truthy, and the device codec was used
+        with pytest.raises(TypeError, match="device_codec must be None, True or False, not 'no'"):
+            dc.use_device_codec("no", c, [])
+        assert dc.use_device_codec(False, c, []) is False
