@@ -2,7 +2,9 @@
 would pass them on silently: integers wrapped into a C type's range, strings
 cut at a NUL, memory that must not be written (read-only arrays, tensors
 autograd or inference mode guard) written through a pointer, and meta tensors,
-which have no memory."""
+which have no memory. And what the Python helpers would take wrongly: DiLoCo's
+settings, aps.daemon's endpoints and timeouts, aps.launch's options (exit
+status 2) and the device codec's tensors, layouts and stages."""
 
 import re
 
