@@ -4,12 +4,14 @@ becomes 1, -1 becomes 2**64 - 1), a str is cut at its first NUL ("e4m3\\0x" is
 "e4m3"), and a pointer is written through whatever the memory is (a read-only
 array, a tensor autograd tracks, a meta tensor that has none). Each check
 raises TypeError (not an int, not a str) or ValueError (out of range, a NUL,
-memory that cannot be written).
+memory that cannot be written); check_float does the same for a number that
+must be finite (NaN fails every comparison: `if x < 0: raise` lets it through).
 
 torch is not imported here: a torch tensor is recognised only if torch is
 already loaded.
 """
 
+import math
 import sys
 
 import numpy as np
@@ -18,6 +20,8 @@ INT32 = (-(1 << 31), (1 << 31) - 1)
 UINT32 = (0, (1 << 32) - 1)
 UINT64 = (0, (1 << 64) - 1)
 POSITIVE_INT32 = (1, (1 << 31) - 1)
+ANY_INT = (-math.inf, math.inf)  # a Python int, range checked where it is used
+SECONDS = (0.0, 1e9)  # a timeout: socket.settimeout takes up to about 9.2e9 s
 
 
 def check_int(value, what, bounds=INT32):
@@ -26,6 +30,19 @@ def check_int(value, what, bounds=INT32):
         raise TypeError(f"{what} must be an int, not {type(value).__name__}")
     value = int(value)
     lo, hi = bounds
+    if not lo <= value <= hi:
+        raise ValueError(f"{what} {value} is out of range ({lo} to {hi})")
+    return value
+
+
+def check_float(value, what, bounds=(-math.inf, math.inf)):
+    """value as a finite Python float within bounds (lo, hi), both included."""
+    if isinstance(value, (bool, str, bytes)) or not hasattr(value, "__float__"):
+        raise TypeError(f"{what} must be a number, not {type(value).__name__}")
+    value = float(value)
+    lo, hi = bounds
+    if not math.isfinite(value):
+        raise ValueError(f"{what} {value} is not a finite number")
     if not lo <= value <= hi:
         raise ValueError(f"{what} {value} is out of range ({lo} to {hi})")
     return value

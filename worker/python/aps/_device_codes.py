@@ -33,6 +33,8 @@ def use_device_codec(choice, client, params):
     """Whether an optimizer codes gradients on their device: choice True or
     False, or None: when a parameter is on a GPU and client's codes calls
     serve it. True for a client they do not serve is a ValueError."""
+    if choice is not None and not isinstance(choice, bool):  # "no" would be True
+        raise TypeError(f"device_codec must be None, True or False, not {choice!r}")
     why = reason_not_served(client)
     if choice and why is not None:
         raise ValueError(f"device_codec=True: the client's codes calls do not take {why}")
@@ -46,6 +48,7 @@ def encode(x, layout, scaling, out):
     x's device), without waiting for the device. Returns two int64 tensors on
     x's device: the scale exponent (one element; 0 with block scaling) and
     each chunk's finite non-zero values flushed to zero (aps.quantize's stats)."""
+    _check_sizes(x, out, layout, "x", "out")
     f = codec._spec(layout.format, 0)
     if layout.block or scaling == "none" or layout.format == "fp32":
         k = torch.zeros(1, dtype=torch.int32, device=x.device)
@@ -69,6 +72,9 @@ def encode(x, layout, scaling, out):
 def decode(codes, exps, layout, out):
     """The result's codes (uint8, on out's device) and per-chunk exponents
     (ints) into out (flat float32)."""
+    _check_sizes(out, codes, layout, "out", "codes")
+    if len(exps) < layout.chunks:
+        raise ValueError(f"exps has {len(exps)} exponents, the layout {layout.chunks} chunks")
     bits = codec._spec(layout.format, 0).bits
     for i in range(layout.chunks):
         start, n, at, nbytes = layout.chunk(i)
@@ -80,6 +86,16 @@ def decode(codes, exps, layout, out):
                                     layout.block, out=dest)
         else:
             codec.dequantize(codes[at:at + nbytes], layout.format, n, exps[i], out=dest)
+
+
+def _check_sizes(values, codes, layout, values_name, codes_name):
+    """values hold layout's elements and codes (uint8) room for its bytes."""
+    if values.numel() != layout.count:
+        raise ValueError(f"{values_name} has {values.numel()} elements, the layout "
+                         f"{layout.count}")
+    if codes.dtype != torch.uint8 or codes.numel() < layout.bytes:
+        raise ValueError(f"{codes_name} must be uint8 with room for {layout.bytes} bytes, not "
+                         f"{codes.dtype} with {codes.numel()}")
 
 
 def _buffer(old, n, dtype, device, pin=False):
@@ -106,7 +122,10 @@ class DeviceStage:
         item for aps.Client.allreduce_codes_async; its scale exponent is
         ready()'s."""
         send, result = layouts
-        x = codec._flat_float32(t)
+        x = codec._flat_float32(t, f"tensor {name!r}")
+        if x.numel() != send.count or result.count != send.count:
+            raise ValueError(f"tensor {name!r} has {x.numel()} elements, its layouts "
+                             f"{send.count} and {result.count}")
         pin = t.device.type == "cuda"
         self._made = _buffer(self._made, send.bytes, torch.uint8, t.device)
         k, flushed = encode(x, send, scaling, self._made)
@@ -151,6 +170,9 @@ class DeviceStage:
         t = self._target if into is None else into
         if t is None:
             return
+        if t.numel() != self._layout.count:
+            raise ValueError(f"into has {t.numel()} elements, the result of {self._name!r} "
+                             f"{self._layout.count}")
         codes = self._result.to(t.device, non_blocking=True)
         exps = self._exps.tolist()
         if not add and t.dtype == torch.float32 and t.is_contiguous():
@@ -168,6 +190,9 @@ class DeviceStage:
 def codes_call(client, named, layouts, stages, zero_nonfinite, lr=None):
     """Queues the codes call of named ([(name, tensor)]) with their layouts and
     DeviceStages: all-reduces, or optimizer steps with lr. Returns its Handle."""
+    if not len(named) == len(layouts) == len(stages):  # zip would drop the extra ones
+        raise ValueError(f"{len(named)} tensors, {len(layouts)} layouts and {len(stages)} "
+                         "stages: one of each per tensor")
     items = [stage.load(name, t, layout, client.scaling)
              for (name, t), layout, stage in zip(named, layouts, stages)]
 

@@ -54,8 +54,11 @@ weights; 0.7 with Nesterov 0.9 moves up to 7x the mean pseudo-gradient when
 successive ones agree and diverged on the CNN at H = 10.
 """
 
+import math
+
 import torch
 
+from aps._args import ANY_INT, check_float, check_int, check_str
 from aps._server_optimizer import _parse_spec, _same, _settings, optimizer_spec
 
 
@@ -71,20 +74,24 @@ class DiLoCo:
     def __init__(self, model, inner_optimizer, client, sync_every, outer_lr=0.7,
                  outer_momentum=0.9, nesterov=True, fragments=1, prefix="outer.",
                  elastic=False, rejoin=False, overlap=0, mix=0.5):
-        if int(sync_every) < 1:
-            raise ValueError(f"sync_every must be at least 1, not {sync_every}")
-        if not 1 <= int(fragments) <= int(sync_every):
+        sync_every = check_int(sync_every, "sync_every", (1, math.inf))
+        fragments = check_int(fragments, "fragments", ANY_INT)
+        overlap = check_int(overlap, "overlap", ANY_INT)
+        if not 1 <= fragments <= sync_every:
             raise ValueError(f"fragments must be 1..sync_every ({sync_every}), not {fragments}")
-        if not 0 <= int(overlap) < int(sync_every):
+        if not 0 <= overlap < sync_every:
             raise ValueError(f"overlap must be 0..sync_every - 1 ({sync_every - 1}), "
                              f"not {overlap}")
-        if not 0.0 <= float(mix) <= 1.0:
-            raise ValueError(f"mix must be in [0, 1], not {mix}")
-        if int(overlap) and (elastic or rejoin):
+        mix = check_float(mix, "mix", (0.0, 1.0))
+        # the client's rule for a step's lr, checked here rather than at the first sync
+        outer_lr = check_float(outer_lr, "outer_lr", (0.0, math.inf))
+        outer_momentum = check_float(outer_momentum, "outer_momentum", (0.0, 1.0))
+        check_str(prefix, "prefix")
+        if overlap and (elastic or rejoin):
             raise ValueError("elastic DiLoCo blocks at its syncs: overlap must be 0")
         # Nesterov needs momentum: outer_momentum=0 is plain SGD whatever nesterov says.
         want = {"momentum": outer_momentum,
-                "nesterov": int(bool(nesterov) and float(outer_momentum) > 0)}
+                "nesterov": int(bool(nesterov) and outer_momentum > 0)}
         if not client.optimizer:
             raise ValueError("DiLoCo's outer step runs on apsd: open the client with "
                              f"optimizer={optimizer_spec('sgd', **want)!r}")
@@ -95,14 +102,14 @@ class DiLoCo:
         self.inner = inner_optimizer
         self.client = client
         self.elastic = bool(elastic or rejoin)
-        self.overlap, self.mix = int(overlap), float(mix)
+        self.overlap, self.mix = overlap, mix
         self._flight = {}  # fragment: (handle, step it left at, names)
-        self.sync_every = int(sync_every)
-        self.outer_lr = float(outer_lr)
+        self.sync_every = sync_every
+        self.outer_lr = outer_lr
         self.steps = 0
         self.syncs = 0
         self._params = [(prefix + n, p) for n, p in model.named_parameters() if p.requires_grad]
-        self.fragments = _fragments(self._params, int(fragments))
+        self.fragments = _fragments(self._params, fragments)
         # What every worker holds since the last sync (the daemon keeps the same view).
         self._anchor = {n: p.detach().to(device="cpu", dtype=torch.float32).contiguous().clone()
                         for n, p in self._params}
@@ -143,6 +150,8 @@ class DiLoCo:
         """The outer step now, of every parameter or of one fragment: every
         rank's pseudo-gradient averaged by apsd, Nesterov SGD on the master
         weights, every rank restarts from them. Blocks."""
+        if fragment is not None:
+            fragment = check_int(fragment, "fragment", (0, len(self.fragments) - 1))
         self.finish()
         key = -1 if fragment is None else fragment
         self._launch(key, None if fragment is None else set(self.fragments[fragment]))

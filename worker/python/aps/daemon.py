@@ -14,8 +14,11 @@ import subprocess
 import time
 import urllib.parse
 
+from aps._args import SECONDS, check_float, check_str
+
 _REPO = pathlib.Path(__file__).resolve().parents[3]
 _PR_SET_PDEATHSIG = 1
+LOG_LEVELS = ("error", "warn", "info", "debug")  # apsd's --log_level
 
 
 def find_apsd():
@@ -37,22 +40,42 @@ def find_apsd():
 
 
 def free_endpoint(host="127.0.0.1"):
-    """A tcp:// endpoint on a port that was free a moment ago."""
+    """A tcp:// endpoint on a port that was free a moment ago (host: IPv4)."""
+    check_str(host, "host")
+    if not host:
+        raise ValueError("host is empty: give an IPv4 address, e.g. 127.0.0.1")
     with socket.socket() as s:
         s.bind((host, 0))
         return f"tcp://{host}:{s.getsockname()[1]}"
 
 
 def _tcp_address(endpoint):
-    url = urllib.parse.urlsplit(endpoint)
-    if url.hostname is None or url.port is None:
+    try:
+        url = urllib.parse.urlsplit(endpoint)
+        port = url.port
+    except ValueError as exc:  # a port beyond 65535, an unclosed [IPv6 address
+        raise ValueError(f"endpoint {endpoint!r}: {exc}") from None
+    if url.hostname is None or port is None:
         raise ValueError(f"endpoint {endpoint!r} has no host:port")
-    return url.hostname, url.port
+    if port == 0:
+        raise ValueError(f"endpoint {endpoint!r}: port 0 is not in 1..65535")
+    return url.hostname, port
+
+
+def _check_endpoint(endpoint):
+    """endpoint, if it is tcp://HOST:PORT or ipc://PATH (what is_listening probes)."""
+    check_str(endpoint, "endpoint")
+    if endpoint.startswith("tcp://"):
+        _tcp_address(endpoint)
+    elif not endpoint.startswith("ipc://") or endpoint == "ipc://":
+        raise ValueError(f"endpoint {endpoint!r} is not tcp://HOST:PORT or ipc://PATH")
+    return endpoint
 
 
 def is_local(endpoint):
     """True if a daemon for endpoint would run on this machine (ipc://, or tcp://
     on a loopback address or localhost)."""
+    check_str(endpoint, "endpoint")
     if endpoint.startswith("ipc://"):
         return True
     if not endpoint.startswith("tcp://"):
@@ -62,7 +85,11 @@ def is_local(endpoint):
 
 
 def is_listening(endpoint, timeout=0.5):
-    """True if something accepts connections at a tcp:// or ipc:// endpoint."""
+    """True if something accepts connections at a tcp:// or ipc:// endpoint
+    within timeout seconds (> 0: 0 would not wait for the connection)."""
+    if check_float(timeout, "timeout", SECONDS) == 0:
+        raise ValueError("timeout 0 would not wait for the connection: give seconds > 0")
+    check_str(endpoint, "endpoint")
     if endpoint.startswith("ipc://"):
         family, address = socket.AF_UNIX, endpoint[len("ipc://"):]
     elif endpoint.startswith("tcp://"):
@@ -99,13 +126,19 @@ class LocalDaemon:
 
     def __init__(self, endpoint=None, binary=None, log_level="warn", output=None,
                  extra_args=()):
-        self.endpoint = endpoint or free_endpoint()
+        self.endpoint = _check_endpoint(endpoint) if endpoint else free_endpoint()
+        if log_level not in LOG_LEVELS:
+            raise ValueError(f"log_level must be one of {LOG_LEVELS}, not {log_level!r}")
+        if isinstance(extra_args, (str, bytes)):
+            raise TypeError(f"extra_args must be a list of arguments, not a string "
+                            f"({extra_args!r} would pass each character)")
         self.args = [binary or find_apsd(), "--listen", self.endpoint,
                      "--log_level", log_level, *extra_args]
         self.output = output
         self.proc = None
 
     def start(self, timeout=10):
+        check_float(timeout, "timeout", SECONDS)
         self.proc = subprocess.Popen(self.args, stdin=subprocess.DEVNULL, stdout=self.output,
                                      stderr=self.output, start_new_session=True,
                                      preexec_fn=_die_with_parent)
@@ -122,6 +155,7 @@ class LocalDaemon:
 
     def stop(self, timeout=10):
         """SIGTERM, then SIGKILL after timeout seconds; returns the exit status."""
+        check_float(timeout, "timeout", SECONDS)
         if self.proc is None:
             return None
         if self.proc.poll() is None:

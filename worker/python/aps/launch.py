@@ -46,6 +46,7 @@ import time
 import urllib.parse
 
 from aps import _env, daemon
+from aps._args import SECONDS, check_float, check_int, check_str
 from aps._output import Output, say
 
 GRACE_S = 5.0  # from SIGTERM to SIGKILL
@@ -53,6 +54,12 @@ DRAIN_S = 5.0  # for the output of a child that exited
 DAEMON_WAIT_S = 300.0  # a node other than 0 waits this long for apsd
 APSD_PORT = urllib.parse.urlsplit(_env.DEFAULT_ENDPOINT).port
 TORCHRUN_MASTER_PORT = 29500
+# libaps's limits (proto/frame.h, worker/shards.h): beyond them every worker's Client fails
+WORLD_MAX = 65536  # APS_MSG_RANKS_MAX
+SHARDS_MAX = 64  # APS_SHARDS_MAX
+ENDPOINT_MAX = 255  # bytes of one endpoint (APS_SHARDS_ENDPOINT_MAX - 1)
+JOB_MAX = 64  # bytes of a job name (APS_MSG_JOB_MAX)
+TOKEN_MAX = 128  # bytes of a job token (APS_MSG_TOKEN_MAX)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +70,17 @@ class Layout:
     node_rank: int
     master_addr: str
     master_port: int
+
+    def __post_init__(self):
+        check_int(self.nproc, "nproc", (1, WORLD_MAX))
+        check_int(self.nnodes, "nnodes", (1, WORLD_MAX))
+        check_int(self.node_rank, "node_rank", (0, self.nnodes - 1))
+        if self.world > WORLD_MAX:
+            raise ValueError(f"{self.nnodes} nodes of {self.nproc} workers: apsd takes at "
+                             f"most {WORLD_MAX} ranks")
+        check_int(self.master_port, "master_port", (1, 65535))
+        if not check_str(self.master_addr, "master_addr"):
+            raise ValueError("master_addr is empty")
 
     @property
     def world(self):
@@ -78,6 +96,10 @@ def _exit_status(code):
 
 def worker_env(layout, local_rank, endpoint, job, base=None, job_token=None):
     """The environment of this node's worker local_rank."""
+    check_int(local_rank, "local_rank", (0, layout.nproc - 1))
+    check_str(endpoint, "endpoint")
+    check_str(job, "job")
+    check_str(job_token, "job_token", allow_none=True)
     env = dict(os.environ if base is None else base)
     if job_token:
         env["APS_JOB_TOKEN"] = job_token
@@ -112,6 +134,7 @@ class Workers:
     def wait(self, poll_s=0.05):
         """Waits until all exit (0) or one fails (its exit status, once its
         output is written)."""
+        check_float(poll_s, "poll_s", SECONDS)
         while True:
             codes = [(rank, p, p.poll()) for rank, p in self.procs]
             failed = [(rank, p, c) for rank, p, c in codes if c not in (None, 0)]
@@ -126,6 +149,7 @@ class Workers:
 
     def stop(self, grace_s=GRACE_S):
         """SIGTERM to those still running, SIGKILL after grace_s."""
+        check_float(grace_s, "grace_s", SECONDS)
         for _, p in self.procs:
             if p.poll() is None:
                 p.terminate()
@@ -149,6 +173,8 @@ def _nnodes(text):
     if low != high:
         raise argparse.ArgumentTypeError(f"{text}: a changing number of nodes (elastic) is "
                                          "not supported: give one N")
+    if low < 1:
+        raise argparse.ArgumentTypeError(f"{text}: at least 1 node")
     return low
 
 
@@ -190,6 +216,9 @@ def _parse(argv):
     args = ap.parse_args(argv)
     if args.nproc < 1:
         ap.error("--nproc_per_node (-n) must be at least 1")
+    if args.nnodes * args.nproc > WORLD_MAX:
+        ap.error(f"--nnodes {args.nnodes} x --nproc_per_node {args.nproc} is "
+                 f"{args.nnodes * args.nproc} ranks: apsd takes at most {WORLD_MAX}")
     if args.nnodes < 1 or not 0 <= args.node_rank < args.nnodes:
         ap.error(f"--node_rank {args.node_rank} is not one of 0..{args.nnodes - 1} "
                  f"(--nnodes {args.nnodes})")
@@ -197,10 +226,42 @@ def _parse(argv):
         ap.error(f"--master_port {args.master_port} is not a port")
     if args.shards < 0 or (args.shards and args.endpoint):
         ap.error("--shards wants a count and no --endpoint")
+    if args.shards > SHARDS_MAX:
+        ap.error(f"--shards {args.shards}: a client takes at most {SHARDS_MAX}")
     if args.nnodes > 1 and (args.shards or args.standalone):
         ap.error("--shards and --standalone are for one node: with --nnodes > 1 give every "
                  "node the same --endpoint (or --master_addr)")
+    for what, bad in _bad_names(args):
+        ap.error(f"{what}: {bad}")
     return args
+
+
+def _given(args, option, var):
+    """(where it comes from, value) of an option that falls back on $var."""
+    value = getattr(args, option.lstrip("-").replace("-", "_"))
+    return (option, value) if value else (var, os.environ.get(var))
+
+
+def _bad_names(args):
+    """(option or variable, why) for each endpoint, job and token that libaps
+    would refuse in every worker."""
+    where, given = _given(args, "--endpoint", "APS_ENDPOINT")
+    if given and not args.shards:
+        ends = [e.strip() for e in given.split(",")]
+        if len(ends) > SHARDS_MAX:
+            yield where, f"{len(ends)} endpoints: at most {SHARDS_MAX}"
+        for e in ends:
+            try:
+                daemon._check_endpoint(e)
+            except ValueError as exc:
+                yield where, str(exc)
+            if len(e.encode()) > ENDPOINT_MAX:
+                yield where, f"endpoint {e[:32]!r}... is longer than {ENDPOINT_MAX} bytes"
+    for option, var, most in (("--job", "APS_JOB", JOB_MAX),
+                              ("--job-token", "APS_JOB_TOKEN", TOKEN_MAX)):
+        where, text = _given(args, option, var)
+        if text and not (len(text) <= most and all("!" <= c <= "~" for c in text)):
+            yield where, f"{text!r}: 1 to {most} visible ASCII characters (no spaces)"
 
 
 def _url_host(host):
