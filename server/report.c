@@ -1,7 +1,8 @@
 /*
  * JSON reports of the daemon's state for the stats socket (apsctl reads
  * them): counters, latency percentiles, jobs with their stalls, workers and
- * tensors. Read-only over the server; built with jansson.
+ * tensors. Read-only over the server; built with jansson, but for the long
+ * listings (tensors, workers), written as text.
  */
 #include "server/report.h"
 
@@ -10,6 +11,8 @@
 #include "server/server_impl.h"
 
 #include <jansson.h>
+#include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -152,18 +155,78 @@ static json_t *jobs(const struct aps_server *srv)
 	return a;
 }
 
-static json_t *worker(const struct aps_session *s, uint64_t now)
+/*
+ * The tensors and workers reports are written as text, not built as jansson
+ * objects: a line of those cost 20 us, mostly malloc and free (4096 lines of a
+ * `tensors` report took 81 ms of the loop, and `apsctl top` asks every second).
+ */
+
+/* s as a JSON string: names are visible ASCII (proto/validate.c), but a quote,
+ * a backslash or a control byte is escaped all the same. */
+static void put_str(FILE *f, const char *s)
+{
+	static const char plain_not[] = "\"\\\x01\x02\x03\x04\x05\x06\x07\x08\x09\x0a\x0b"
+	                                "\x0c\x0d\x0e\x0f\x10\x11\x12\x13\x14\x15\x16\x17\x18"
+	                                "\x19\x1a\x1b\x1c\x1d\x1e\x1f\x7f";
+
+	putc_unlocked('"', f);
+	while (*s != '\0') {
+		size_t run = strcspn(s, plain_not); /* the bytes written as they are */
+		fwrite_unlocked(s, 1, run, f);
+		s += run;
+		if (*s == '"' || *s == '\\')
+			fprintf(f, "\\%c", *s++);
+		else if (*s != '\0')
+			fprintf(f, "\\u%04x", (unsigned char)*s++);
+	}
+	putc_unlocked('"', f);
+}
+
+/* "key":"value", */
+static void put_key_str(FILE *f, const char *key, const char *value, bool last)
+{
+	fprintf(f, "\"%s\":", key);
+	put_str(f, value);
+	if (!last)
+		putc_unlocked(',', f);
+}
+
+/* "key":value, a real as jansson's JSON_REAL_PRECISION(6) writes it (1.0, not 1);
+ * not finite: null. */
+static void put_key_real(FILE *f, const char *key, double value, bool last)
+{
+	char num[32] = "null";
+
+	if (isfinite(value)) {
+		snprintf(num, sizeof(num), "%.6g", value);
+		if (strpbrk(num, ".e") == NULL)
+			strcat(num, ".0");
+	}
+	fprintf(f, "\"%s\":%s%s", key, num, last ? "" : ",");
+}
+
+static void put_key_int(FILE *f, const char *key, long long value, bool last)
+{
+	fprintf(f, "\"%s\":%lld%s", key, value, last ? "" : ",");
+}
+
+static void put_worker(FILE *f, const struct aps_session *s, uint64_t now)
 {
 	/* away_s: since its connection closed, while apsd waits for it to reconnect */
 	double away = s->detached_ms ? (double)(now - s->detached_ms) / 1000.0 : 0.0;
 
-	return json_pack("{s:s, s:i, s:s, s:f, s:f, s:I, s:I, s:I, s:i, s:f}", "job", s->job->name,
-	                 "rank", (int)s->rank, "address", s->address, "connected_s",
-	                 (double)(now - s->joined_ms) / 1000.0, "last_seen_s",
-	                 (double)(now - s->last_seen_ms) / 1000.0, "msgs_in",
-	                 (json_int_t)s->msgs_in, "bytes_in", (json_int_t)s->bytes_in, "bytes_out",
-	                 (json_int_t)s->bytes_out, "reconnects", (int)s->reconnects, "away_s",
-	                 away);
+	putc_unlocked('{', f);
+	put_key_str(f, "job", s->job->name, false);
+	put_key_int(f, "rank", (long long)s->rank, false);
+	put_key_str(f, "address", s->address, false);
+	put_key_real(f, "connected_s", (double)(now - s->joined_ms) / 1000.0, false);
+	put_key_real(f, "last_seen_s", (double)(now - s->last_seen_ms) / 1000.0, false);
+	put_key_int(f, "msgs_in", (long long)s->msgs_in, false);
+	put_key_int(f, "bytes_in", (long long)s->bytes_in, false);
+	put_key_int(f, "bytes_out", (long long)s->bytes_out, false);
+	put_key_int(f, "reconnects", (long long)s->reconnects, false);
+	put_key_real(f, "away_s", away, true);
+	putc_unlocked('}', f);
 }
 
 /* How many lines each job lists (*quota, one per job in list order, freed by
@@ -187,97 +250,125 @@ static int64_t share(const struct aps_server *srv, bool ranks, uint32_t **quota)
 }
 
 /* Ranks with a session, in rank order, REPORT_LINES_MAX of every job together. */
-static json_t *workers(const struct aps_server *srv, int64_t *unlisted)
+static void put_workers(FILE *f, const struct aps_server *srv, const uint32_t *quota)
 {
 	uint64_t now = uv_now(srv->loop);
-	json_t *a = json_array();
-	uint32_t *quota, n = 0;
+	uint32_t n = 0;
+	bool first = true;
 
-	*unlisted = share(srv, true, &quota);
-	for (const struct aps_job *j = srv->jobs.jobs;
-	     j != NULL && *unlisted >= 0 && n < srv->jobs.n_jobs; j = j->next) {
+	for (const struct aps_job *j = srv->jobs.jobs; j != NULL && n < srv->jobs.n_jobs;
+	     j = j->next) {
 		uint32_t listed = 0;
 		for (uint32_t r = 0; r < j->world_size && listed < quota[n]; r++) {
 			if (j->ranks[r] == NULL)
 				continue;
-			json_array_append_new(a, worker(j->ranks[r], now));
+			if (!first)
+				putc_unlocked(',', f);
+			put_worker(f, j->ranks[r], now);
+			first = false;
 			listed++;
 		}
 		n++;
 	}
-	free(quota);
-	return a;
 }
 
-static json_t *tensor(const struct aps_job *j, const struct aps_tensor *t)
+static void put_tensor(FILE *f, const struct aps_job *j, const struct aps_tensor *t)
 {
 	const struct aps_tensor_stats *st = &t->stats;
 	double ratio = st->bytes_in ? (double)st->elements_in * 4.0 / (double)st->bytes_in : 0.0;
 	/* What an element took on the uplink, block exponents included. */
 	double bits = st->elements_in ? (double)st->bytes_in * 8.0 / (double)st->elements_in : 0.0;
 
-	json_t *o = json_pack("{s:s, s:s, s:f, s:I, s:I, s:f, s:i}", "policy_format",
-	                      t->policy.current.name, "reason", t->policy.reason, "rel_error",
-	                      st->rel_error, "format_switches", (json_int_t)t->policy.switches,
-	                      "updates", (json_int_t)t->opt.updates, "bits_per_element", bits,
-	                      "block_size", (int)j->block);
-
-	json_object_update_new(
-	        o, json_pack("{s:s, s:s, s:i, s:I, s:s, s:s, s:i, s:i, s:f, s:I, s:I, "
-	                     "s:I, s:f, s:I}",
-	                     "job", j->name, "name", t->name, "id", (int)t->id, "count",
-	                     (json_int_t)t->count, "format", st->format, "scaling",
-	                     aps_scaling_name(j->scaling), "scale_exp", st->scale_exp,
-	                     "down_scale_exp", st->down_scale_exp, "flushed_fraction",
-	                     st->flushed_fraction, "overflow", (json_int_t)st->overflow, "bytes_in",
-	                     (json_int_t)st->bytes_in, "bytes_out", (json_int_t)st->bytes_out,
-	                     "compression", ratio, "steps", (json_int_t)st->steps));
-	return o;
+	putc_unlocked('{', f);
+	put_key_str(f, "job", j->name, false);
+	put_key_str(f, "name", t->name, false);
+	put_key_int(f, "id", (long long)t->id, false);
+	put_key_int(f, "count", (long long)t->count, false);
+	put_key_str(f, "format", st->format, false);
+	put_key_str(f, "scaling", aps_scaling_name(j->scaling), false);
+	put_key_int(f, "scale_exp", (long long)st->scale_exp, false);
+	put_key_int(f, "down_scale_exp", (long long)st->down_scale_exp, false);
+	put_key_real(f, "flushed_fraction", st->flushed_fraction, false);
+	put_key_int(f, "overflow", (long long)st->overflow, false);
+	put_key_int(f, "bytes_in", (long long)st->bytes_in, false);
+	put_key_int(f, "bytes_out", (long long)st->bytes_out, false);
+	put_key_real(f, "compression", ratio, false);
+	put_key_int(f, "steps", (long long)st->steps, false);
+	put_key_str(f, "policy_format", t->policy.current.name, false);
+	put_key_str(f, "reason", t->policy.reason, false);
+	put_key_real(f, "rel_error", st->rel_error, false);
+	put_key_int(f, "format_switches", (long long)t->policy.switches, false);
+	put_key_int(f, "updates", (long long)t->opt.updates, false);
+	put_key_real(f, "bits_per_element", bits, false);
+	put_key_int(f, "block_size", (long long)j->block, true);
+	putc_unlocked('}', f);
 }
 
 /* REPORT_LINES_MAX tensors of every job together. */
-static json_t *tensors(const struct aps_server *srv, int64_t *unlisted)
+static void put_tensors(FILE *f, const struct aps_server *srv, const uint32_t *quota)
 {
-	json_t *a = json_array();
-	uint32_t *quota, n = 0;
+	uint32_t n = 0;
+	bool first = true;
 
-	*unlisted = share(srv, false, &quota);
-	for (const struct aps_job *j = srv->jobs.jobs;
-	     j != NULL && *unlisted >= 0 && n < srv->jobs.n_jobs; j = j->next) {
-		for (uint32_t i = 0; i < quota[n]; i++)
-			json_array_append_new(a, tensor(j, j->tensors[i]));
+	for (const struct aps_job *j = srv->jobs.jobs; j != NULL && n < srv->jobs.n_jobs;
+	     j = j->next) {
+		for (uint32_t i = 0; i < quota[n]; i++) {
+			if (!first)
+				putc_unlocked(',', f);
+			put_tensor(f, j, j->tensors[i]);
+			first = false;
+		}
 		n++;
 	}
+}
+
+/* {"tensors":[...],"tensors_unlisted":N} or the same of workers, into *out. */
+static int listing(const struct aps_server *srv, bool ranks, char **out)
+{
+	const char *what = ranks ? "workers" : "tensors";
+	uint32_t *quota = NULL;
+	int64_t unlisted = share(srv, ranks, &quota);
+	size_t len = 0;
+	FILE *f = unlisted >= 0 ? open_memstream(out, &len) : NULL;
+	int bad;
+
+	if (f == NULL) {
+		free(quota);
+		return APS_ENOMEM;
+	}
+	fprintf(f, "{\"%s\":[", what);
+	if (ranks)
+		put_workers(f, srv, quota);
+	else
+		put_tensors(f, srv, quota);
+	fprintf(f, "],\"%s_unlisted\":%lld}", what, (long long)unlisted);
 	free(quota);
-	return a;
+	bad = ferror(f);
+	if (fclose(f) != 0 || bad) {
+		free(*out);
+		*out = NULL;
+		return APS_ENOMEM;
+	}
+	return 0;
 }
 
 int aps_report_build(const struct aps_server *srv, const char *command,
                      const struct aps_report_clients *clients, char **out)
 {
-	int64_t unlisted = 0;
-	json_t *doc, *list;
+	json_t *doc;
 
 	if (strcmp(command, "stats") == 0) {
 		doc = stats(srv, clients);
 	} else if (strcmp(command, "jobs") == 0) {
 		doc = json_pack("{s:o}", "jobs", jobs(srv));
-	} else if (strcmp(command, "workers") == 0) {
-		list = workers(srv, &unlisted); /* before unlisted is read */
-		doc = json_pack("{s:o, s:I}", "workers", list, "workers_unlisted",
-		                (json_int_t)unlisted);
-	} else if (strcmp(command, "tensors") == 0) {
-		list = tensors(srv, &unlisted);
-		doc = json_pack("{s:o, s:I}", "tensors", list, "tensors_unlisted",
-		                (json_int_t)unlisted);
+	} else if (strcmp(command, "workers") == 0 || strcmp(command, "tensors") == 0) {
+		return listing(srv, strcmp(command, "workers") == 0, out);
 	} else {
 		doc = json_pack("{s:s}", "error",
 		                "unknown command: send one of stats, jobs, workers, tensors");
 	}
-	if (doc == NULL || unlisted < 0) {
-		json_decref(doc);
+	if (doc == NULL)
 		return APS_ENOMEM;
-	}
 	*out = json_dumps(doc, JSON_COMPACT | JSON_REAL_PRECISION(6));
 	json_decref(doc);
 	return *out != NULL ? 0 : APS_ENOMEM;
