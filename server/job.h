@@ -144,6 +144,7 @@ struct aps_job {
 	struct aps_deferred_finish *deferred;
 	struct aps_ckpt_owner ckpt_owner; /* its token's, written in its checkpoints */
 	uint64_t last_ckpt_step;          /* step of the last checkpoint queued */
+	bool unsaved; /* stepped since its last checkpoint was queued, or that one failed */
 	/*
 	 * Why the first rank that was lost or left did so, "" while every rank is
 	 * there: no later round of the job can complete, so every later

@@ -260,6 +260,7 @@ void aps_optimize_chunk_done(struct aps_server *srv, struct aps_job *job, struct
 	}
 	o->updates++;
 	o->state_t++;
+	job->unsaved = true;
 	o->lr_rank = UINT32_MAX; /* the next step's lr comes with its pushes */
 	srv->counters.updates++;
 	if (k > 0 && o->updates % k == 0 && o->updates > job->last_ckpt_step &&
@@ -362,16 +363,6 @@ static int snapshot(struct aps_job *job, struct aps_ckpt *ck, enum take how)
 	return ret;
 }
 
-/* Whether the job has anything a new run would not have: a step, or what it resumed. */
-static bool trained(const struct aps_job *job)
-{
-	for (uint32_t i = 0; i < job->n_tensors; i++) {
-		if (job->tensors[i]->opt.updates > 0)
-			return true;
-	}
-	return job->resume.n_tensors > 0;
-}
-
 void aps_optimize_checkpoint(struct aps_server *srv, struct aps_job *job, const char *why,
                              enum aps_snapshot when)
 {
@@ -391,9 +382,9 @@ void aps_optimize_checkpoint(struct aps_server *srv, struct aps_job *job, const 
 		aps_ckpt_copy_wait(job->copying);
 		return;
 	}
-	if (!trained(job)) { /* its weights are rank 0's broadcast: nothing to keep */
-		aps_log_debug("checkpoint", "none job=%s reason=\"%s\": no step taken", job->name,
-		              why);
+	if (!job->unsaved) { /* rank 0's broadcast, or what its last checkpoint holds */
+		aps_log_debug("checkpoint", "none job=%s reason=\"%s\": no step since the last",
+		              job->name, why);
 		return;
 	}
 	if ((torn = half_stepped(job)) != NULL) {
@@ -419,6 +410,7 @@ void aps_optimize_checkpoint(struct aps_server *srv, struct aps_job *job, const 
 	if (ck->step == UINT64_MAX)
 		ck->step = job->resume.step;
 	job->last_ckpt_step = ck->step;
+	job->unsaved = false;
 	aps_log_debug("checkpoint", "queued job=%s step=%llu reason=\"%s\"", job->name,
 	              (unsigned long long)ck->step, why);
 	if (how == TAKE_BORROW &&

@@ -260,11 +260,14 @@ static void on_checkpoint(void *ctx, const struct aps_ckpt *ck, int ret, const c
                           double seconds)
 {
 	struct aps_server *srv = ctx;
+	struct aps_job *job;
 
 	if (ret < 0) {
 		srv->counters.checkpoint_failures++;
 		aps_log_error("checkpoint", "failed job=%s step=%llu reason=\"%s\"", ck->job,
 		              (unsigned long long)ck->step, why);
+		if ((job = aps_jobs_find(&srv->jobs, ck->job)) != NULL)
+			job->unsaved = true; /* its next chance writes it */
 		return;
 	}
 	srv->counters.checkpoints++;
@@ -291,6 +294,7 @@ static void on_snapshot_copied(void *ctx, const struct aps_ckpt_copy *c, struct 
 	if (job == NULL || job->copying != c)
 		return; /* it ended meanwhile (and waited for the copy) */
 	job->copying = NULL;
+	job->unsaved |= ret < 0;
 	aps_finish_deferred(srv, job);
 }
 

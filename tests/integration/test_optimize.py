@@ -241,7 +241,10 @@ def test_checkpoint_at_sigterm_resumes_weights_and_state(daemon_factory, tmp_pat
     assert cs[0].pull("w", master) == 12
     for c in cs:
         c.close()
-    wait_for(d2, "checkpoint: written job=resnet/1 step=12")
+    # No step since the checkpoint it resumed: the job's end writes nothing (it
+    # wrote the same file again before 2026-12-07)
+    wait_for(d2, "job ended job=resnet/1")
+    assert "checkpoint: written job=resnet/1" not in d2.log_path.read_text()
     after, updates = run(d2, garbage, 6)
     assert updates == 12
     assert "resuming job=resnet/1 step=12" in d2.log_path.read_text()
@@ -314,9 +317,11 @@ def test_corrupt_checkpoint_is_skipped(daemon_factory, tmp_path):
         cs[0].pull("w", master)
         history[step] = master.copy()
     wait_for(d, "checkpoint: written job=default step=4")
-    assert d.stop() == 0  # SIGTERM with the job alive: a checkpoint at stop, then exit
-    assert "checkpoint: queued job=default step=4 reason=\"stopping\"" in d.log_path.read_text()
-    assert d.log_path.read_text().count("checkpoint: written job=default step=4") == 2
+    # SIGTERM with the job alive: no step since step 4's checkpoint, so none at
+    # stop (before 2026-12-07 it wrote step 4 again), then exit
+    assert d.stop() == 0
+    assert "queued job=default step=4 reason=\"stopping\"" not in d.log_path.read_text()
+    assert d.log_path.read_text().count("checkpoint: written job=default step=4") == 1
     cs[0].close()
     newest = ckdir / "default.00000000000000000004.ckpt"
     data = bytearray(newest.read_bytes())
@@ -534,7 +539,7 @@ def test_a_resume_reads_its_checkpoint_off_the_loop(daemon_factory, tmp_path):
                          timeout_ms=60000)
         gaps.append(time.monotonic() - t0)
         done.set()
-        big.close()  # its checkpoint written again: a copy on the loop, not measured
+        big.close()
 
     t = threading.Thread(target=resume)
     t.start()
@@ -552,7 +557,8 @@ def test_a_resume_reads_its_checkpoint_off_the_loop(daemon_factory, tmp_path):
     assert worst < took / 4, (worst, took)
     # While it is read, its ranks may say HELLO, HEARTBEAT and BYE only: a
     # REGISTER before the WELCOME would start a tensor without its weights
-    wait_for(d, "checkpoint: written job=big step=1", after=1, timeout=60)
+    wait_for(d, "job ended job=big", after=1, timeout=60)
+    assert d.log_path.read_text().count("checkpoint: written job=big") == 1  # no step since
     p = Peer(d.endpoint)
     bad_state = d.counter("bad_state")
     p.send(type=HELLO, job="big", rank=0, world_size=1, optimizer="adam", format="fp32")
