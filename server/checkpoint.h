@@ -53,7 +53,7 @@ struct aps_ckpt {
 	char job[APS_MSG_JOB_MAX + 1];
 	char optimizer[APS_OPTIM_SPEC_MAX]; /* canonical spec (aps_optim_describe) */
 	struct aps_ckpt_owner owner;        /* who may resume it */
-	uint64_t step;                      /* names the file: the job's update count */
+	uint64_t step; /* names the file: the largest update count of its tensors */
 	uint32_t n_tensors;
 	struct aps_ckpt_tensor *tensors; /* owned */
 };

@@ -19,7 +19,9 @@ struct aps_ckpt_copy {
 	int ret;
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
-	bool copied; /* under lock: the thread is done with the borrowed arrays */
+	bool copied;  /* under lock: the thread is done with the borrowed arrays */
+	void **later; /* the loop thread's: freed after done (aps_ckpt_copy_free_later) */
+	size_t n_later, cap_later;
 };
 
 static void copy_arrays(struct aps_ckpt *ck, int *ret)
@@ -60,6 +62,9 @@ static void on_copied(uv_work_t *w, int status)
 		c->ret = APS_ESYS;
 	}
 	c->done(c->ctx, c, c->ck, c->ret);
+	for (size_t i = 0; i < c->n_later; i++)
+		free(c->later[i]);
+	free(c->later);
 	pthread_cond_destroy(&c->cond);
 	pthread_mutex_destroy(&c->lock);
 	free(c);
@@ -96,4 +101,24 @@ void aps_ckpt_copy_wait(const struct aps_ckpt_copy *cc)
 	while (!c->copied)
 		pthread_cond_wait(&c->cond, &c->lock);
 	pthread_mutex_unlock(&c->lock);
+}
+
+void aps_ckpt_copy_free_later(const struct aps_ckpt_copy *cc, void *p)
+{
+	struct aps_ckpt_copy *c = (struct aps_ckpt_copy *)cc;
+
+	if (p == NULL)
+		return;
+	if (c->n_later == c->cap_later) {
+		size_t cap = c->cap_later ? 2 * c->cap_later : 16;
+		void **later = realloc(c->later, cap * sizeof(*later));
+		if (later == NULL) {
+			aps_ckpt_copy_wait(c);
+			free(p);
+			return;
+		}
+		c->later = later;
+		c->cap_later = cap;
+	}
+	c->later[c->n_later++] = p;
 }

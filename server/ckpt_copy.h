@@ -31,4 +31,9 @@ int aps_ckpt_copy_start(uv_loop_t *loop, struct aps_ckpt *ck, aps_ckpt_copied_cb
  * comes later, on the loop. */
 void aps_ckpt_copy_wait(const struct aps_ckpt_copy *c);
 
+/* Frees p (a borrowed array, or anything) once the copy is done, after its done
+ * callback: the job that lent it may end first without waiting. Waits (and
+ * frees now) where it cannot keep it: no memory. */
+void aps_ckpt_copy_free_later(const struct aps_ckpt_copy *c, void *p);
+
 #endif

@@ -16,6 +16,7 @@ struct aps_ckpt_load {
 	char job[APS_MSG_JOB_MAX + 1];
 	char token[APS_MSG_TOKEN_MAX + 1];
 	struct aps_ckpt_want want;
+	uint64_t bytes;
 	aps_ckpt_loaded_cb done;
 	void *ctx;
 	int ret;
@@ -40,14 +41,14 @@ static void on_done(uv_work_t *w, int status)
 		l->ret = APS_ESYS;
 		snprintf(l->why, sizeof(l->why), "read cancelled");
 	}
-	l->done(l->ctx, l, l->job, l->ret, &l->ck, l->path, l->why);
+	l->done(l->ctx, l, l->job, l->bytes, l->ret, &l->ck, l->path, l->why);
 	aps_ckpt_free(&l->ck);
 	free(l);
 }
 
 int aps_ckpt_load_start(uv_loop_t *loop, const char *dir, const char *job,
-                        const struct aps_ckpt_want *want, aps_ckpt_loaded_cb done, void *ctx,
-                        const struct aps_ckpt_load **out)
+                        const struct aps_ckpt_want *want, uint64_t bytes, aps_ckpt_loaded_cb done,
+                        void *ctx, const struct aps_ckpt_load **out)
 {
 	struct aps_ckpt_load *l = calloc(1, sizeof(*l));
 
@@ -57,6 +58,7 @@ int aps_ckpt_load_start(uv_loop_t *loop, const char *dir, const char *job,
 	snprintf(l->job, sizeof(l->job), "%s", job);
 	snprintf(l->token, sizeof(l->token), "%s", want->token);
 	l->want = (struct aps_ckpt_want){ .token = l->token, .max_bytes = want->max_bytes };
+	l->bytes = bytes;
 	l->done = done;
 	l->ctx = ctx;
 	l->work.data = l;

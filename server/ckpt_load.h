@@ -20,13 +20,15 @@ struct aps_ckpt_load;
  * refusal (APS_EACCES, APS_ERANGE).
  */
 typedef void (*aps_ckpt_loaded_cb)(void *ctx, const struct aps_ckpt_load *l, const char *job,
-                                   int ret, struct aps_ckpt *ck, const char *path, const char *why);
+                                   uint64_t bytes, int ret, struct aps_ckpt *ck, const char *path,
+                                   const char *why);
 
 /* Starts reading the newest intact checkpoint of job in dir for want (every
- * string copied). Returns 0 and the read (*out: a tag, freed when done has
- * returned), or APS_ENOMEM / APS_ESYS. */
+ * string copied); bytes (what the caller counts for it until done) comes back
+ * to done. Returns 0 and the read (*out: a tag, freed when done has returned),
+ * or APS_ENOMEM / APS_ESYS. */
 int aps_ckpt_load_start(uv_loop_t *loop, const char *dir, const char *job,
-                        const struct aps_ckpt_want *want, aps_ckpt_loaded_cb done, void *ctx,
-                        const struct aps_ckpt_load **out);
+                        const struct aps_ckpt_want *want, uint64_t bytes, aps_ckpt_loaded_cb done,
+                        void *ctx, const struct aps_ckpt_load **out);
 
 #endif

@@ -109,7 +109,7 @@ static int check_memory(struct aps_server *srv, struct aps_session *s, const str
 	/* what it takes of the job's checkpoint is counted already, until it takes it */
 	uint64_t taken = aps_optimize_resumed_bytes(job, m->tensor_name, m->total_count);
 
-	total = aps_jobs_bytes(&srv->jobs) - taken;
+	total = aps_jobs_bytes(&srv->jobs) + srv->ckpt_reading - taken;
 	if (job->tensor_bytes + values <= srv->opts.max_job_bytes) {
 		if (max == 0 || total + need <= max)
 			return 0;

@@ -187,8 +187,16 @@ static void free_tensor(struct aps_tensor *tensor)
 
 static void free_job(struct aps_job *job)
 {
-	if (job->copying != NULL) /* its arrays are read on a thread */
-		aps_ckpt_copy_wait(job->copying);
+	for (uint32_t i = 0; job->copying != NULL && i < job->n_tensors; i++) {
+		/* Its arrays are read on a thread: freed when the copy is done. */
+		struct aps_optim_tensor *o = &job->tensors[i]->opt;
+		aps_ckpt_copy_free_later(job->copying, o->weights);
+		o->weights = NULL;
+		for (unsigned s = 0; s < o->slots; s++) {
+			aps_ckpt_copy_free_later(job->copying, o->state[s]);
+			o->state[s] = NULL;
+		}
+	}
 	for (struct aps_deferred_finish *d = job->deferred, *next; d != NULL; d = next) {
 		next = d->next;
 		free(d);

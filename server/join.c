@@ -320,22 +320,28 @@ static void end_now(struct aps_server *srv, struct aps_job *job, int code, const
  * meanwhile is not looked at (another of its name has another read, or none).
  */
 static void on_checkpoint_loaded(void *ctx, const struct aps_ckpt_load *l, const char *name,
-                                 int ret, struct aps_ckpt *ck, const char *path, const char *why)
+                                 uint64_t bytes, int ret, struct aps_ckpt *ck, const char *path,
+                                 const char *why)
 {
 	struct aps_server *srv = ctx;
 	struct aps_job *job = aps_jobs_find(&srv->jobs, name);
 	char text[APS_MSG_TEXT_MAX + 1];
 	uint64_t now = uv_now(srv->loop);
 
+	srv->ckpt_reading -= bytes; /* the job counts what it takes from here */
 	if (job == NULL || job->loading != l)
 		return;
 	job->loading = NULL;
 	if (srv->stopping) /* its ranks heard BYE; the file stays as it was */
 		return;
 	ret = aps_optimize_job_resume(srv, job, ret, ck, path, why, text, sizeof(text));
+	if (ret == 0 && job->departed[0] != '\0') { /* a rank left during the read */
+		ret = job->departed_code != 0 ? job->departed_code : APS_EPEERLOST;
+		snprintf(text, sizeof(text), "%s", job->departed);
+	}
 	if (ret < 0) {
 		srv->counters.refused_token += ret == APS_EACCES;
-		srv->counters.refused_hello++;
+		srv->counters.refused_hello += aps_job_connected(job); /* each rank's HELLO */
 		end_now(srv, job, ret, text);
 		return;
 	}
@@ -350,11 +356,13 @@ static void on_checkpoint_loaded(void *ctx, const struct aps_ckpt_load *l, const
 }
 
 /* Reads job's checkpoint off the loop; meanwhile its ranks wait for their WELCOMEs,
- * and bytes (the file's) count against max_total_bytes. */
+ * and bytes (the file's) count against max_total_bytes until the read ends,
+ * whether the job is still there or not (a stranger that started reads and left
+ * took apsd to 1.4 GiB under a bound of 1 GiB). */
 static int load_checkpoint(struct aps_server *srv, struct aps_job *job,
                            const struct aps_ckpt_want *want, uint64_t bytes, char *why, size_t len)
 {
-	int ret = aps_ckpt_load_start(srv->loop, srv->opts.checkpoint_dir, job->name, want,
+	int ret = aps_ckpt_load_start(srv->loop, srv->opts.checkpoint_dir, job->name, want, bytes,
 	                              on_checkpoint_loaded, srv, &job->loading);
 
 	if (ret < 0) {
@@ -364,7 +372,7 @@ static int load_checkpoint(struct aps_server *srv, struct aps_job *job,
 		aps_jobs_remove(&srv->jobs, job);
 		return ret;
 	}
-	job->resume_bytes = bytes;
+	srv->ckpt_reading += bytes;
 	return 0;
 }
 

@@ -56,7 +56,8 @@ static uint64_t ckpt_tensor_bytes(const struct aps_ckpt_tensor *ct)
 /* What max_job_bytes and max_total_bytes leave a job besides the others'. */
 static uint64_t room_for_job(const struct aps_server *srv)
 {
-	uint64_t used = aps_jobs_bytes(&srv->jobs), max = srv->opts.max_job_bytes;
+	uint64_t used = aps_jobs_bytes(&srv->jobs) + srv->ckpt_reading;
+	uint64_t max = srv->opts.max_job_bytes;
 	uint64_t total = srv->opts.max_total_bytes;
 
 	if (total != 0 && (used >= total || total - used < max))
@@ -93,7 +94,6 @@ int aps_optimize_job_resume(struct aps_server *srv, struct aps_job *job, int ret
 {
 	uint64_t bytes = 0, room;
 
-	job->resume_bytes = 0; /* what was kept for the file while it was read */
 	if (ret == APS_EACCES || ret == APS_ERANGE) {
 		aps_log_warn("checkpoint", "not resumed job=%s: %s", job->name, why);
 		snprintf(out, out_len, "%s", why);
@@ -343,7 +343,9 @@ static int snapshot(struct aps_job *job, struct aps_ckpt *ck, enum take how)
 	snprintf(ck->job, sizeof(ck->job), "%s", job->name);
 	snprintf(ck->optimizer, sizeof(ck->optimizer), "%s", job->optim_spec);
 	ck->owner = job->ckpt_owner;
-	ck->step = UINT64_MAX;
+	ck->step = job->resume.step; /* the largest update count: each file of the job's
+	                              * names a step past those before it (the smallest named a
+	                              * snapshot of a tensor registered late before an older one) */
 	ck->tensors = calloc(cap ? cap : 1, sizeof(*ck->tensors));
 	if (ck->tensors == NULL)
 		return APS_ENOMEM;
@@ -352,7 +354,7 @@ static int snapshot(struct aps_job *job, struct aps_ckpt *ck, enum take how)
 		if (!t->opt.ready)
 			continue;
 		ret = snapshot_tensor(t, &ck->tensors[ck->n_tensors++], how);
-		ck->step = t->opt.updates < ck->step ? t->opt.updates : ck->step;
+		ck->step = t->opt.updates > ck->step ? t->opt.updates : ck->step;
 	}
 	/* Copied now: a REGISTER takes them, whatever a thread reads (rarely many). */
 	for (uint32_t i = 0; ret == 0 && i < job->resume.n_tensors; i++) {
@@ -375,13 +377,10 @@ void aps_optimize_checkpoint(struct aps_server *srv, struct aps_job *job, const 
 
 	if (srv->ckpt == NULL || job->optim.kind == APS_OPTIM_NONE)
 		return;
-	if (job->copying != NULL) {
-		if (when == APS_SNAPSHOT_STEP)
-			return; /* the next is due checkpoint_steps later */
-		/* Nothing was stepped since the snapshot being copied: it is the last. */
-		aps_ckpt_copy_wait(job->copying);
+	/* Copying: at a step, the next is due checkpoint_steps later; at the end,
+	 * nothing stepped since the snapshot being copied (the finishes wait). */
+	if (job->copying != NULL)
 		return;
-	}
 	if (!job->unsaved) { /* rank 0's broadcast, or what its last checkpoint holds */
 		aps_log_debug("checkpoint", "none job=%s reason=\"%s\": no step since the last",
 		              job->name, why);
@@ -407,8 +406,6 @@ void aps_optimize_checkpoint(struct aps_server *srv, struct aps_job *job, const 
 		free(ck);
 		return;
 	}
-	if (ck->step == UINT64_MAX)
-		ck->step = job->resume.step;
 	job->last_ckpt_step = ck->step;
 	job->unsaved = false;
 	aps_log_debug("checkpoint", "queued job=%s step=%llu reason=\"%s\"", job->name,

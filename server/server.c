@@ -295,7 +295,8 @@ static void on_snapshot_copied(void *ctx, const struct aps_ckpt_copy *c, struct 
 		return; /* it ended meanwhile (and waited for the copy) */
 	job->copying = NULL;
 	job->unsaved |= ret < 0;
-	aps_finish_deferred(srv, job);
+	if (!srv->stopping) /* stopping: no bridge to send results on, its ranks heard BYE */
+		aps_finish_deferred(srv, job);
 }
 
 int aps_server_new(struct aps_server **out, uv_loop_t *loop, const struct aps_server_opts *o)

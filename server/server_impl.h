@@ -33,6 +33,7 @@ struct aps_server {
 	bool trim_due;                   /* a job ended since: trim at a tick */
 	bool stopping;
 	struct aps_ckpt_queue *ckpt; /* NULL: no checkpoint_dir */
+	uint64_t ckpt_reading;       /* bytes of checkpoints being read (max_total_bytes) */
 	/* A job's snapshot copied off the loop (optimize.c starts it, server.c ends it:
 	 * queued, and the job's waiting finishes run). */
 	aps_ckpt_copied_cb snapshot_copied;

@@ -613,3 +613,55 @@ def test_a_checkpoint_is_copied_off_the_loop(daemon_factory, tmp_path):
     wait_for(d, "checkpoint: written job=big step=3", timeout=60)
     assert worst < took / 4, (worst, took)
     c.close()
+
+
+def test_sigterm_while_a_snapshot_is_copied_writes_it_and_exits_0(daemon_factory, tmp_path):
+    # (found by an attack on the copy off the loop, 2026-12-07) Step 2's
+    # pushes came while step 1's snapshot was copied, so their finish waited
+    # for the copy; SIGTERM then freed the socket, and the copy's end sent
+    # step 2's results through it: apsd crashed (SIGSEGV), step 1's file
+    # unwritten. Now a stopping daemon sends nothing more, writes the snapshot,
+    # and exits 0.
+    ckdir = tmp_path / "ck"
+    ckdir.mkdir()
+    d = daemon_factory(extra=["--checkpoint_dir", str(ckdir), "--checkpoint_steps", "1"])
+    n = 32 << 20
+    x, g = np.ones(n, np.float32), np.full(n, 0.5, np.float32)
+    c = aps.Client(d.endpoint, 0, 1, format="fp32", optimizer="adam", job="B", timeout_ms=60000)
+    c.broadcast("x", x)
+    c.step("x", g, x, 0.1)
+    c.step_async("x", g, x, 0.1)
+    time.sleep(0.05)
+    assert d.stop() == 0
+    assert "checkpoint: written job=B step=1" in d.log_path.read_text()
+
+
+def test_a_tensor_registered_late_does_not_make_the_newest_file_look_old(daemon_factory,
+                                                                         tmp_path):
+    # (found by the same attack) A file was named after the smallest update
+    # count of its tensors: x stepped twice (file 2), then y came and stepped
+    # once with x's third, and the job's last file was named 1, older than 2.
+    # The next run resumed file 2: x one step back, y gone. Now a file is
+    # named after the largest count, and the newest file is the last written.
+    ckdir = tmp_path / "ck"
+    ckdir.mkdir()
+    args = ["--checkpoint_dir", str(ckdir), "--checkpoint_steps", "1"]
+    d = daemon_factory(extra=args)
+    c = aps.Client(d.endpoint, 0, 1, format="fp32", optimizer="adam", job="U")
+    x, y = np.ones(64, np.float32), np.ones(32, np.float32)
+    c.broadcast("x", x)
+    for _ in range(2):
+        c.step("x", np.full(64, 0.5, np.float32), x, 0.1)
+    c.broadcast("y", y)
+    c.step("y", np.full(32, 0.25, np.float32), y, 0.1)
+    c.step("x", np.full(64, 0.5, np.float32), x, 0.1)
+    c.close()
+    wait_for(d, "checkpoint: written job=U step=3 tensors=2")
+    assert d.stop() == 0
+    d2 = daemon_factory(extra=args)
+    c = aps.Client(d2.endpoint, 0, 1, format="fp32", optimizer="adam", job="U")
+    rx, ry = np.zeros(64, np.float32), np.zeros(32, np.float32)
+    assert c.pull("x", rx) == 3 and c.pull("y", ry) == 1
+    np.testing.assert_array_equal(rx, x)
+    np.testing.assert_array_equal(ry, y)
+    c.close()
