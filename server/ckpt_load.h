@@ -11,6 +11,7 @@
 
 #include <uv.h>
 
+struct aps_ckpt_loader;
 struct aps_ckpt_load;
 
 /*
@@ -24,11 +25,19 @@ typedef void (*aps_ckpt_loaded_cb)(void *ctx, const struct aps_ckpt_load *l, con
                                    const char *why);
 
 /* Starts reading the newest intact checkpoint of job in dir for want (every
- * string copied); bytes (what the caller counts for it until done) comes back
- * to done. Returns 0 and the read (*out: a tag, freed when done has returned),
- * or APS_ENOMEM / APS_ESYS. */
-int aps_ckpt_load_start(uv_loop_t *loop, const char *dir, const char *job,
+ * string copied) when q has room; bytes (what the caller counts for it until
+ * done) comes back to done. Returns 0 and the read (*out: a tag, freed when
+ * done has returned), or APS_ENOMEM. */
+int aps_ckpt_load_start(struct aps_ckpt_loader *q, const char *dir, const char *job,
                         const struct aps_ckpt_want *want, uint64_t bytes, aps_ckpt_loaded_cb done,
                         void *ctx, const struct aps_ckpt_load **out);
+
+/* Reads, at most 2 at once on libuv's pool (the others wait in the order they
+ * came: the pool's other threads are for snapshot copies and writes). Returns 0
+ * or APS_ENOMEM. */
+int aps_ckpt_loader_new(struct aps_ckpt_loader **out, uv_loop_t *loop);
+
+/* Frees an idle loader (NULL-safe); a busy one is left to the loop and leaked. */
+void aps_ckpt_loader_free(struct aps_ckpt_loader *q);
 
 #endif

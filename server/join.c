@@ -362,17 +362,19 @@ static void on_checkpoint_loaded(void *ctx, const struct aps_ckpt_load *l, const
 static int load_checkpoint(struct aps_server *srv, struct aps_job *job,
                            const struct aps_ckpt_want *want, uint64_t bytes, char *why, size_t len)
 {
-	int ret = aps_ckpt_load_start(srv->loop, srv->opts.checkpoint_dir, job->name, want, bytes,
-	                              on_checkpoint_loaded, srv, &job->loading);
+	int ret;
 
+	srv->ckpt_reading += bytes; /* first: the read may end (fail) at once */
+	ret = aps_ckpt_load_start(srv->loader, srv->opts.checkpoint_dir, job->name, want, bytes,
+	                          on_checkpoint_loaded, srv, &job->loading);
 	if (ret < 0) {
+		srv->ckpt_reading -= bytes;
 		snprintf(why, len, "job '%.64s': cannot start reading its checkpoint (%s)",
 		         job->name, aps_strerror(ret));
 		aps_log_error("checkpoint", "not resumed job=%s: %s", job->name, why);
 		aps_jobs_remove(&srv->jobs, job);
 		return ret;
 	}
-	srv->ckpt_reading += bytes;
 	return 0;
 }
 

@@ -335,6 +335,8 @@ int aps_server_new(struct aps_server **out, uv_loop_t *loop, const struct aps_se
 	if (ret == 0 && o->checkpoint_dir != NULL && o->checkpoint_dir[0] != '\0')
 		ret = aps_ckpt_queue_new(&srv->ckpt, loop, o->checkpoint_dir, o->checkpoint_keep,
 		                         o->checkpoint_max_bytes, on_checkpoint, srv);
+	if (ret == 0 && srv->ckpt != NULL)
+		ret = aps_ckpt_loader_new(&srv->loader, loop);
 	srv->tick_timer = ret == 0 ? malloc(sizeof(*srv->tick_timer)) : NULL;
 	if (ret == 0 && srv->tick_timer == NULL)
 		ret = APS_ENOMEM;
@@ -353,6 +355,7 @@ int aps_server_new(struct aps_server **out, uv_loop_t *loop, const struct aps_se
 		aps_engine_free(srv->engine);
 		free(srv->tick_timer);
 		aps_ckpt_queue_free(srv->ckpt);
+		aps_ckpt_loader_free(srv->loader);
 		free(srv);
 		return ret;
 	}
@@ -403,6 +406,7 @@ void aps_server_free(struct aps_server *srv)
 	aps_jobs_free_all(&srv->jobs);
 	aps_engine_free(srv->engine); /* after the jobs: their rounds quiesce it */
 	aps_ckpt_queue_free(srv->ckpt);
+	aps_ckpt_loader_free(srv->loader);
 	free(srv);
 }
 

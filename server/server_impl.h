@@ -8,6 +8,7 @@
 
 #include "common/log.h"
 #include "server/ckpt_copy.h"
+#include "server/ckpt_load.h"
 #include "server/ckpt_queue.h"
 #include "server/engine.h"
 #include "server/job.h"
@@ -32,8 +33,9 @@ struct aps_server {
 	uint64_t trimmed_ms;             /* malloc_trim at the last job end it ran (leave.c) */
 	bool trim_due;                   /* a job ended since: trim at a tick */
 	bool stopping;
-	struct aps_ckpt_queue *ckpt; /* NULL: no checkpoint_dir */
-	uint64_t ckpt_reading;       /* bytes of checkpoints being read (max_total_bytes) */
+	struct aps_ckpt_queue *ckpt;    /* NULL: no checkpoint_dir */
+	struct aps_ckpt_loader *loader; /* resumes' reads; NULL: no checkpoint_dir */
+	uint64_t ckpt_reading;          /* bytes of checkpoints being read (max_total_bytes) */
 	/* A job's snapshot copied off the loop (optimize.c starts it, server.c ends it:
 	 * queued, and the job's waiting finishes run). */
 	aps_ckpt_copied_cb snapshot_copied;
