@@ -365,6 +365,24 @@ static int snapshot(struct aps_job *job, struct aps_ckpt *ck, enum take how)
 	return ret;
 }
 
+/* A snapshot of job that takes its arrays how; NULL: nothing to keep, or no
+ * memory (counted and logged). */
+static struct aps_ckpt *take_snapshot(struct aps_server *srv, struct aps_job *job, enum take how)
+{
+	struct aps_ckpt *ck = calloc(1, sizeof(*ck));
+	int ret = ck != NULL ? snapshot(job, ck, how) : APS_ENOMEM;
+
+	if (ret == 0 && ck->n_tensors > 0)
+		return ck;
+	if (ret < 0) {
+		srv->counters.checkpoint_failures++;
+		aps_log_error("checkpoint", "out of memory for a snapshot job=%s", job->name);
+	}
+	aps_ckpt_free(ck);
+	free(ck);
+	return NULL;
+}
+
 void aps_optimize_checkpoint(struct aps_server *srv, struct aps_job *job, const char *why,
                              enum aps_snapshot when)
 {
@@ -373,7 +391,6 @@ void aps_optimize_checkpoint(struct aps_server *srv, struct aps_job *job, const 
 	                                           : TAKE_COPY;
 	const struct aps_tensor *torn;
 	struct aps_ckpt *ck;
-	int ret;
 
 	if (srv->ckpt == NULL || job->optim.kind == APS_OPTIM_NONE)
 		return;
@@ -394,18 +411,8 @@ void aps_optimize_checkpoint(struct aps_server *srv, struct aps_job *job, const 
 		        job->name, why, torn->name);
 		return;
 	}
-	ck = calloc(1, sizeof(*ck));
-	ret = ck != NULL ? snapshot(job, ck, how) : APS_ENOMEM;
-	if (ret < 0 || ck->n_tensors == 0) {
-		if (ret < 0) {
-			srv->counters.checkpoint_failures++;
-			aps_log_error("checkpoint", "out of memory for a snapshot job=%s",
-			              job->name);
-		}
-		aps_ckpt_free(ck);
-		free(ck);
+	if ((ck = take_snapshot(srv, job, how)) == NULL)
 		return;
-	}
 	job->last_ckpt_step = ck->step;
 	job->unsaved = false;
 	aps_log_debug("checkpoint", "queued job=%s step=%llu reason=\"%s\"", job->name,
@@ -413,18 +420,13 @@ void aps_optimize_checkpoint(struct aps_server *srv, struct aps_job *job, const 
 	if (how == TAKE_BORROW &&
 	    aps_ckpt_copy_start(srv->loop, ck, srv->snapshot_copied, srv, &job->copying) == 0)
 		return;
-	if (how == TAKE_BORROW) { /* no thread for it: copied now */
-		uint64_t step = ck->step;
+	if (how == TAKE_BORROW) {  /* no thread for it: copied now */
 		aps_ckpt_free(ck); /* which frees no borrowed array */
-		if (snapshot(job, ck, TAKE_COPY) < 0) {
-			srv->counters.checkpoint_failures++;
-			aps_log_error("checkpoint", "out of memory for a snapshot job=%s",
-			              job->name);
-			aps_ckpt_free(ck);
-			free(ck);
+		free(ck);
+		if ((ck = take_snapshot(srv, job, TAKE_COPY)) == NULL) {
+			job->unsaved = true;
 			return;
 		}
-		ck->step = step;
 	}
 	aps_ckpt_queue_push(srv->ckpt, ck);
 }

@@ -509,6 +509,35 @@ def test_checkpoints_of_every_job_stay_within_checkpoint_max_bytes(daemon_factor
     assert sum((ckdir / f).stat().st_size for f in files) <= 3 << 20
 
 
+def beside_another_job(d, work):
+    """Runs work() on a thread while a one-rank job steps a small tensor as fast as
+    it can; returns how long work took and the other job's longest step."""
+    other = aps.Client(d.endpoint, 0, 1, job="other")
+    x = np.ones(1024, np.float32)
+    other.allreduce("x", x)
+    spans, done = [], threading.Event()
+
+    def timed():
+        t0 = time.monotonic()
+        try:
+            work()
+            spans.append(time.monotonic() - t0)
+        finally:
+            done.set()
+
+    t = threading.Thread(target=timed)
+    t.start()
+    worst, last = 0.0, time.monotonic()
+    while not done.is_set():
+        other.allreduce("x", x)
+        now = time.monotonic()
+        worst, last = max(worst, now - last), now
+    t.join()
+    other.close()
+    assert spans, "the work raised"
+    return spans[0], worst
+
+
 def test_a_resume_reads_its_checkpoint_off_the_loop(daemon_factory, tmp_path):
     # Before: a job's first HELLO read its checkpoint whole on the event loop,
     # so every other job stood still while it was read: a 384 MiB file held
@@ -528,29 +557,14 @@ def test_a_resume_reads_its_checkpoint_off_the_loop(daemon_factory, tmp_path):
     c.close()
     d.wait_for_log("checkpoint: written job=big step=1", timeout=60)
     del w
-    other = aps.Client(d.endpoint, 0, 1, job="other")
-    x = np.ones(1024, np.float32)
-    other.allreduce("x", x)
-    gaps, done = [], threading.Event()
+    big = []
 
     def resume():
-        t0 = time.monotonic()
-        big = aps.Client(d.endpoint, 0, 1, format="fp32", optimizer="adam", job="big",
-                         timeout_ms=60000)
-        gaps.append(time.monotonic() - t0)
-        done.set()
-        big.close()
+        big.append(aps.Client(d.endpoint, 0, 1, format="fp32", optimizer="adam", job="big",
+                              timeout_ms=60000))
 
-    t = threading.Thread(target=resume)
-    t.start()
-    worst, last = 0.0, time.monotonic()
-    while not done.is_set():
-        other.allreduce("x", x)
-        now = time.monotonic()
-        worst, last = max(worst, now - last), now
-    t.join()
-    other.close()
-    took = gaps[0]
+    took, worst = beside_another_job(d, resume)
+    big[0].close()
     print(f"resume {took:.3f} s, the other job's longest step meanwhile {worst:.3f} s")
     assert d.counter("resumed") == 1
     assert took > 0.1, took  # a read the loop would notice
@@ -587,28 +601,12 @@ def test_a_checkpoint_is_copied_off_the_loop(daemon_factory, tmp_path):
     c = aps.Client(d.endpoint, 0, 1, format="fp32", optimizer="adam", job="big",
                    timeout_ms=60000)
     c.broadcast("w", w)
-    other = aps.Client(d.endpoint, 0, 1, job="other")
-    x = np.ones(1024, np.float32)
-    other.allreduce("x", x)
-    spans, done = [], threading.Event()
 
     def steps():
-        t0 = time.monotonic()
         for _ in range(3):
             c.step("w", w, w, 0.1)
-        spans.append(time.monotonic() - t0)
-        done.set()
 
-    t = threading.Thread(target=steps)
-    t.start()
-    worst, last = 0.0, time.monotonic()
-    while not done.is_set():
-        other.allreduce("x", x)
-        now = time.monotonic()
-        worst, last = max(worst, now - last), now
-    t.join()
-    other.close()
-    took = spans[0]
+    took, worst = beside_another_job(d, steps)
     print(f"3 steps with checkpoints {took:.3f} s, the other job's longest step {worst:.3f} s")
     wait_for(d, "checkpoint: written job=big step=3", timeout=60)
     assert worst < took / 4, (worst, took)
