@@ -151,34 +151,35 @@ static void on_engine_finish(void *ctx, int ret, struct aps_round_result *res, b
 
 /*
  * While the job's snapshot is copied its weights must not change: the chunk's
- * finish, which steps them, waits (once per chunk, in the order they came).
- * Returns false when it cannot wait (no memory): the copy is waited for, and the
- * chunk finishes now.
+ * finish, which steps them, waits, newest first (a scan for one already
+ * waiting cost the loop a step per deferred chunk: a chunk asked twice, by a
+ * recheck, is finished once, the second finds it finished). Returns false when
+ * it cannot wait (no memory): the copy is waited for, and the chunk finishes now.
  */
 static bool defer(struct aps_job *job, struct aps_tensor *t, uint32_t chunk, uint64_t arrived_ns)
 {
-	struct aps_deferred_finish **link = &job->deferred, *d;
+	struct aps_deferred_finish *d = malloc(sizeof(*d));
 
-	for (; *link != NULL; link = &(*link)->next) {
-		if ((*link)->t == t && (*link)->chunk == chunk)
-			return true;
-	}
-	d = malloc(sizeof(*d));
 	if (d == NULL) {
 		aps_ckpt_copy_wait(job->copying);
 		return false;
 	}
-	*d = (struct aps_deferred_finish){ NULL, t, chunk, t->round.step, arrived_ns };
-	*link = d;
+	*d = (struct aps_deferred_finish){ job->deferred, t, chunk, t->round.step, arrived_ns };
+	job->deferred = d;
 	return true;
 }
 
 void aps_finish_deferred(struct aps_server *srv, struct aps_job *job)
 {
-	struct aps_deferred_finish *d = job->deferred, *next;
+	struct aps_deferred_finish *d = job->deferred, *next, *oldest = NULL;
 
-	job->deferred = NULL; /* a finish may start another snapshot, and defer again */
-	for (; d != NULL; d = next) {
+	job->deferred = NULL;         /* a finish may start another snapshot, and defer again */
+	for (; d != NULL; d = next) { /* in the order they came */
+		next = d->next;
+		d->next = oldest;
+		oldest = d;
+	}
+	for (d = oldest; d != NULL; d = next) {
 		next = d->next;
 		if (d->t->round.step == d->step && aps_round_chunk_complete(&d->t->round, d->chunk))
 			aps_finish_chunk(srv, job, d->t, d->chunk, d->arrived_ns);
