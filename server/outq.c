@@ -27,7 +27,8 @@ int aps_outq_push(struct aps_outq *q, const struct aps_peer *peer, const uint8_t
 	struct aps_outq_peer **link = link_of(q, peer), *p = *link;
 	struct aps_outmsg *m;
 
-	if (q->total >= APS_OUTQ_TOTAL_MAX || (p != NULL && p->n >= APS_OUTQ_PEER_MAX))
+	if (tally == NULL &&
+	    (q->loose >= APS_OUTQ_TOTAL_MAX || (p != NULL && p->loose >= APS_OUTQ_PEER_MAX)))
 		return APS_EBUSY;
 	m = malloc(sizeof(*m) + hdr_len);
 	if (m == NULL)
@@ -54,6 +55,8 @@ int aps_outq_push(struct aps_outq *q, const struct aps_peer *peer, const uint8_t
 	p->tail = m;
 	p->n++;
 	q->total++;
+	p->loose += tally == NULL;
+	q->loose += tally == NULL;
 	return 0;
 }
 
@@ -72,6 +75,7 @@ static size_t free_peer(struct aps_outq *q, struct aps_outq_peer **link)
 	}
 	*link = p->next;
 	q->total -= n;
+	q->loose -= p->loose;
 	q->peers--;
 	free(p);
 	return n;
@@ -93,6 +97,8 @@ static bool flush_peer(struct aps_outq *q, struct aps_outq_peer *p, aps_outq_sen
 			p->tail = NULL;
 		p->n--;
 		q->total--;
+		p->loose -= m->tally == NULL;
+		q->loose -= m->tally == NULL;
 		(*sent)++;
 		aps_sbuf_unref(m->payload);
 		free(m);
@@ -127,7 +133,7 @@ const struct aps_outq_peer *aps_outq_longest(const struct aps_outq *q)
 
 	for (size_t b = 0; b < APS_OUTQ_BUCKETS && q->peers > 0; b++) {
 		for (const struct aps_outq_peer *p = q->buckets[b]; p != NULL; p = p->next) {
-			if (best == NULL || p->n > best->n)
+			if (best == NULL || p->loose > best->loose)
 				best = p;
 		}
 	}

@@ -5,8 +5,11 @@
  * (APS_OUTQ_PEER_MAX messages): past that it is a slow reader, and the bridge
  * drops its connection instead of letting it hold the daemon's memory (its
  * client comes back and asks again; docs/RELIABILITY.md). All queues together
- * are bounded too (APS_OUTQ_TOTAL_MAX). Knows no sockets: the bridge hands
- * it a send function.
+ * are bounded too (APS_OUTQ_TOTAL_MAX). The bounds count loose messages only:
+ * a message counted in a tally (a tensor's answer, tally.h) is bounded where it
+ * is made, one answer of each tensor to each rank, however many chunks that
+ * answer has (a pull of 8000 chunks was dropped as a slow reader every time,
+ * before 2026-12-07). Knows no sockets: the bridge hands it a send function.
  */
 #ifndef APS_SERVER_OUTQ_H
 #define APS_SERVER_OUTQ_H
@@ -35,13 +38,15 @@ struct aps_outq_peer {
 	struct aps_outq_peer *next; /* in its bucket */
 	struct aps_peer peer;
 	struct aps_outmsg *head, *tail;
-	size_t n;
+	size_t n;     /* messages queued */
+	size_t loose; /* of them, those not counted in a tally: bounded */
 };
 
 struct aps_outq {
 	struct aps_outq_peer *buckets[APS_OUTQ_BUCKETS];
 	struct aps_peer_hasher hasher;
 	size_t total; /* messages in every queue */
+	size_t loose; /* of them, those not counted in a tally: bounded */
 	size_t peers; /* peers with a queue */
 };
 
@@ -57,8 +62,9 @@ bool aps_outq_waiting(const struct aps_outq *q, const struct aps_peer *peer);
 /*
  * Queues a copy of hdr and a reference to payload for peer, with tally's count
  * of slot (aps_tally_start, or tally NULL): the queue ends it if the message
- * never goes. Returns 0, APS_ENOMEM, or APS_EBUSY when the peer's queue (or
- * every queue together) is full: nothing was queued (the count is the caller's).
+ * never goes. Returns 0, APS_ENOMEM, or APS_EBUSY when a loose message (tally
+ * NULL) finds the peer's loose messages (or every queue's) at their bound:
+ * nothing was queued (the count is the caller's).
  */
 int aps_outq_push(struct aps_outq *q, const struct aps_peer *peer, const uint8_t *hdr,
                   size_t hdr_len, struct aps_sbuf *payload, struct aps_tally *tally, uint32_t slot);
@@ -74,7 +80,7 @@ void aps_outq_flush(struct aps_outq *q, aps_outq_send_fn send, void *ctx, size_t
 /* Forgets peer's queue; returns how many messages it held. */
 size_t aps_outq_discard(struct aps_outq *q, const struct aps_peer *peer);
 
-/* The peer with the longest queue (NULL when none). */
+/* The peer with the most loose messages queued (NULL when none). */
 const struct aps_outq_peer *aps_outq_longest(const struct aps_outq *q);
 
 /* Forgets every queue; returns how many messages they held. */

@@ -430,7 +430,7 @@ static int enqueue(struct aps_zbridge *b, const struct aps_peer *peer, const uin
 {
 	int ret = aps_outq_push(&b->outq, peer, hdr, hdr_len, payload, tally, slot);
 
-	if (ret == APS_EBUSY && b->outq.total >= APS_OUTQ_TOTAL_MAX) {
+	if (ret == APS_EBUSY && b->outq.loose >= APS_OUTQ_TOTAL_MAX) {
 		/* Every queue together is full: the longest is the slowest reader. */
 		const struct aps_outq_peer *worst = aps_outq_longest(&b->outq);
 		struct aps_peer slow = worst->peer;

@@ -143,6 +143,57 @@ static void test_outq_a_tallied_message_counts_until_it_goes(void **state)
 	aps_tally_release(t); /* the last reference: freed (ASan would say otherwise) */
 }
 
+/* Sends and forgets: what the bridge does with a tally's count once sent. */
+static int count_send_tallied(void *ctx, const struct aps_peer *peer, const uint8_t *hdr,
+                              size_t len, struct aps_sbuf *payload, struct aps_tally *tally,
+                              uint32_t slot)
+{
+	(void)ctx;
+	(void)peer;
+	(void)hdr;
+	(void)len;
+	(void)payload;
+	if (tally != NULL)
+		aps_tally_done(tally, slot);
+	return 0;
+}
+
+/* A tensor's answer is bounded where it is made (tally.h), not here: however many
+ * chunks it has, they wait in the queue, and only loose messages meet the bounds. */
+static void test_outq_a_tensors_answer_of_many_chunks_is_not_bounded(void **state)
+{
+	struct aps_outq q = { 0 };
+	struct pipes pipes = { .state = { APS_EBUSY } };
+	struct aps_peer a = peer(0), b = peer(1);
+	struct aps_tally *t = aps_tally_new(1);
+	uint8_t tag = 3;
+	size_t sent = 0, lost = 0, n = APS_OUTQ_TOTAL_MAX + 10;
+
+	(void)state;
+	assert_non_null(t);
+	for (size_t i = 0; i < n; i++) {
+		aps_tally_start(t, 0);
+		assert_int_equal(aps_outq_push(&q, &a, &tag, 1, NULL, t, 0), 0);
+	}
+	assert_int_equal(q.total, n);
+	assert_int_equal(q.loose, 0);
+	for (int i = 0; i < APS_OUTQ_PEER_MAX; i++) /* a's loose ones still meet the bound */
+		assert_int_equal(aps_outq_push(&q, &a, &tag, 1, NULL, NULL, 0), 0);
+	assert_int_equal(aps_outq_push(&q, &a, &tag, 1, NULL, NULL, 0), APS_EBUSY);
+	push(&q, 1, 4);
+	assert_int_equal(aps_outq_longest(&q)->peer.id[0], 0);
+	aps_outq_flush(&q, fake_send, &pipes, &sent, &lost); /* b's goes, a's pipe is full */
+	assert_int_equal(sent, 1);
+	assert_false(aps_outq_waiting(&q, &b));
+	pipes.state[0] = 0;
+	aps_outq_flush(&q, count_send_tallied, &pipes, &sent, &lost);
+	assert_int_equal(sent, 1 + n + APS_OUTQ_PEER_MAX);
+	assert_int_equal(q.total, 0);
+	assert_int_equal(q.loose, 0);
+	assert_int_equal(aps_tally_unsent(t, 0), 0);
+	aps_tally_release(t);
+}
+
 static int count_send(void *ctx, const struct aps_peer *peer, const uint8_t *hdr, size_t len,
                       struct aps_sbuf *payload, struct aps_tally *tally, uint32_t slot)
 {
@@ -204,6 +255,7 @@ int main(void)
 		cmocka_unit_test(test_outq_refuses_past_its_bounds),
 		cmocka_unit_test(test_outq_a_peer_gone_loses_its_queue_and_payload_refs),
 		cmocka_unit_test(test_outq_a_tallied_message_counts_until_it_goes),
+		cmocka_unit_test(test_outq_a_tensors_answer_of_many_chunks_is_not_bounded),
 		cmocka_unit_test(test_outq_ids_picked_to_share_a_bucket_do_not),
 	};
 

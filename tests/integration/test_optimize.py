@@ -351,6 +351,24 @@ def test_max_job_bytes_counts_weights_and_state(daemon_factory):
     plain.close()
 
 
+def test_a_pull_of_many_chunks_is_not_a_slow_reader(daemon_factory):
+    # Before: a pull's answer of more chunks than the bridge's queue bound (4096
+    # waiting behind the pipe) dropped the puller as a slow reader; its client
+    # reconnected and pulled again, 160 times in 15 s, and timed out.
+    d = daemon_factory(extra=["--chunk_bytes", "1k"])
+    n = 2_000_000  # 7813 chunks of 256 floats
+    w = np.arange(n, dtype=np.float32)
+    with aps.Client(d.endpoint, 0, 1, format="fp32", optimizer="sgd", timeout_ms=10000) as c:
+        c.broadcast("w", w)
+        c.step("w", np.ones(n, np.float32), w, 0.5)
+        for _ in range(3):
+            out = np.zeros(n, np.float32)
+            assert c.pull("w", out) == 1
+            np.testing.assert_array_equal(out, w)
+    assert d.counter("slow_readers") == 0
+    assert d.counter("reconnects") == 0
+
+
 def test_learning_rate_is_rank_0s(daemon):
     cs = clients(daemon, 2, "fp32", "sgd")
     w0 = np.ones(8, np.float32)
