@@ -15,7 +15,7 @@
 #include <stdint.h>
 
 #define APS_PROTO_VERSION_MAJOR 1
-#define APS_PROTO_VERSION_MINOR 10
+#define APS_PROTO_VERSION_MINOR 11
 /* The oldest minor apsd lets join: 1.6 brought keepalives and session tokens. */
 #define APS_PROTO_VERSION_MINOR_JOIN 6
 /* The first minor whose clients answer AGAIN: an early PUSH apsd declines waits for it. */

@@ -402,10 +402,12 @@ struct in {
 	const uint8_t *p;
 	uint64_t left; /* bytes not taken yet (a file: but its last 4, the CRC32C) */
 	bool bad;
-	int fd;       /* -1: p holds every byte */
-	uint8_t *buf; /* a file's window */
-	size_t avail; /* bytes at p in the window */
-	uint32_t crc; /* of every byte taken (a file) */
+	int fd;                     /* -1: p holds every byte */
+	uint8_t *buf;               /* a file's window */
+	size_t avail;               /* bytes at p in the window */
+	uint32_t crc;               /* of every byte taken (a file) */
+	uint64_t size;              /* a file's bytes */
+	_Atomic uint64_t *progress; /* a file's bytes read go here as they come (NULL: none) */
 };
 
 static bool read_full(int fd, uint8_t *dst, size_t n)
@@ -422,6 +424,15 @@ static bool read_full(int fd, uint8_t *dst, size_t n)
 	return true;
 }
 
+/* The bytes of the file read so far, those in the window (avail) with them; its
+ * CRC32C's 4, read last, counted from the start, so that the end says every byte. */
+static void told(struct in *in, size_t avail)
+{
+	if (in->progress != NULL)
+		atomic_store_explicit(in->progress, in->size - in->left + avail,
+		                      memory_order_relaxed);
+}
+
 /* The window holds n bytes at p, read on from the file (never its CRC32C). */
 static bool fill(struct in *in, size_t n)
 {
@@ -434,6 +445,7 @@ static bool fill(struct in *in, size_t n)
 	if (!read_full(in->fd, in->buf + in->avail, want))
 		return false;
 	in->avail += want;
+	told(in, in->avail);
 	return in->avail >= n;
 }
 
@@ -474,6 +486,7 @@ static void take_into(struct in *in, uint8_t *dst, uint64_t n)
 		in->crc = aps_crc32c(in->crc, dst + done, piece);
 		in->left -= piece;
 		done += piece;
+		told(in, 0);
 	}
 }
 
@@ -618,10 +631,12 @@ static int parse(struct in *in, uint64_t size, struct aps_ckpt *ck, char *why, s
 	return ret;
 }
 
-int aps_ckpt_read(const char *path, struct aps_ckpt *out, char *why, size_t why_len)
+/* aps_ckpt_read, saying in *progress (if not NULL) how many bytes it read. */
+static int read_file(const char *path, struct aps_ckpt *out, _Atomic uint64_t *progress, char *why,
+                     size_t why_len)
 {
 	struct aps_ckpt ck = { 0 };
-	struct in in = { .fd = open(path, O_RDONLY | O_CLOEXEC) };
+	struct in in = { .fd = open(path, O_RDONLY | O_CLOEXEC), .progress = progress };
 	struct stat st;
 	int ret;
 
@@ -634,6 +649,7 @@ int aps_ckpt_read(const char *path, struct aps_ckpt *out, char *why, size_t why_
 		ret = APS_EPROTO;
 	} else {
 		in.p = in.buf;
+		in.size = (uint64_t)st.st_size;
 		in.left = (uint64_t)st.st_size - 4;
 		in.bad = !fill(&in, 0); /* the header: get_head takes it from the window */
 		ret = parse(&in, (uint64_t)st.st_size, &ck, why, why_len);
@@ -646,6 +662,11 @@ int aps_ckpt_read(const char *path, struct aps_ckpt *out, char *why, size_t why_
 	}
 	*out = ck;
 	return 0;
+}
+
+int aps_ckpt_read(const char *path, struct aps_ckpt *out, char *why, size_t why_len)
+{
+	return read_file(path, out, NULL, why, why_len);
 }
 
 /* Whether the file at path, whose header is head, may be read whole for want: 0,
@@ -718,7 +739,9 @@ int aps_ckpt_load_newest(const char *dir, const char *job, const struct aps_ckpt
 		if (read_head(path, &head, &len, why, sizeof(why)) == 0 &&
 		    (ret = refuses(&head, len, want, path, refusal, refusal_len)) < 0)
 			break;
-		if (aps_ckpt_read(path, out, why, sizeof(why)) == 0) {
+		if (want->progress != NULL) /* a file read before this one was skipped */
+			atomic_store_explicit(want->progress, 0, memory_order_relaxed);
+		if (read_file(path, out, want->progress, why, sizeof(why)) == 0) {
 			if (strcmp(out->job, job) == 0) {
 				ret = 1;
 				break;

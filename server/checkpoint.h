@@ -12,6 +12,7 @@
 #include "proto/frame.h"
 #include "server/optimizer.h"
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -90,8 +91,10 @@ int aps_ckpt_read(const char *path, struct aps_ckpt *out, char *why, size_t why_
 /* What aps_ckpt_load_newest checks of a file from its header, before it reads
  * the file whole. */
 struct aps_ckpt_want {
-	const char *token;  /* the job's token ("": none): the file's owner must admit it */
-	uint64_t max_bytes; /* a larger file does not fit (0: any) */
+	const char *token;          /* the job's token ("": none): the file's owner must admit it */
+	uint64_t max_bytes;         /* a larger file does not fit (0: any) */
+	_Atomic uint64_t *progress; /* the bytes of the file being read, as they come (NULL:
+	                               not told); another thread may look at it */
 };
 
 /*

@@ -7,6 +7,7 @@
 
 #include "common/err.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +32,8 @@ struct aps_ckpt_load {
 	char token[APS_MSG_TOKEN_MAX + 1];
 	struct aps_ckpt_want want;
 	uint64_t bytes;
+	_Atomic uint64_t read; /* of the file, by the pool's thread (want.progress) */
+	bool started;          /* on the pool (else waiting for its turn) */
 	aps_ckpt_loaded_cb done;
 	void *ctx;
 	int ret;
@@ -112,7 +115,9 @@ int aps_ckpt_load_start(struct aps_ckpt_loader *q, const char *dir, const char *
 	snprintf(l->dir, sizeof(l->dir), "%s", dir);
 	snprintf(l->job, sizeof(l->job), "%s", job);
 	snprintf(l->token, sizeof(l->token), "%s", want->token);
-	l->want = (struct aps_ckpt_want){ .token = l->token, .max_bytes = want->max_bytes };
+	l->want = (struct aps_ckpt_want){ .token = l->token,
+		                          .max_bytes = want->max_bytes,
+		                          .progress = &l->read };
 	l->bytes = bytes;
 	l->done = done;
 	l->ctx = ctx;
@@ -123,4 +128,13 @@ int aps_ckpt_load_start(struct aps_ckpt_loader *q, const char *dir, const char *
 	*out = l;
 	start_next(q);
 	return 0;
+}
+
+void aps_ckpt_load_progress(const struct aps_ckpt_load *l, uint64_t *read, uint64_t *bytes)
+{
+	uint64_t got =
+	        atomic_load_explicit(&((struct aps_ckpt_load *)l)->read, memory_order_relaxed);
+
+	*bytes = l->bytes;
+	*read = got < l->bytes ? got : l->bytes;
 }

@@ -9,6 +9,7 @@
 
 #include "server/checkpoint.h"
 
+#include <stdint.h>
 #include <uv.h>
 
 struct aps_ckpt_loader;
@@ -31,6 +32,10 @@ typedef void (*aps_ckpt_loaded_cb)(void *ctx, const struct aps_ckpt_load *l, con
 int aps_ckpt_load_start(struct aps_ckpt_loader *q, const char *dir, const char *job,
                         const struct aps_ckpt_want *want, uint64_t bytes, aps_ckpt_loaded_cb done,
                         void *ctx, const struct aps_ckpt_load **out);
+
+/* How far read l is: *read of its *bytes (what aps_ckpt_load_start was told; 0
+ * read while it waits for its turn). On the loop thread. */
+void aps_ckpt_load_progress(const struct aps_ckpt_load *l, uint64_t *read, uint64_t *bytes);
 
 /* Reads, at most 2 at once on libuv's pool (the others wait in the order they
  * came: the pool's other threads are for snapshot copies and writes). Returns 0

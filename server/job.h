@@ -138,6 +138,7 @@ struct aps_job {
 	/* Its checkpoint being read (ckpt_load.h; a tag, not owned): its ranks' WELCOMEs
 	 * wait, and they may send only HELLO, HEARTBEAT and BYE. */
 	const struct aps_ckpt_load *loading;
+	uint64_t loading_told_ms; /* when its ranks last heard how far the read is */
 	/* Its snapshot being copied (ckpt_copy.h; a tag, not owned): its weights must
 	 * not change meanwhile, and the finishes that would step them wait here. */
 	const struct aps_ckpt_copy *copying;

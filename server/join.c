@@ -25,6 +25,10 @@
 #include <string.h>
 #include <sys/random.h>
 
+/* How often the ranks of a job whose checkpoint is read hear how far it is: well
+ * under any timeout_ms a client would set. */
+#define LOADING_TELL_MS 250
+
 #define MISMATCH_LOG_MS 10000 /* a job's refusals for options: one line this often */
 
 /* sum = lowp only works when every rank scales with one exponent. */
@@ -445,13 +449,40 @@ void aps_handle_hello(struct aps_server *srv, struct aps_session *s, const struc
 	aps_join_welcome(srv, s, 0);
 }
 
+/*
+ * How far job's checkpoint read is, to s (NULL: each of its ranks connected): a
+ * HEARTBEAT flagged ALIVE whose total_count is the file's KiB and chunk_offset
+ * those read (0 while the read waits for its turn). A client of 1.11 takes it
+ * as progress: its join's timeout_ms counts from the last. Older clients let
+ * it pass while they wait for their WELCOME.
+ */
+static void tell_loading(struct aps_server *srv, struct aps_job *job, struct aps_session *s)
+{
+	uint64_t read = 0, bytes = 0;
+	struct aps_msg m;
+
+	aps_ckpt_load_progress(job->loading, &read, &bytes);
+	for (uint32_t r = s != NULL ? s->rank : 0; r < job->world_size; r++) {
+		struct aps_session *to = job->ranks[r];
+		if (to != NULL && to->detached_ms == 0) {
+			aps_outbox_init(&m, APS_MSG_HEARTBEAT, job, r);
+			m.flags = APS_MSG_FLAG_ALIVE;
+			m.total_count = (bytes + 1023) / 1024;
+			m.chunk_offset = read / 1024;
+			aps_outbox_send(srv, &to->peer, &m, NULL);
+		}
+		if (s != NULL)
+			break;
+	}
+}
+
 void aps_join_welcome(struct aps_server *srv, struct aps_session *s, uint32_t flags)
 {
 	struct aps_job *job = s->job;
 	struct aps_msg w;
 
-	if (job->loading != NULL)
-		return; /* its checkpoint is being read: on_checkpoint_loaded welcomes it */
+	if (job->loading != NULL) /* on_checkpoint_loaded welcomes it; meanwhile, progress */
+		return tell_loading(srv, job, s);
 
 	aps_outbox_init(&w, APS_MSG_WELCOME, job, s->rank);
 	w.step = job->barrier_step; /* the job's next barrier: a rank that is back joins it */
@@ -538,6 +569,10 @@ void aps_join_tick(struct aps_server *srv, uint64_t now)
 
 	for (; job != NULL; job = next) {
 		next = job->next;
+		if (job->loading != NULL && now - job->loading_told_ms >= LOADING_TELL_MS) {
+			job->loading_told_ms = now;
+			tell_loading(srv, job, NULL);
+		}
 		if (!job->filled && job->loading == NULL &&
 		    now - job->created_ms >= srv->opts.join_timeout_ms)
 			expire(srv, job);

@@ -148,6 +148,28 @@ static void test_checkpoint_round_trip(void **state)
 	aps_ckpt_free(NULL);
 }
 
+/* A read says how far it is as it goes (ckpt_load.c hands it to the job's ranks):
+ * every byte of the file once it is in. */
+static void test_checkpoint_read_says_how_far_it_is(void **state)
+{
+	_Atomic uint64_t read = 12345;
+	struct aps_ckpt_want want = { .token = "", .progress = &read };
+	struct aps_ckpt ck, back;
+	char why[256] = "", path[APS_CKPT_PATH_MAX];
+	struct stat st;
+
+	(void)state;
+	make(&ck, "far", 3);
+	assert_int_equal(aps_ckpt_write(dir, &ck, 1, why, sizeof(why)), 0);
+	assert_int_equal(stat(path_of("far", 3), &st), 0);
+	assert_int_equal(aps_ckpt_load_newest(dir, "far", &want, &back, path, sizeof(path), why,
+	                                      sizeof(why)),
+	                 1);
+	assert_int_equal(atomic_load(&read), (uint64_t)st.st_size);
+	aps_ckpt_free(&back);
+	aps_ckpt_free(&ck);
+}
+
 static void test_checkpoint_keeps_newest(void **state)
 {
 	struct aps_ckpt ck;
@@ -297,6 +319,8 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_checkpoint_round_trip, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_checkpoint_read_says_how_far_it_is, setup,
+		                                teardown),
 		cmocka_unit_test_setup_teardown(test_checkpoint_keeps_newest, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_checkpoint_only_its_owner_resumes_it, setup,
 		                                teardown),

@@ -20,13 +20,16 @@
 
 /* Joining: what await_welcome waits for. */
 struct join {
-	int64_t deadline;   /* the call's: timeout_ms after the first HELLO */
-	int64_t connect_by; /* while no connection is up: connect_timeout_ms after the
-	                       start or the last close (INT64_MAX: no limit) */
-	unsigned closes;    /* connections that closed before WELCOME */
-	unsigned waits;     /* connects that failed or could not start */
-	int64_t hello_at;   /* HELLO again then: the job's name was held (0: not) */
-	bool held;          /* the name was held: said once in the log */
+	int64_t deadline;     /* the call's: timeout_ms after the first HELLO */
+	int64_t connect_by;   /* while no connection is up: connect_timeout_ms after the
+	                         start or the last close (INT64_MAX: no limit) */
+	unsigned closes;      /* connections that closed before WELCOME */
+	unsigned waits;       /* connects that failed or could not start */
+	int64_t hello_at;     /* HELLO again then: the job's name was held (0: not) */
+	bool held;            /* the name was held: said once in the log */
+	int64_t loading_said; /* when the log last said how far apsd reads the checkpoint */
+	int64_t loading_read; /* KiB of it apsd said it had read (-1: it said nothing) */
+	uint64_t loading_kib; /* of the file */
 };
 
 static void arm_connect(const struct aps_client *c, struct join *j)
@@ -154,6 +157,14 @@ static int join_timed_out(struct aps_client *c, const struct join *j)
 		return connect_failed(c, j);
 	if (now < j->deadline)
 		return 0;
+	if (j->loading_read >= 0)
+		return aps_api_fail(APS_ETIMEDOUT,
+		                    "joining the job: apsd at %.120s reads the checkpoint of job "
+		                    "'%s' (%.1f of %.1f MiB read), and the read did not go on "
+		                    "within timeout_ms = %d (a slow or stalled disk, or other "
+		                    "jobs' reads ahead of it: apsd runs 2 at once)",
+		                    c->endpoint, c->job, (double)j->loading_read / 1024.0,
+		                    (double)j->loading_kib / 1024.0, c->timeout_ms);
 	return aps_api_fail(APS_ETIMEDOUT,
 	                    "joining the job: apsd at %.120s took the connection but did not "
 	                    "answer within timeout_ms = %d (is it stopped or overloaded, or is "
@@ -184,6 +195,33 @@ static int held_name(struct aps_client *c, struct join *j, const struct aps_msg 
 	return 0;
 }
 
+/*
+ * apsd reads the job's checkpoint before its WELCOME (protocol 1.11), and says
+ * how far: total_count KiB, chunk_offset of them read. A read that goes on is
+ * progress: the join's timeout_ms counts from its last step, so a checkpoint
+ * that takes longer to read than timeout_ms is waited for while it is read, and
+ * one that stalls (or a daemon that says the same forever) is not. The log says
+ * how far every 10 s.
+ */
+static int reading_checkpoint(struct aps_client *c, struct join *j, const struct aps_msg *m)
+{
+	int64_t now = aps_client_now_ms();
+
+	if ((int64_t)m->chunk_offset > j->loading_read)
+		j->deadline = now + c->timeout_ms;
+	j->loading_read = (int64_t)m->chunk_offset;
+	j->loading_kib = m->total_count;
+	if (m->total_count == 0 || (j->loading_said != 0 && now - j->loading_said < 10000))
+		return 0;
+	j->loading_said = now;
+	aps_client_log(c, 2,
+	               "apsd reads the checkpoint of job '%s' before it lets rank %u in: %.1f of "
+	               "%.1f MiB read",
+	               c->job, c->rank, (double)m->chunk_offset / 1024.0,
+	               (double)m->total_count / 1024.0);
+	return 0;
+}
+
 /* WELCOME (1), an ERROR or a message apsd should not send first (< 0), else 0. */
 static int join_message(struct aps_client *c, struct join *j, const struct aps_rxmsg *rx)
 {
@@ -195,6 +233,8 @@ static int join_message(struct aps_client *c, struct join *j, const struct aps_r
 		return aps_api_fail(APS_EPROTO, "bad message from apsd: %s", fault.text);
 	if (m.type == APS_MSG_ERROR)
 		return held_name(c, j, &m);
+	if (m.type == APS_MSG_HEARTBEAT && (m.flags & APS_MSG_FLAG_ALIVE))
+		return reading_checkpoint(c, j, &m);
 	if (m.type != APS_MSG_WELCOME)
 		return 0;
 	if (c->optimizer[0] != '\0' && m.optimizer[0] == '\0')
@@ -226,7 +266,7 @@ static int join_message(struct aps_client *c, struct join *j, const struct aps_r
  */
 static int await_welcome(struct aps_client *c)
 {
-	struct join j = { .deadline = aps_client_now_ms() + c->timeout_ms };
+	struct join j = { .deadline = aps_client_now_ms() + c->timeout_ms, .loading_read = -1 };
 	struct aps_rxmsg rx;
 	int ret;
 

@@ -5,6 +5,7 @@ quantized difference to the new master weights, never more than half a
 quantization step away from them; checkpoints survive SIGTERM, kill -9,
 truncation and corruption."""
 
+import logging
 import os
 import re
 import signal
@@ -18,7 +19,7 @@ import torch
 
 import aps
 from conftest import BUILD, Daemon
-from peers import EPROTO, ERROR, HELLO, REGISTER, WELCOME, Peer
+from peers import EPROTO, ERROR, FLAG_ALIVE, HEARTBEAT, HELLO, REGISTER, WELCOME, Peer
 from test_policy import ask
 
 TORCH_OPTIMIZERS = {
@@ -556,7 +557,7 @@ def beside_another_job(d, work):
     return spans[0], worst
 
 
-def test_a_resume_reads_its_checkpoint_off_the_loop(daemon_factory, tmp_path):
+def test_a_resume_reads_its_checkpoint_off_the_loop(daemon_factory, tmp_path, caplog):
     # Before: a job's first HELLO read its checkpoint whole on the event loop,
     # so every other job stood still while it was read: a 384 MiB file held
     # another job's step for the whole 2.9 s of the read. Now it is read on a
@@ -596,13 +597,37 @@ def test_a_resume_reads_its_checkpoint_off_the_loop(daemon_factory, tmp_path):
     p.send(type=HELLO, job="big", rank=0, world_size=1, optimizer="adam", format="fp32")
     p.send(type=REGISTER, job="big", rank=0, world_size=1, tensor_name="w", total_count=n,
            format="fp32")
-    err, welcome = p.recv(20000), p.recv(20000)
-    assert err["type"] == ERROR and err["error_code"] == EPROTO, err
+    # (1.11) and hear how far the read is, every 250 ms: HEARTBEAT flagged
+    # ALIVE, total_count the file's KiB, chunk_offset those read
+    replies = []
+    while not replies or replies[-1]["type"] != WELCOME:
+        replies.append(p.recv(20000))
+        assert replies[-1] is not None, replies[:-1]
+    err = [r for r in replies if r["type"] == ERROR]
+    assert len(err) == 1 and err[0]["error_code"] == EPROTO, replies
     assert "REGISTER before the WELCOME: job 'big' is reading its checkpoint" \
-        in err["error_text"], err
-    assert welcome["type"] == WELCOME, welcome
+        in err[0]["error_text"], err
+    told = [r for r in replies if r["type"] == HEARTBEAT]
+    assert len(told) + 2 == len(replies) and len(told) >= 2, replies
+    kib = [f.stat().st_size for f in ckdir.glob("big.*.ckpt")][0] / 1024
+    assert all(r["flags"] == FLAG_ALIVE and abs(r["total_count"] - kib) < 1 for r in told), told
+    read = [r.get("chunk_offset", 0) for r in told]
+    assert read == sorted(read) and read[-1] <= told[-1]["total_count"], read
     assert d.counter("bad_state") == bad_state + 1 and d.counter("resumed") == 2
     p.close()
+    wait_for(d, "job ended job=big", after=2, timeout=60)
+    # A client whose timeout_ms is shorter than the read waits for it while it
+    # is read. Before: "apsd ... did not answer within timeout_ms = 600 (is it
+    # stopped or overloaded ...)", and each try started the read again.
+    t0 = time.monotonic()
+    with caplog.at_level(logging.INFO, logger="aps.client"):
+        late = aps.Client(d.endpoint, 0, 1, format="fp32", optimizer="adam", job="big",
+                          timeout_ms=600)
+    took = time.monotonic() - t0
+    late.close()
+    assert took > 0.6, f"the read took {took:.2f} s: not longer than timeout_ms"
+    assert d.counter("resumed") == 3
+    assert "apsd reads the checkpoint of job 'big' before it lets rank 0 in" in caplog.text
 
 
 def test_a_checkpoint_is_copied_off_the_loop(daemon_factory, tmp_path):

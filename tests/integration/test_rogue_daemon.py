@@ -4,7 +4,9 @@ tensor and then answers each step's chunks with a result that does not fit
 them: another format, a chunk cut short, a payload of the wrong length. Each
 call fails with an error that says so (or its deadline), never a crash or a
 write past the caller's buffers; an honest answer from the same stand-in is
-taken, so the lies are what fails."""
+taken, so the lies are what fails. A daemon that says it reads the job's
+checkpoint (protocol 1.11) keeps a joining client waiting only while the read
+goes on."""
 
 import threading
 import time
@@ -15,8 +17,8 @@ import zmq
 
 import aps
 from conftest import free_port
-from peers import (AGAIN, HELLO, PUSH, REGISTER, REGISTERED, RESULT, WELCOME, crc32c, decode,
-                   envelope)
+from peers import (AGAIN, FLAG_ALIVE, HEARTBEAT, HELLO, PUSH, REGISTER, REGISTERED, RESULT,
+                   WELCOME, crc32c, decode, envelope)
 
 N, CHUNK = 3000, 1024  # three chunks, the last of 952
 
@@ -34,6 +36,8 @@ class RogueDaemon:
         self.answer = honest
         self.ask_again = 0  # AGAINs for the first chunk before each step's results
         self.pushes = []    # the chunk offset of every PUSH read
+        self.reading = ()   # KiB read said to a HELLO, one every 150 ms, before the WELCOME
+        self.welcome = True
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.run, daemon=True)
         self.thread.start()
@@ -57,8 +61,13 @@ class RogueDaemon:
             m = decode(frames[0])
             ident = {k: m[k] for k in ("job", "rank", "world_size") if k in m}
             if m["type"] == HELLO:
-                self.send(peer, type=WELCOME, keepalive_ms=60000, session=m.get("session", b""),
-                          **ident)
+                for kib in self.reading:
+                    self.send(peer, type=HEARTBEAT, flags=FLAG_ALIVE, total_count=4096,
+                              chunk_offset=kib, version_minor=11, **ident)
+                    time.sleep(0.15)
+                if self.welcome:
+                    self.send(peer, type=WELCOME, keepalive_ms=60000,
+                              session=m.get("session", b""), **ident)
             elif m["type"] == REGISTER:
                 self.send(peer, type=REGISTERED, tensor_id=0, tensor_name=m["tensor_name"],
                           total_count=N, chunk_count=CHUNK, format=m.get("format", "e4m3"),
@@ -177,3 +186,26 @@ def test_a_daemon_that_asks_for_a_chunk_again_and_again_gets_it_once(rogue):
         c.allreduce("t", y)
     assert sorted(rogue.pushes) == [0, 0, CHUNK, 2 * CHUNK], rogue.pushes
     assert np.array_equal(y, honest_y)
+
+
+def test_a_checkpoint_read_longer_than_timeout_ms_is_waited_for(rogue, caplog):
+    rogue.reading = range(0, 4096, 256)  # 16 steps of 150 ms: 2.4 s
+    t0 = time.monotonic()
+    with caplog.at_level("INFO", logger="aps.client"):
+        with aps.Client(rogue.endpoint, 0, 1, format="e4m3", job="rogue", timeout_ms=500):
+            pass
+    assert time.monotonic() - t0 > 2.0
+    assert ("apsd reads the checkpoint of job 'rogue' before it lets rank 0 in: 0.0 of "
+            "4.0 MiB read") in caplog.text
+
+
+def test_a_checkpoint_read_that_stalls_fails_the_join_within_timeout_ms(rogue):
+    # a disk that hangs, or a daemon that says the same forever: 4 s of it
+    rogue.reading, rogue.welcome = [0, 256] + [512] * 25, False
+    t0 = time.monotonic()
+    with pytest.raises(aps.Error, match=r"reads the checkpoint of job 'rogue' \(0.5 of 4.0 MiB "
+                       r"read\), and the read did not go on within timeout_ms = 500") as e:
+        aps.Client(rogue.endpoint, 0, 1, format="e4m3", job="rogue", timeout_ms=500)
+    took = time.monotonic() - t0
+    assert e.value.name == "APS_ETIMEDOUT"
+    assert 0.75 < took < 1.5, took  # 500 ms after the last KiB that came, at 300 ms
