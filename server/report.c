@@ -7,6 +7,7 @@
 #include "server/report.h"
 
 #include "common/err.h"
+#include "server/ckpt_load.h"
 #include "server/listing.h"
 #include "server/server_impl.h"
 
@@ -97,6 +98,16 @@ static json_t *ranks_array(const uint32_t *ranks, size_t n)
 	return a;
 }
 
+/* What a round in progress waits for: its missing ranks, or with none missing,
+ * its job's snapshot copy (its finishes wait for it: finish.c), or apsd itself
+ * (its chunks being summed and coded, its results being sent). */
+static const char *waits_for(const struct aps_job *job, size_t missing)
+{
+	if (missing > 0)
+		return "ranks";
+	return job->copying != NULL ? "checkpoint_copy" : "apsd";
+}
+
 /* Rounds in progress: which tensor, which step, who is missing, for how long;
  * the first STALLS_MAX of them (*unlisted: the others). */
 static json_t *stalls(const struct aps_job *job, uint32_t *unlisted)
@@ -116,9 +127,10 @@ static json_t *stalls(const struct aps_job *job, uint32_t *unlisted)
 		}
 		n = aps_round_missing(&t->round, missing, 64);
 		json_array_append_new(
-		        a, json_pack("{s:s, s:I, s:o, s:f}", "tensor", t->name, "step",
+		        a, json_pack("{s:s, s:I, s:o, s:s, s:f}", "tensor", t->name, "step",
 		                     (json_int_t)t->round.step, "missing",
-		                     ranks_array(missing, n < 64 ? n : 64), "waiting_s",
+		                     ranks_array(missing, n < 64 ? n : 64), "waiting_for",
+		                     waits_for(job, n), "waiting_s",
 		                     (double)(uv_hrtime() - t->stats.step_started_ns) / 1e9));
 	}
 	return a;
@@ -142,6 +154,13 @@ static json_t *jobs(const struct aps_server *srv)
 		              (json_int_t)j->last_ckpt_step, "held_bytes", (json_int_t)held);
 		json_object_set_new(o, "stalls_unlisted", json_integer(unlisted));
 		json_object_set_new(o, "reading_checkpoint", json_boolean(j->loading != NULL));
+		if (j->loading != NULL) { /* how far: bytes read of the file's */
+			uint64_t read, bytes;
+			aps_ckpt_load_progress(j->loading, &read, &bytes);
+			json_object_set_new(o, "checkpoint_read_bytes",
+			                    json_integer((json_int_t)read));
+			json_object_set_new(o, "checkpoint_bytes", json_integer((json_int_t)bytes));
+		}
 		json_array_append_new(a, o);
 		json_object_update_new(
 		        o, json_pack("{s:s, s:i, s:i, s:s, s:s, s:b, s:i, s:I, s:I, s:o}", "name",

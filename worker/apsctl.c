@@ -139,12 +139,25 @@ static void print_jobs(json_t *doc)
 		printf("%-16.16s %5lld %9lld %-7s %-8s %7lld %8lld %10lld\n", str(j, "name"),
 		       num(j, "world_size"), num(j, "connected"), str(j, "scaling"),
 		       str(j, "downlink"), num(j, "tensors"), num(j, "step"), num(j, "rounds"));
+		if (json_is_true(json_object_get(j, "reading_checkpoint")))
+			printf("  reading its checkpoint: %.1f of %.1f MiB\n",
+			       (double)num(j, "checkpoint_read_bytes") / 1048576.0,
+			       (double)num(j, "checkpoint_bytes") / 1048576.0);
 		json_array_foreach(json_object_get(j, "stalls"), k, s)
 		{
 			char *missing = json_dumps(json_object_get(s, "missing"), JSON_COMPACT);
-			printf("  waiting %.1f s for ranks %s: tensor %s step %lld\n",
-			       real(s, "waiting_s"), missing ? missing : "?", str(s, "tensor"),
-			       num(s, "step"));
+			const char *what = str(s, "waiting_for");
+			if (strcmp(what, "checkpoint_copy") == 0)
+				printf("  waiting %.1f s for its checkpoint's copy: tensor %s step %lld\n",
+				       real(s, "waiting_s"), str(s, "tensor"), num(s, "step"));
+			else if (strcmp(what, "apsd") == 0)
+				printf("  waiting %.1f s for apsd to sum and send it: tensor %s step "
+				       "%lld\n",
+				       real(s, "waiting_s"), str(s, "tensor"), num(s, "step"));
+			else
+				printf("  waiting %.1f s for ranks %s: tensor %s step %lld\n",
+				       real(s, "waiting_s"), missing ? missing : "?",
+				       str(s, "tensor"), num(s, "step"));
 			free(missing);
 		}
 		if (num(j, "stalls_unlisted") > 0)

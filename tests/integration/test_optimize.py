@@ -599,10 +599,12 @@ def test_a_resume_reads_its_checkpoint_off_the_loop(daemon_factory, tmp_path, ca
            format="fp32")
     # (1.11) and hear how far the read is, every 250 ms: HEARTBEAT flagged
     # ALIVE, total_count the file's KiB, chunk_offset those read
-    replies = []
+    replies, reading = [], None
     while not replies or replies[-1]["type"] != WELCOME:
         replies.append(p.recv(20000))
         assert replies[-1] is not None, replies[:-1]
+        if reading is None and replies[-1]["type"] == HEARTBEAT:  # and apsctl jobs says
+            reading = [j for j in d.ask("jobs")["jobs"] if j["name"] == "big"][0]
     err = [r for r in replies if r["type"] == ERROR]
     assert len(err) == 1 and err[0]["error_code"] == EPROTO, replies
     assert "REGISTER before the WELCOME: job 'big' is reading its checkpoint" \
@@ -613,6 +615,8 @@ def test_a_resume_reads_its_checkpoint_off_the_loop(daemon_factory, tmp_path, ca
     assert all(r["flags"] == FLAG_ALIVE and abs(r["total_count"] - kib) < 1 for r in told), told
     read = [r.get("chunk_offset", 0) for r in told]
     assert read == sorted(read) and read[-1] <= told[-1]["total_count"], read
+    assert reading["reading_checkpoint"] and reading["checkpoint_bytes"] == kib * 1024, reading
+    assert 0 <= reading["checkpoint_read_bytes"] <= reading["checkpoint_bytes"], reading
     assert d.counter("bad_state") == bad_state + 1 and d.counter("resumed") == 2
     p.close()
     wait_for(d, "job ended job=big", after=2, timeout=60)
@@ -645,14 +649,33 @@ def test_a_checkpoint_is_copied_off_the_loop(daemon_factory, tmp_path):
                    timeout_ms=60000)
     c.broadcast("w", w)
 
+    seen = set()
+
     def steps():
         for _ in range(3):
             c.step("w", w, w, 0.1)
 
-    took, worst = beside_another_job(d, steps)
+    def watch():  # what `apsctl jobs` says the job's rounds wait for
+        while not done.is_set():
+            for j in d.ask("jobs")["jobs"]:
+                seen.update((s["waiting_for"], bool(s["missing"]))
+                            for s in j["stalls"] if j["name"] == "big")
+            time.sleep(0.02)
+
+    done = threading.Event()
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        took, worst = beside_another_job(d, steps)
+    finally:
+        done.set()
+        watcher.join()
     print(f"3 steps with checkpoints {took:.3f} s, the other job's longest step {worst:.3f} s")
     wait_for(d, "checkpoint: written job=big step=3", timeout=60)
     assert worst < took / 4, (worst, took)
+    # a step whose finish waits for the copy is said to (before: a stall that
+    # waited for ranks [], none)
+    assert ("checkpoint_copy", False) in seen and ("ranks", False) not in seen, seen
     c.close()
 
 
