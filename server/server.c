@@ -78,22 +78,24 @@ static void stale(struct aps_server *srv)
 	srv->counters.stale_messages++;
 }
 
-/* Only a joined session may send anything but HELLO, and only as itself. */
+/* Only a joined session may send anything but HELLO, only as itself, and before
+ * its WELCOME (its job's checkpoint being read) only HEARTBEAT and BYE. */
 static bool session_may_send(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m,
                              const struct aps_peer *peer)
 {
 	if (m->type == APS_MSG_HELLO)
 		return true;
-	if (s != NULL && s->job != NULL && s->job->loading != NULL && m->type != APS_MSG_BYE &&
-	    m->type != APS_MSG_HEARTBEAT) {
+	if (s != NULL && s->job != NULL && s->rank == m->rank &&
+	    strcmp(s->job->name, m->job) == 0) {
+		if (s->job->loading == NULL || m->type == APS_MSG_BYE ||
+		    m->type == APS_MSG_HEARTBEAT)
+			return true;
 		srv->counters.bad_state++;
 		aps_outbox_error(srv, peer, APS_EPROTO, m,
 		                 "%s before the WELCOME: job '%s' is reading its checkpoint",
 		                 aps_msg_type_name(m->type), s->job->name);
 		return false;
 	}
-	if (s != NULL && s->job != NULL && s->rank == m->rank && strcmp(s->job->name, m->job) == 0)
-		return true;
 	srv->counters.bad_session++;
 	if (s == NULL || s->job == NULL)
 		aps_outbox_error(srv, peer, APS_ENOSESSION, m,

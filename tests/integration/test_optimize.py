@@ -593,9 +593,12 @@ def test_a_resume_reads_its_checkpoint_off_the_loop(daemon_factory, tmp_path, ca
     wait_for(d, "job ended job=big", after=1, timeout=60)
     assert d.log_path.read_text().count("checkpoint: written job=big") == 1  # no step since
     p = Peer(d.endpoint)
-    bad_state = d.counter("bad_state")
+    bad_state, bad_session = d.counter("bad_state"), d.counter("bad_session")
     p.send(type=HELLO, job="big", rank=0, world_size=1, optimizer="adam", format="fp32")
     p.send(type=REGISTER, job="big", rank=0, world_size=1, tensor_name="w", total_count=n,
+           format="fp32")
+    # (one that claims another job is that, whatever its own job does)
+    p.send(type=REGISTER, job="small", rank=0, world_size=1, tensor_name="w", total_count=n,
            format="fp32")
     # (1.11) and hear how far the read is, every 250 ms: HEARTBEAT flagged
     # ALIVE, total_count the file's KiB, chunk_offset those read
@@ -606,11 +609,12 @@ def test_a_resume_reads_its_checkpoint_off_the_loop(daemon_factory, tmp_path, ca
         if reading is None and replies[-1]["type"] == HEARTBEAT:  # and apsctl jobs says
             reading = [j for j in d.ask("jobs")["jobs"] if j["name"] == "big"][0]
     err = [r for r in replies if r["type"] == ERROR]
-    assert len(err) == 1 and err[0]["error_code"] == EPROTO, replies
+    assert len(err) == 2 and all(e["error_code"] == EPROTO for e in err), replies
     assert "REGISTER before the WELCOME: job 'big' is reading its checkpoint" \
         in err[0]["error_text"], err
+    assert "REGISTER as rank 0 of job 'small' from rank 0 of job 'big'" in err[1]["error_text"]
     told = [r for r in replies if r["type"] == HEARTBEAT]
-    assert len(told) + 2 == len(replies) and len(told) >= 2, replies
+    assert len(told) + 3 == len(replies) and len(told) >= 2, replies
     kib = [f.stat().st_size for f in ckdir.glob("big.*.ckpt")][0] / 1024
     assert all(r["flags"] == FLAG_ALIVE and abs(r["total_count"] - kib) < 1 for r in told), told
     read = [r.get("chunk_offset", 0) for r in told]
@@ -618,6 +622,7 @@ def test_a_resume_reads_its_checkpoint_off_the_loop(daemon_factory, tmp_path, ca
     assert reading["reading_checkpoint"] and reading["checkpoint_bytes"] == kib * 1024, reading
     assert 0 <= reading["checkpoint_read_bytes"] <= reading["checkpoint_bytes"], reading
     assert d.counter("bad_state") == bad_state + 1 and d.counter("resumed") == 2
+    assert d.counter("bad_session") == bad_session + 1
     p.close()
     wait_for(d, "job ended job=big", after=2, timeout=60)
     # A client whose timeout_ms is shorter than the read waits for it while it
