@@ -166,6 +166,8 @@ def test_optimize_mode_errors(daemon_factory, tmp_path):
         c1.pull("w", np.empty(16, np.float32))
     with pytest.raises(ValueError, match="learning rate"):
         c0.step("w", w, w.copy(), float("nan"))
+    with pytest.raises(TypeError, match="learning rate must be a number, not str"):
+        c0.step("w", w, w.copy(), "0.1")  # before: float("0.1"), taken
     plain = aps.Client(daemon.endpoint, 0, 1, job="plain")
     with pytest.raises(aps.ArgumentError, match="all-reduce mode"):
         plain.step("w", w, w.copy(), 0.1)

@@ -38,10 +38,19 @@ def test_env_job_token():
 
 @pytest.mark.parametrize("env,match", [({"RANK": "1"}, "WORLD_SIZE is not"),
                                        ({"APS_WORLD_SIZE": "2"}, "APS_RANK is not"),
-                                       ({"RANK": "x", "WORLD_SIZE": "2"}, "not an integer")])
+                                       ({"RANK": "x", "WORLD_SIZE": "2"}, "not an integer"),
+                                       ({"APS_RANK": "4", "APS_WORLD_SIZE": "4"},
+                                        r"APS_RANK=4 is not a rank of APS_WORLD_SIZE=4: it "
+                                        r"must be 0 to 3"),
+                                       ({"RANK": "-1", "WORLD_SIZE": "4"}, "RANK=-1 is not"),
+                                       ({"SLURM_PROCID": "0", "SLURM_NTASKS": "0"},
+                                        "SLURM_NTASKS=0 is not a world size"),
+                                       ({"APS_CONNECT_TIMEOUT_MS": "-5"},
+                                        "APS_CONNECT_TIMEOUT_MS=-5 is negative")])
 def test_env_errors(env, match):
+    # (before: a rank outside its world reached Client, which named no variable)
     with pytest.raises(ValueError, match=match):
-        aps._env.rank_and_world(env)
+        aps._env.client_config(env)
 
 
 # -- options and connection errors ----------------------------------------------

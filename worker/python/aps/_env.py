@@ -33,7 +33,14 @@ def rank_and_world(environ=None):
             raise ValueError(f"{rank_var if have_rank else world_var} is set but {missing} "
                              "is not: set both or neither")
         if have_rank:
-            return _int_var(environ, rank_var), _int_var(environ, world_var)
+            rank, world = _int_var(environ, rank_var), _int_var(environ, world_var)
+            if world < 1:
+                raise ValueError(f"environment variable {world_var}={world} is not a world "
+                                 "size: it must be at least 1")
+            if not 0 <= rank < world:
+                raise ValueError(f"environment variable {rank_var}={rank} is not a rank of "
+                                 f"{world_var}={world}: it must be 0 to {world - 1}")
+            return rank, world
     return 0, 1
 
 
@@ -50,5 +57,9 @@ def client_config(environ=None):
     if environ.get("APS_JOB_TOKEN"):
         config["job_token"] = environ["APS_JOB_TOKEN"]
     if environ.get("APS_CONNECT_TIMEOUT_MS"):
-        config["connect_timeout_ms"] = _int_var(environ, "APS_CONNECT_TIMEOUT_MS")
+        ms = _int_var(environ, "APS_CONNECT_TIMEOUT_MS")
+        if ms < 0:
+            raise ValueError(f"environment variable APS_CONNECT_TIMEOUT_MS={ms} is negative: "
+                             "it must be 0 (no limit) or a number of ms")
+        config["connect_timeout_ms"] = ms
     return config

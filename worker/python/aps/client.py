@@ -26,7 +26,8 @@ import threading
 import numpy as np
 
 from aps import _env
-from aps._args import INT32, POSITIVE_INT32, UINT32, UINT64, check_int, check_str
+from aps._args import (ANY_INT, INT32, POSITIVE_INT32, UINT32, UINT64, check_float, check_int,
+                       check_str)
 from aps._buffers import float32_buffer, raw_buffer
 from aps._io import Deferred, IOThread
 from aps import _lib
@@ -138,25 +139,27 @@ class Client:
         opts.error_feedback = 1 if error_feedback else 0
         opts.rejoin = 1 if rejoin else 0
         opts.no_payload_crc = 0 if payload_crc else 1
-        rank, world_size = _check_int(rank, "rank"), _check_int(world_size, "world_size")
+        rank = check_int(rank, "rank", ANY_INT)
+        world_size = check_int(world_size, "world_size", ANY_INT)
         if not 0 <= rank < world_size <= UINT32[1]:
             raise ValueError(f"rank {rank} is not in a world of {world_size}")
         opts.rank, opts.world_size = rank, world_size
         opts.scaling = _SCALING[scaling]
         if block_size is not None:
-            if scaling != "block" or _check_int(block_size, "block_size") not in (16, 32, 64):
+            if (scaling != "block"
+                    or check_int(block_size, "block_size", ANY_INT) not in (16, 32, 64)):
                 raise ValueError(f"block_size {block_size}: 16, 32 or 64, with scaling='block'")
             opts.block_size = block_size
         self.block_size = (block_size or 32) if scaling == "block" else 0
         if codec_threads is not None:
-            if not 0 <= _check_int(codec_threads, "codec_threads") <= 64:
+            if not 0 <= check_int(codec_threads, "codec_threads", ANY_INT) <= 64:
                 raise ValueError(f"codec_threads {codec_threads}: 0 to 64")
             opts.codec_threads = codec_threads
         opts.timeout_ms = check_int(timeout_ms, "timeout_ms", POSITIVE_INT32)
         # negative: libaps says "connect_timeout_ms must be 0 (none) or positive"
         opts.connect_timeout_ms = check_int(connect_timeout_ms, "connect_timeout_ms", INT32)
         if partition_bytes is not None:
-            if _check_int(partition_bytes, "partition_bytes") < 32:
+            if check_int(partition_bytes, "partition_bytes", ANY_INT) < 32:
                 raise ValueError(f"partition_bytes must be at least 32, not {partition_bytes}")
             opts.partition_bytes = check_int(partition_bytes, "partition_bytes", UINT64)
         opts.log = _LOG_CALLBACK
@@ -239,7 +242,7 @@ class Client:
 
     def broadcast_async(self, name, x, root=0, timeout_ms=None):
         """As broadcast, queued on the I/O thread; returns a Handle."""
-        if _check_int(root, "root") != 0:
+        if check_int(root, "root", ANY_INT) != 0:
             raise ValueError(f"broadcast from root {root}: apsd serves broadcasts from "
                              "rank 0 only (copy the data to rank 0 first)")
         _, addr, n = self._prepare(name, x)
@@ -314,9 +317,7 @@ class Client:
         """Optimize mode: an optimizer step of each (name, format, codes,
         scale_exp, result, result_exps) of items, whose results are the
         updates as codes (see allreduce_codes_async)."""
-        lr = float(lr)
-        if not math.isfinite(lr) or lr < 0:
-            raise ValueError(f"learning rate {lr} is not finite and >= 0")
+        lr = check_float(lr, "learning rate", (0.0, math.inf))
         return self._codes_calls(items, lr, timeout_ms, before)
 
     # -- optimize mode --------------------------------------------------------
@@ -336,9 +337,7 @@ class Client:
     def step_many_async(self, items, lr, timeout_ms=None):
         """Steps each (name, grad, weights) of items, all in flight together, as
         one queued call; returns a Handle whose wait() returns None."""
-        lr = float(lr)
-        if not math.isfinite(lr) or lr < 0:
-            raise ValueError(f"learning rate {lr} is not finite and >= 0")
+        lr = check_float(lr, "learning rate", (0.0, math.inf))
         calls = []
         for name, grad, weights in items:
             name, gaddr, n = self._prepare(name, grad)
@@ -439,7 +438,7 @@ class Client:
         """Checks name and the count n of its tensor (registered with the count
         it was first used with): (name, n)."""
         _check_name(name)
-        if _check_int(n, f"count of {name!r}") <= 0:
+        if check_int(n, f"count of {name!r}", ANY_INT) <= 0:
             raise ValueError(f"tensor {name!r} is empty")
         check_int(n, f"count of {name!r}", UINT64)  # libaps says what apsd takes
         with self._lock:
@@ -583,12 +582,6 @@ class Client:
                 error = last_error(ret)
         if error is not None:
             raise error
-
-
-def _check_int(value, what):
-    """value as an int of any size (TypeError if it is not one); ranges are checked
-    where it is used."""
-    return check_int(value, what, (-float("inf"), float("inf")))
 
 
 def _flushed_counts(call, flushed, name):
