@@ -107,24 +107,49 @@ static int enable_zap(struct aps_zbridge *b, void *router)
  * handshake, and 4 MB of handshake properties cost its I/O thread 0.7 s: 47
  * from outside allow_from in 6 s cut an honest job from 1150 to 4-11 steps a
  * second (an attack, 2026-12-07). 127.0.0.1 and ::1 come in, as at ZAP. */
-static int set_accept_filters(const struct aps_netlist *nets, void *router)
+/* One accept filter; APS_ECONN when libzmq takes none. */
+static int add_filter(void *router, const char *net)
 {
-	static const char *const host[] = { "127.0.0.1", "::1" };
-	char net[INET6_ADDRSTRLEN + 8];
+	if (zmq_setsockopt(router, ZMQ_TCP_ACCEPT_FILTER, net, strlen(net)) == 0)
+		return 0;
+	aps_log_error("zbridge", "libzmq takes no accept filter %s: %s", net,
+	              zmq_strerror(zmq_errno()));
+	return APS_ECONN;
+}
+
+/*
+ * allow_from as libzmq's accept filters, and the host's own addresses. An IPv4
+ * listener sees no IPv6 peer: its IPv6 networks are not filters (libzmq takes
+ * none, and apsd did not start). An IPv6 one sees an IPv4 peer as IPv4-mapped
+ * (::ffff:10.1.2.3), and reads an IPv4 filter as such an address, its prefix
+ * counted from the first bit (10.0.0.0/8 let in every IPv4 peer): each IPv4
+ * network is written mapped, its prefix 96 bits longer.
+ */
+static int set_accept_filters(const struct aps_netlist *nets, void *router, bool ipv6)
+{
+	char net[INET6_ADDRSTRLEN + 8], addr[INET_ADDRSTRLEN];
 
 	if (nets->n == 0)
 		return 0;
 	for (size_t i = 0; i < nets->n; i++) {
-		aps_netlist_format(&nets->nets[i], net, sizeof(net));
-		if (zmq_setsockopt(router, ZMQ_TCP_ACCEPT_FILTER, net, strlen(net)) < 0) {
-			aps_log_error("zbridge", "libzmq takes no accept filter %s: %s", net,
-			              zmq_strerror(zmq_errno()));
-			return APS_ECONN;
+		const struct aps_net *n = &nets->nets[i];
+		if (n->family == AF_INET6 && !ipv6)
+			continue;
+		if (n->family == AF_INET && ipv6) {
+			inet_ntop(AF_INET, n->addr, addr, sizeof(addr));
+			snprintf(net, sizeof(net), "::ffff:%s/%u", addr, 96 + n->prefix);
+		} else {
+			aps_netlist_format(n, net, sizeof(net));
 		}
+		if (add_filter(router, net) < 0)
+			return APS_ECONN;
 	}
-	for (size_t i = 0; i < sizeof(host) / sizeof(host[0]); i++)
-		zmq_setsockopt(router, ZMQ_TCP_ACCEPT_FILTER, host[i], strlen(host[i]));
-	return 0;
+	if (ipv6)
+		return add_filter(router, "::1/128") < 0 ||
+		                       add_filter(router, "::ffff:127.0.0.1/128") < 0
+		               ? APS_ECONN
+		               : 0;
+	return add_filter(router, "127.0.0.1/32");
 }
 
 /* ROUTER options: no ZMTP heartbeats and no handover (see the top of this file). */
@@ -267,6 +292,7 @@ static int open_socket(struct aps_zbridge *b, const char *endpoint)
 	size_t len = sizeof(b->endpoint);
 	int ret = APS_ECONN;
 	int fd = b->listen_fd >= 0 ? fcntl(b->listen_fd, F_DUPFD_CLOEXEC, 0) : -1;
+	bool ipv6 = strncmp(endpoint, "tcp://[", 7) == 0;
 
 	b->router = zmq_socket(b->zctx, ZMQ_ROUTER);
 	if (b->router == NULL) {
@@ -282,8 +308,11 @@ static int open_socket(struct aps_zbridge *b, const char *endpoint)
 	/* The monitor before the bind: after a reset, clients wait in the backlog and
 	 * are accepted at once; an accept the monitor did not see leaves its
 	 * connection unknown, and its HELLO dropped as a closed connection's. */
-	if (set_accept_filters(&b->allow_from, b->router) < 0 || enable_zap(b, b->router) < 0 ||
-	    open_monitor(b) < 0) {
+	/* IPv6 where the endpoint says so (tcp://[::]:5555 listens on IPv4 too); a
+	 * star stays IPv4, as libzmq has it. Before the filters: they are read for it. */
+	set_int(b->router, ZMQ_IPV6, ipv6);
+	if (set_accept_filters(&b->allow_from, b->router, ipv6) < 0 ||
+	    enable_zap(b, b->router) < 0 || open_monitor(b) < 0) {
 		if (fd >= 0)
 			close(fd); /* not taken by ZeroMQ: only a bind takes it */
 		return APS_ECONN;

@@ -130,6 +130,16 @@ static void close_socket(struct aps_transport *t, int linger_ms)
 
 static int read_events(struct aps_transport *t);
 
+/* An IPv6 address in brackets ("tcp://[::1]:5555", "tcp://SRC:0;[fd00::7]:5555"):
+ * libzmq connects to it only with ZMQ_IPV6. A host name stays IPv4: with it
+ * libzmq would take the name's first address, ::1 for localhost, where apsd may
+ * listen on 127.0.0.1 alone. */
+static bool wants_ipv6(const char *endpoint)
+{
+	return strncmp(endpoint, "tcp://", 6) == 0 &&
+	       (endpoint[6] == '[' || strstr(endpoint, ";[") != NULL);
+}
+
 static int open_socket(struct aps_transport *t)
 {
 	int ret;
@@ -146,6 +156,7 @@ static int open_socket(struct aps_transport *t)
 	 * the connection's pipe at once and drops what apsd sent just before it
 	 * closed (its BYE when it stops). */
 	set_int(t->sock, ZMQ_RECONNECT_IVL, RECONNECT_NEVER_MS);
+	set_int(t->sock, ZMQ_IPV6, wants_ipv6(t->endpoint));
 	ret = set_curve(t);
 	if (ret == 0 && (set_routing_id(t->sock) < 0 || open_monitor(t) < 0 ||
 	                 zmq_connect(t->sock, t->endpoint) < 0))

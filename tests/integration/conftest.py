@@ -49,10 +49,12 @@ class Daemon:
 
     count = 0
 
-    def __init__(self, tmp, transport="tcp", extra=()):
+    def __init__(self, tmp, transport="tcp", extra=(), endpoint=None):
         Daemon.count += 1
         name = f"apsd{Daemon.count}"
-        if transport == "tcp":
+        if endpoint is not None:
+            self.endpoint = endpoint
+        elif transport == "tcp":
             self.endpoint = f"tcp://127.0.0.1:{free_port()}"
         else:
             self.endpoint = f"ipc://{tmp}/{name}.sock"
@@ -92,7 +94,7 @@ class Daemon:
 
     def stats_path(self):
         for line in self.log_path.read_text().splitlines():
-            if "listening" in line:
+            if "listening" in line and "stats=" in line:
                 return line.split("stats=")[1].split()[0]
         raise AssertionError("no stats path in the log")
 
@@ -116,8 +118,8 @@ class Daemon:
 def daemon_factory():
     started = []
     with tempfile.TemporaryDirectory(prefix="apsd-test-") as tmp:
-        def make(transport="tcp", extra=()):
-            d = Daemon(tmp, transport, extra)
+        def make(transport="tcp", extra=(), endpoint=None):
+            d = Daemon(tmp, transport, extra, endpoint)
             started.append(d)
             return d
         yield make

@@ -5,6 +5,7 @@ import os
 import subprocess
 import time
 
+import numpy as np
 import pytest
 
 import aps
@@ -142,6 +143,35 @@ def from_address(endpoint, ip):
 def cpu_seconds(pid):
     fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_ipv6_listens_and_lets_in_what_allow_from_says(daemon_factory):
+    # Before: apsd could not listen on IPv6 ("cannot listen endpoint=tcp://[::1]:P
+    # reason=No such device": libzmq needs ZMQ_IPV6), libaps could not connect to
+    # one, and an IPv6 network in allow_from ("10.0.0.0/8, fd00::/8", as the docs
+    # write it) stopped apsd at start ("libzmq takes no accept filter fd00::/8").
+    port = free_port()
+    d = daemon_factory(endpoint=f"tcp://[::]:{port}",
+                       extra=["--insecure", "yes", "--allow_from", "127.0.0.2, fd00::/8"])
+    # tcp://[::] takes IPv6 and IPv4 (as ::ffff:127.0.0.2): the host's own, and
+    # the networks listed
+    for endpoint in (f"tcp://[::1]:{port}", f"tcp://127.0.0.1:{port}",
+                     from_address(f"tcp://127.0.0.1:{port}", "127.0.0.2")):
+        with aps.Client(endpoint, 0, 1, job=f"in-{len(endpoint)}", timeout_ms=10000) as c:
+            x = np.arange(5, dtype=np.float32)
+            c.allreduce("x", x)
+            assert x.tolist() == [0, 1, 2, 3, 4]
+    # anyone else is closed at accept (an IPv4 filter read as IPv6 would have
+    # matched every IPv4 peer: the ZAP handler refused it, after the handshake)
+    with pytest.raises(aps.Error) as refused:
+        aps.Client(from_address(f"tcp://127.0.0.1:{port}", "127.0.0.3"), 0, 1, job="out",
+                   timeout_ms=20000)
+    assert refused.value.code == ECONN and "allow_from" in str(refused.value), refused.value
+    assert d.counter("accepts_closed") >= 1 and d.counter("handshakes_not_allowed") == 0
+    assert aps.daemon.is_listening(f"tcp://[::1]:{port}")
+    # an IPv4 daemon with an IPv6 network in allow_from starts, and lets in the IPv4 ones
+    v4 = daemon_factory(extra=["--allow_from", "127.0.0.2, fd00::/8"])
+    aps.Client(from_address(v4.endpoint, "127.0.0.2"), 0, 1, timeout_ms=10000).close()
 
 
 def test_allow_from_closes_other_networks_at_accept(daemon_factory):

@@ -185,6 +185,20 @@ def test_local_daemon_refuses_what_it_could_not_start_or_probe(kwargs, error, ma
         aps.daemon.LocalDaemon(binary="/bin/true", **kwargs)
 
 
+def test_a_local_daemon_on_ipv6_serves_and_is_seen_listening():
+    # before: free_endpoint("::1") raised (an IPv4 socket), is_listening said
+    # False of any IPv6 endpoint, and apsd could not listen on one
+    endpoint = aps.daemon.free_endpoint("::1")
+    assert endpoint.startswith("tcp://[::1]:"), endpoint
+    assert not aps.daemon.is_listening(endpoint)
+    with aps.daemon.LocalDaemon(endpoint) as d:
+        assert aps.daemon.is_listening(d.endpoint)
+        with aps.Client(d.endpoint, 0, 1, format="fp32") as c:
+            x = np.array([1.5, -2.0], np.float32)
+            c.allreduce("x", x)
+            assert x.tolist() == [1.5, -2.0]
+
+
 @pytest.mark.parametrize("timeout,error,match", [
     (float("nan"), ValueError, "timeout nan is not a finite number"),
     (float("inf"), ValueError, "timeout inf is not a finite number"),

@@ -40,13 +40,16 @@ def find_apsd():
 
 
 def free_endpoint(host="127.0.0.1"):
-    """A tcp:// endpoint on a port that was free a moment ago (host: IPv4)."""
+    """A tcp:// endpoint on a port that was free a moment ago (host: an IPv4 or
+    IPv6 address; an IPv6 one comes in brackets, tcp://[::1]:PORT)."""
     check_str(host, "host")
     if not host:
-        raise ValueError("host is empty: give an IPv4 address, e.g. 127.0.0.1")
-    with socket.socket() as s:
+        raise ValueError("host is empty: give an address, e.g. 127.0.0.1 or ::1")
+    ipv6 = ":" in host
+    with socket.socket(socket.AF_INET6 if ipv6 else socket.AF_INET) as s:
         s.bind((host, 0))
-        return f"tcp://{host}:{s.getsockname()[1]}"
+        port = s.getsockname()[1]
+    return f"tcp://[{host}]:{port}" if ipv6 else f"tcp://{host}:{port}"
 
 
 def _tcp_address(endpoint):
@@ -81,7 +84,7 @@ def is_local(endpoint):
     if not endpoint.startswith("tcp://"):
         return False
     host, _ = _tcp_address(endpoint)
-    return host in ("localhost", "127.0.0.1", "::1", "*", "0.0.0.0")
+    return host in ("localhost", "127.0.0.1", "::1", "*", "0.0.0.0", "::")
 
 
 def is_listening(endpoint, timeout=0.5):
@@ -94,8 +97,9 @@ def is_listening(endpoint, timeout=0.5):
         family, address = socket.AF_UNIX, endpoint[len("ipc://"):]
     elif endpoint.startswith("tcp://"):
         host, port = _tcp_address(endpoint)
-        family, address = socket.AF_INET, ("127.0.0.1" if host in ("*", "0.0.0.0") else host,
-                                           port)
+        host = {"*": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        address = (host, port)
     else:
         raise ValueError(f"cannot probe endpoint {endpoint!r}: tcp:// or ipc:// only")
     with socket.socket(family, socket.SOCK_STREAM) as s:
