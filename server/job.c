@@ -172,10 +172,22 @@ uint64_t aps_jobs_bytes(const struct aps_jobs *t)
 	return total;
 }
 
-static void free_tensor(struct aps_tensor *tensor)
+void aps_tensor_forget_pulled(struct aps_job *job, struct aps_tensor *t)
+{
+	if (t->pulled == NULL)
+		return;
+	for (uint32_t c = 0; c < t->round.n_chunks; c++)
+		aps_sbuf_unref(t->pulled[c]); /* the pulls still queued keep theirs */
+	free(t->pulled);
+	t->pulled = NULL;
+	job->overhead_bytes -= t->count * sizeof(float);
+}
+
+static void free_tensor(struct aps_job *job, struct aps_tensor *tensor)
 {
 	if (tensor == NULL)
 		return;
+	aps_tensor_forget_pulled(job, tensor);
 	aps_round_fini(&tensor->round);
 	aps_replay_fini(&tensor->replay);
 	aps_optim_tensor_fini(&tensor->opt);
@@ -202,7 +214,7 @@ static void free_job(struct aps_job *job)
 		free(d);
 	}
 	for (uint32_t i = 0; i < job->n_tensors; i++)
-		free_tensor(job->tensors[i]);
+		free_tensor(job, job->tensors[i]);
 	free(job->tensors);
 	free(job->by_name);
 	aps_ckpt_free(&job->resume);
@@ -395,6 +407,7 @@ int aps_job_add_tensor(struct aps_job *job, const char *name, uint64_t count, ui
 	t->round.block = job->block;
 	job->tensor_bytes += count * sizeof(float);
 	job->overhead_bytes += aps_job_tensor_overhead(job, count);
+	job->answer_msgs += 2 * (uint64_t)t->round.n_chunks + 2;
 	snprintf(t->name, sizeof(t->name), "%s", name);
 	t->id = job->n_tensors;
 	t->count = count;

@@ -89,7 +89,12 @@ struct aps_tensor {
 	int32_t exp_done_max;
 	struct aps_replay replay;    /* each chunk's last result, for ranks that reconnected */
 	struct aps_optim_tensor opt; /* optimize mode: weights and state */
-	struct aps_tally *unsent;    /* per rank: its answers' payloads libzmq has not sent */
+	/* Optimize mode: the weights as PULL sends them, a buffer a chunk (round.n_chunks),
+	 * made at the first pull of update count pulled_updates and shared by every
+	 * rank's pulls of it (NULL: none); counted in its job's overhead_bytes. */
+	struct aps_sbuf **pulled;
+	uint64_t pulled_updates;
+	struct aps_tally *unsent; /* per rank: its answers' payloads libzmq has not sent */
 	const struct aps_optim_config *optim; /* the job's, for the round's transform */
 };
 
@@ -127,6 +132,10 @@ struct aps_job {
 	uint64_t tensor_bytes;   /* fp32 bytes of its tensors (optimize mode: with weights and
 	                            state): what max_job_bytes bounds */
 	uint64_t overhead_bytes; /* what they keep besides values (aps_job_tensor_overhead) */
+	/* A rank's answers that may be in flight at once: two of each tensor's (a pull
+	 * may start while the last is unread, optimize.c), a message a chunk and one
+	 * more. More waiting for a rank means its client does not read (outbox.c). */
+	uint64_t answer_msgs;
 	uint64_t barrier_step;
 	bool *barrier_has;
 	uint32_t barrier_arrived;
@@ -256,6 +265,9 @@ int aps_tensor_exponents_complete(const struct aps_job *job, struct aps_tensor *
 
 /* Forgets the answers kept for ranks that reconnect: its round starts over. */
 void aps_tensor_forget_answers(struct aps_tensor *t);
+
+/* Lets go of t's weights kept for pulls (pulled), if any. */
+void aps_tensor_forget_pulled(struct aps_job *job, struct aps_tensor *t);
 
 /* Drops what t's round and exponent exchange collected this step. */
 void aps_job_abort_tensor(struct aps_job *job, struct aps_tensor *t);

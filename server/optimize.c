@@ -431,34 +431,61 @@ void aps_optimize_checkpoint(struct aps_server *srv, struct aps_job *job, const 
 	aps_ckpt_queue_push(srv->ckpt, ck);
 }
 
+/*
+ * t's weights as pulls send them (job.h pulled): copied once for each update
+ * count, then shared by every rank's pulls, as results are. Each pull copied
+ * them before: W ranks that pulled twice without reading held 2W copies of the
+ * weights, counted nowhere. A pull during a step gets the weights before it,
+ * whole, with that update count. Returns 0 or APS_ENOMEM.
+ */
+static int pulled_weights(struct aps_job *job, struct aps_tensor *t)
+{
+	size_t per = t->round.chunk_elems;
+
+	if (t->pulled != NULL && t->pulled_updates == t->opt.updates)
+		return 0;
+	aps_tensor_forget_pulled(job, t);
+	t->pulled = calloc(t->round.n_chunks, sizeof(*t->pulled));
+	if (t->pulled == NULL)
+		return APS_ENOMEM;
+	job->overhead_bytes += t->count * sizeof(float);
+	t->pulled_updates = t->opt.updates;
+	for (uint32_t c = 0; c < t->round.n_chunks; c++) {
+		size_t off = (size_t)c * per, n = t->count - off < per ? t->count - off : per;
+		if ((t->pulled[c] = aps_sbuf_new(n * sizeof(float))) == NULL) {
+			aps_tensor_forget_pulled(job, t);
+			return APS_ENOMEM;
+		}
+		memcpy(t->pulled[c]->data, t->opt.weights + off, n * sizeof(float));
+	}
+	return 0;
+}
+
 /* WEIGHTS: the tensor's master weights in the chunks of its rounds. */
 static void send_weights(struct aps_server *srv, struct aps_session *s, struct aps_tensor *t)
 {
 	size_t per = t->round.chunk_elems;
 
-	for (size_t off = 0; off < t->count; off += per) {
-		size_t n = t->count - off < per ? t->count - off : per;
-		struct aps_sbuf *buf = aps_sbuf_new(n * sizeof(float));
+	if (pulled_weights(s->job, t) < 0) {
+		aps_outbox_error(srv, &s->peer, APS_ENOMEM, NULL, "out of memory");
+		return;
+	}
+	for (uint32_t c = 0; c < t->round.n_chunks; c++) {
+		size_t off = (size_t)c * per;
 		struct aps_msg r;
-		if (buf == NULL) {
-			aps_outbox_error(srv, &s->peer, APS_ENOMEM, NULL, "out of memory");
-			return;
-		}
-		memcpy(buf->data, t->opt.weights + off, n * sizeof(float));
 		aps_msg_init(&r, APS_MSG_WEIGHTS);
 		snprintf(r.job, sizeof(r.job), "%s", s->job->name);
 		r.rank = s->rank;
 		r.world_size = s->job->world_size;
 		r.tensor_id = t->id;
-		r.updates = t->opt.updates;
+		r.updates = t->pulled_updates;
 		r.chunk_offset = off;
-		r.chunk_count = n;
+		r.chunk_count = t->pulled[c]->len / sizeof(float);
 		r.total_count = t->count;
 		snprintf(r.format, sizeof(r.format), "fp32");
 		r.flags = s->job->no_crc ? APS_MSG_FLAG_NO_CRC : 0;
-		aps_outbox_answer(srv, s, t, &r, buf);
-		s->bytes_out += buf->len;
-		aps_sbuf_unref(buf);
+		aps_outbox_answer(srv, s, t, &r, t->pulled[c]);
+		s->bytes_out += t->pulled[c]->len;
 	}
 }
 

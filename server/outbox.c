@@ -46,10 +46,26 @@ void aps_outbox_send(struct aps_server *srv, const struct aps_peer *peer, struct
 	pack_and_send(srv, peer, m, payload, NULL, 0);
 }
 
-void aps_outbox_answer(struct aps_server *srv, struct aps_session *s, struct aps_tensor *t,
-                       struct aps_msg *m, struct aps_sbuf *payload)
+/* s's connection dropped: its client does not read t's answers (unsent of them, or
+ * of its job's). True when it was dropped before, or is now. */
+static bool drop_unread(struct aps_server *srv, struct aps_session *s, const struct aps_tensor *t,
+                        uint64_t unsent, const char *whose)
 {
-	pack_and_send(srv, &s->peer, m, payload, t->unsent, s->rank);
+	if (s->unread_conn == s->conn)
+		return true; /* dropped already: what it sent before its close is not served */
+	s->unread_conn = s->conn;
+	srv->counters.unread_dropped++;
+	if (aps_log_gate_open(&srv->unread_log, uv_now(srv->loop), 1000))
+		aps_log_warn(
+		        "server",
+		        "dropped a connection job=%s rank=%u tensor=%s unsent=%llu reason=\"%s "
+		        "answers are not read: they would pile up in apsd\"",
+		        s->job->name, s->rank, t->name, (unsigned long long)unsent, whose);
+	if (aps_zbridge_drop(srv->bridge, s->conn) < 0) /* cannot be shut: told instead */
+		aps_outbox_error(srv, &s->peer, APS_EPROTO, NULL,
+		                 "tensor '%.80s': a new call before its answers were read",
+		                 t->name);
+	return true;
 }
 
 bool aps_outbox_unread(struct aps_server *srv, struct aps_session *s, const struct aps_tensor *t,
@@ -59,21 +75,30 @@ bool aps_outbox_unread(struct aps_server *srv, struct aps_session *s, const stru
 
 	if (unsent <= allowed)
 		return false;
-	if (s->unread_conn == s->conn)
-		return true; /* dropped already: what it sent before its close is not served */
-	s->unread_conn = s->conn;
-	srv->counters.unread_dropped++;
-	if (aps_log_gate_open(&srv->unread_log, uv_now(srv->loop), 1000))
-		aps_log_warn("server",
-		             "dropped a connection job=%s rank=%u tensor=%s unsent=%u reason=\"a "
-		             "new call of a tensor whose answers it has not read: they would pile "
-		             "up in apsd\"",
-		             s->job->name, s->rank, t->name, unsent);
-	if (aps_zbridge_drop(srv->bridge, s->conn) < 0) /* cannot be shut: told instead */
-		aps_outbox_error(srv, &s->peer, APS_EPROTO, NULL,
-		                 "tensor '%.80s': a new call before its answers were read",
-		                 t->name);
-	return true;
+	return drop_unread(srv, s, t, unsent, "a new call of a tensor whose");
+}
+
+/*
+ * Whether s's answers waiting in the bridge pass what its job may have in flight
+ * (job.h answer_msgs): the tally of each tensor bounds its own, but a job that
+ * ended left its answers queued and uncounted, and a client that never read
+ * could start job after job on one connection (a stranger's 30 took apsd to
+ * 280 MiB, 2026-12-07). Its connection is then dropped, and nothing sent.
+ */
+static bool piles_up(struct aps_server *srv, struct aps_session *s, const struct aps_tensor *t)
+{
+	size_t waiting = aps_zbridge_tallied_waiting(srv->bridge, &s->peer);
+
+	if (waiting < s->job->answer_msgs && s->unread_conn != s->conn)
+		return false;
+	return drop_unread(srv, s, t, waiting, "its job's");
+}
+
+void aps_outbox_answer(struct aps_server *srv, struct aps_session *s, struct aps_tensor *t,
+                       struct aps_msg *m, struct aps_sbuf *payload)
+{
+	if (!piles_up(srv, s, t))
+		pack_and_send(srv, &s->peer, m, payload, t->unsent, s->rank);
 }
 
 static void fill_error(struct aps_msg *e, int code, const struct aps_msg *request)
@@ -198,5 +223,7 @@ void aps_outbox_scales(struct aps_server *srv, struct aps_job *job, struct aps_m
 void aps_outbox_send_packed(struct aps_server *srv, struct aps_session *s, struct aps_tensor *t,
                             const uint8_t *hdr, size_t len, struct aps_sbuf *payload)
 {
-	aps_zbridge_send_tallied(srv->bridge, &s->peer, hdr, len, payload, t->unsent, s->rank);
+	if (!piles_up(srv, s, t))
+		aps_zbridge_send_tallied(srv->bridge, &s->peer, hdr, len, payload, t->unsent,
+		                         s->rank);
 }

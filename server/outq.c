@@ -21,6 +21,13 @@ bool aps_outq_waiting(const struct aps_outq *q, const struct aps_peer *peer)
 	return q->peers > 0 && *link_of((struct aps_outq *)q, peer) != NULL;
 }
 
+size_t aps_outq_tallied(const struct aps_outq *q, const struct aps_peer *peer)
+{
+	const struct aps_outq_peer *p = q->peers > 0 ? *link_of((struct aps_outq *)q, peer) : NULL;
+
+	return p != NULL ? p->n - p->loose : 0;
+}
+
 int aps_outq_push(struct aps_outq *q, const struct aps_peer *peer, const uint8_t *hdr,
                   size_t hdr_len, struct aps_sbuf *payload, struct aps_tally *tally, uint32_t slot)
 {

@@ -9,7 +9,8 @@
  * a message counted in a tally (a tensor's answer, tally.h) is bounded where it
  * is made, one answer of each tensor to each rank, however many chunks that
  * answer has (a pull of 8000 chunks was dropped as a slow reader every time,
- * before 2026-12-07). Knows no sockets: the bridge hands it a send function.
+ * before 2026-12-07), and by its job's answers in all (outbox.c: those of a
+ * job that ended are no tensor's). Knows no sockets: the bridge hands it a send function.
  */
 #ifndef APS_SERVER_OUTQ_H
 #define APS_SERVER_OUTQ_H
@@ -58,6 +59,9 @@ typedef int (*aps_outq_send_fn)(void *ctx, const struct aps_peer *peer, const ui
 
 /* True when peer has replies waiting: a new one must wait behind them. */
 bool aps_outq_waiting(const struct aps_outq *q, const struct aps_peer *peer);
+
+/* Replies counted in a tally that wait for peer (0: none). */
+size_t aps_outq_tallied(const struct aps_outq *q, const struct aps_peer *peer);
 
 /*
  * Queues a copy of hdr and a reference to payload for peer, with tally's count

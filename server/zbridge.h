@@ -133,6 +133,9 @@ int aps_zbridge_send_tallied(struct aps_zbridge *b, const struct aps_peer *peer,
                              size_t hdr_len, struct aps_sbuf *payload, struct aps_tally *tally,
                              uint32_t slot);
 
+/* Messages counted in a tally that wait for peer behind its full pipe. */
+size_t aps_zbridge_tallied_waiting(struct aps_zbridge *b, const struct aps_peer *peer);
+
 /* A session joined on conn (admitted: no deadline), or left it (the deadline runs again). */
 void aps_zbridge_admit(struct aps_zbridge *b, uint64_t conn, bool admitted);
 

@@ -497,6 +497,11 @@ int aps_zbridge_send(struct aps_zbridge *b, const struct aps_peer *peer, const u
 	return aps_zbridge_send_tallied(b, peer, hdr, hdr_len, payload, NULL, 0);
 }
 
+size_t aps_zbridge_tallied_waiting(struct aps_zbridge *b, const struct aps_peer *peer)
+{
+	return aps_outq_tallied(&b->outq, peer);
+}
+
 void aps_zbridge_admit(struct aps_zbridge *b, uint64_t conn, bool admitted)
 {
 	aps_conns_admit(&b->conns, conn, admitted, aps__zbridge_now_ms(b));

@@ -36,6 +36,7 @@ BY_NUMBER = {num: (name, kind) for name, (num, kind) in FIELDS.items()}
 
 FLAG_RESUME = 1 << 6
 FLAG_ALIVE = 1 << 7
+FLAG_NO_CRC = 1 << 8  # a job whose payloads carry no CRC32C (1.8)
 
 # APS_E* codes (common/err.h)
 ENOMEM, ERANGE, EPROTO, ETIMEDOUT, EBUSY, ENOSESSION, EACCES = -2, -4, -7, -8, -13, -16, -17

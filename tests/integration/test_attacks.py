@@ -17,8 +17,9 @@ import zmq
 import aps
 from conftest import SANITIZED, run_workers
 from peers import (BROADCAST, BYE, EACCES, ENOSESSION, ERANGE, ERROR, ETIMEDOUT, FLAG_ALIVE,
-                   FLAG_RESUME, HEARTBEAT, PULL, PUSH, REGISTER, REGISTERED, RESULT, WELCOME,
-                   Peer, crc32c, envelope, open_fds, ready_bomb, rss_kib, settle, zmtp_frame)
+                   FLAG_NO_CRC, FLAG_RESUME, HEARTBEAT, HELLO, PULL, PUSH, REGISTER, REGISTERED,
+                   RESULT, WELCOME, Peer, crc32c, envelope, open_fds, ready_bomb, rss_kib, settle,
+                   zmtp_frame)
 from test_daemon import assert_all_ok
 
 FAST = ["--heartbeat_ms", "200", "--heartbeat_timeout_ms", "1000"]
@@ -193,6 +194,89 @@ def test_a_rank_that_never_reads_its_answers_is_cut_off(daemon_factory, pull):
         grown = rss_kib(d.proc.pid) - base
         assert grown < (64 << 10 if pull else 24 << 10), (base, grown)
     p.close()
+    a_job_still_works(d)
+
+
+@pytest.mark.parametrize("pull", [False, True])
+def test_jobs_after_jobs_on_a_connection_that_never_reads_are_cut_off(daemon_factory, pull):
+    # (found by an attack on a7cab35, 2026-12-07) A job's answers are bounded by
+    # its tensors' tallies, which end with the job: a connection that never read
+    # started job after job (HELLO, REGISTER, a step or pulls, BYE), and the
+    # answers of every ended job stayed queued for it, counted nowhere: 30 jobs
+    # of a 4 MiB tensor took apsd to 280 MiB. Now answers waiting for a rank
+    # past what its job may have in flight drop the connection.
+    d = daemon_factory(extra=["--chunk_bytes", "1k"])
+    base = rss_kib(d.proc.pid)
+    n, per = 1 << 20, 256  # 4096 chunks of 256 floats
+    data = np.ones(per, np.float32).tobytes()
+    p = Peer(d.endpoint, rid(), rcvhwm=1, rcvbuf=4096)
+    p.sock.setsockopt(zmq.SNDTIMEO, 3000)
+    for k in range(30):
+        fields = dict(job=f"atk{k}", rank=0, world_size=1, version_minor=10)
+        try:
+            p.send(type=HELLO, flags=FLAG_NO_CRC, **({"optimizer": "sgd"} if pull else {}),
+                   **fields)
+            p.send(type=REGISTER, tensor_name="w", total_count=n, format="fp32", **fields)
+            for off in range(0, n, per):
+                p.send(data, type=BROADCAST if pull else PUSH, step=0, tensor_id=0,
+                       total_count=n, chunk_offset=off, chunk_count=per, format="fp32",
+                       flags=FLAG_NO_CRC, payload_crc32c=0, **fields)
+            if pull:
+                time.sleep(0.2)
+                p.send(type=PULL, tensor_id=0, **fields)
+            time.sleep(0.3)
+            p.send(type=BYE, **fields)
+        except zmq.Again:  # apsd shut the connection: the sends block
+            break
+        if d.counter("unread_dropped") > 0:
+            break
+    assert d.counter("unread_dropped") == 1, k
+    assert k < 10, k  # a job or two, not 30
+    if not SANITIZED:
+        grown = rss_kib(d.proc.pid) - base
+        assert grown < 64 << 10, (base, grown)
+    p.close()
+    a_job_still_works(d)
+
+
+def test_pulls_share_one_copy_of_the_weights(daemon_factory):
+    # (the same attack) Each pull copied the weights for its answer: 4 ranks
+    # that pulled 8 tensors twice each without reading held 8 copies of the
+    # weights (441 MiB for a 32 MiB job, counted nowhere). Now the pulls of an
+    # update count share one copy, counted in the job's bytes. (Here 4 ranks
+    # pull once each and do not read.)
+    d = daemon_factory()
+    world, n = 4, 4 << 20  # 16 MiB of weights
+    peers = [Peer(d.endpoint, rid(), rcvhwm=1, rcvbuf=4096) for _ in range(world)]
+    fields = [dict(job="pulls", rank=r, world_size=world, version_minor=10)
+              for r in range(world)]
+    for p, f in zip(peers, fields):
+        p.send(type=HELLO, optimizer="sgd", flags=FLAG_NO_CRC, **f)
+    for p, f in zip(peers, fields):
+        assert p.recv(10000)["type"] == WELCOME
+        p.send(type=REGISTER, tensor_name="w", total_count=n, format="fp32", **f)
+        assert p.recv_type(REGISTERED, 10000) is not None
+    per = 1 << 20  # the chunks of chunk_bytes 4M
+    weights = np.ones(per, np.float32).tobytes()
+    for off in range(0, n, per):  # rank 0's weights, the others' empty parts
+        for p, f in zip(peers, fields):
+            kw = dict(type=BROADCAST, tensor_id=0, total_count=n, chunk_offset=off,
+                      chunk_count=per, format="fp32", flags=FLAG_NO_CRC, **f)
+            if f["rank"] == 0:
+                p.send(weights, payload_crc32c=0, **kw)
+            else:
+                p.send(**kw)
+    time.sleep(0.5)
+    base = rss_kib(d.proc.pid)
+    for p, f in zip(peers, fields):
+        p.send(type=PULL, tensor_id=0, **f)
+    time.sleep(1)
+    grown = rss_kib(d.proc.pid) - base
+    if not SANITIZED:  # one copy (16 MiB), not 4 (64 MiB)
+        assert grown < 40 << 10, grown
+    assert d.counter("bad_state") == 0  # the weights were in: no pull was refused
+    for p in peers:
+        p.close()
     a_job_still_works(d)
 
 
