@@ -90,10 +90,12 @@ struct aps_tensor {
 	struct aps_replay replay;    /* each chunk's last result, for ranks that reconnected */
 	struct aps_optim_tensor opt; /* optimize mode: weights and state */
 	/* Optimize mode: the weights as PULL sends them, a buffer a chunk (round.n_chunks),
-	 * made at the first pull of update count pulled_updates and shared by every
-	 * rank's pulls of it (NULL: none); counted in its job's overhead_bytes. */
+	 * made at the first pull of update count pulled_updates (pulled_stepped chunks
+	 * of the next step in) and shared by every rank's pulls of it (NULL: none);
+	 * counted in its job's overhead_bytes. */
 	struct aps_sbuf **pulled;
 	uint64_t pulled_updates;
+	uint32_t pulled_stepped;
 	struct aps_tally *unsent; /* per rank: its answers' payloads libzmq has not sent */
 	const struct aps_optim_config *optim; /* the job's, for the round's transform */
 };

@@ -431,18 +431,29 @@ void aps_optimize_checkpoint(struct aps_server *srv, struct aps_job *job, const 
 	aps_ckpt_queue_push(srv->ckpt, ck);
 }
 
+/* The chunks of t's step in progress whose update is in its weights (or is being
+ * put there, on an engine thread): 0 between steps. */
+static uint32_t stepped_chunks(const struct aps_tensor *t)
+{
+	return t->round.kind == APS_ROUND_ALLREDUCE
+	               ? t->round.chunks_finished + t->round.chunks_sealed
+	               : 0;
+}
+
 /*
  * t's weights as pulls send them (job.h pulled): copied once for each update
  * count, then shared by every rank's pulls, as results are. Each pull copied
  * them before: W ranks that pulled twice without reading held 2W copies of the
- * weights, counted nowhere. A pull during a step gets the weights before it,
- * whole, with that update count. Returns 0 or APS_ENOMEM.
+ * weights, counted nowhere. In the middle of a step the copy is made again
+ * once more chunks are stepped (a pull then gets some chunks stepped, as it
+ * did before). Returns 0 or APS_ENOMEM.
  */
 static int pulled_weights(struct aps_job *job, struct aps_tensor *t)
 {
 	size_t per = t->round.chunk_elems;
 
-	if (t->pulled != NULL && t->pulled_updates == t->opt.updates)
+	if (t->pulled != NULL && t->pulled_updates == t->opt.updates &&
+	    t->pulled_stepped == stepped_chunks(t))
 		return 0;
 	aps_tensor_forget_pulled(job, t);
 	t->pulled = calloc(t->round.n_chunks, sizeof(*t->pulled));
@@ -450,6 +461,7 @@ static int pulled_weights(struct aps_job *job, struct aps_tensor *t)
 		return APS_ENOMEM;
 	job->overhead_bytes += t->count * sizeof(float);
 	t->pulled_updates = t->opt.updates;
+	t->pulled_stepped = stepped_chunks(t);
 	for (uint32_t c = 0; c < t->round.n_chunks; c++) {
 		size_t off = (size_t)c * per, n = t->count - off < per ? t->count - off : per;
 		if ((t->pulled[c] = aps_sbuf_new(n * sizeof(float))) == NULL) {
@@ -478,7 +490,7 @@ static void send_weights(struct aps_server *srv, struct aps_session *s, struct a
 		r.rank = s->rank;
 		r.world_size = s->job->world_size;
 		r.tensor_id = t->id;
-		r.updates = t->pulled_updates;
+		r.updates = t->opt.updates;
 		r.chunk_offset = off;
 		r.chunk_count = t->pulled[c]->len / sizeof(float);
 		r.total_count = t->count;
