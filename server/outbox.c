@@ -89,7 +89,7 @@ static bool piles_up(struct aps_server *srv, struct aps_session *s, const struct
 {
 	size_t waiting = aps_zbridge_tallied_waiting(srv->bridge, &s->peer);
 
-	if (waiting < s->job->answer_msgs && s->unread_conn != s->conn)
+	if (waiting < s->job->answer_msgs)
 		return false;
 	return drop_unread(srv, s, t, waiting, "its job's");
 }
