@@ -117,13 +117,52 @@ static int add_filter(void *router, const char *net)
 	return APS_ECONN;
 }
 
+/* Bit i (0: the first) of a 16-byte address. */
+static unsigned bit_of(const uint8_t a[16], unsigned i)
+{
+	return (a[i / 8] >> (7 - i % 8)) & 1u;
+}
+
+/*
+ * An IPv6 network as filters that leave out the IPv4-mapped addresses
+ * (::ffff:0:0/96), which allow_from's IPv6 networks do not hold (netlist.h: a
+ * mapped peer is its IPv4 address): ::/0 let every IPv4 peer past accept, and
+ * the ZAP handler refused it only after its handshake was parsed. A network
+ * that holds the mapped ones is written as the 96 - prefix networks beside
+ * them within it.
+ */
+static int add_ipv6_filter(void *router, const struct aps_net *n)
+{
+	static const uint8_t mapped[16] = { [10] = 0xff, [11] = 0xff };
+	char net[INET6_ADDRSTRLEN + 8], addr[INET6_ADDRSTRLEN];
+	uint8_t side[16];
+	unsigned i;
+
+	for (i = 0; i < n->prefix && i < 96 && bit_of(n->addr, i) == bit_of(mapped, i); i++)
+		;
+	if (i < n->prefix || n->prefix > 96) { /* holds none of them */
+		aps_netlist_format(n, net, sizeof(net));
+		return add_filter(router, net);
+	}
+	for (i = n->prefix; i < 96; i++) { /* mapped's first i bits, then the other bit i */
+		memcpy(side, mapped, sizeof(side));
+		side[i / 8] ^= (uint8_t)(0x80u >> (i % 8));
+		inet_ntop(AF_INET6, side, addr, sizeof(addr));
+		snprintf(net, sizeof(net), "%s/%u", addr, i + 1);
+		if (add_filter(router, net) < 0)
+			return APS_ECONN;
+	}
+	return 0;
+}
+
 /*
  * allow_from as libzmq's accept filters, and the host's own addresses. An IPv4
  * listener sees no IPv6 peer: its IPv6 networks are not filters (libzmq takes
  * none, and apsd did not start). An IPv6 one sees an IPv4 peer as IPv4-mapped
  * (::ffff:10.1.2.3), and reads an IPv4 filter as such an address, its prefix
  * counted from the first bit (10.0.0.0/8 let in every IPv4 peer): each IPv4
- * network is written mapped, its prefix 96 bits longer.
+ * network is written mapped, its prefix 96 bits longer, and each IPv6 one
+ * without the mapped addresses (add_ipv6_filter).
  */
 static int set_accept_filters(const struct aps_netlist *nets, void *router, bool ipv6)
 {
@@ -135,7 +174,12 @@ static int set_accept_filters(const struct aps_netlist *nets, void *router, bool
 		const struct aps_net *n = &nets->nets[i];
 		if (n->family == AF_INET6 && !ipv6)
 			continue;
-		if (n->family == AF_INET && ipv6) {
+		if (n->family == AF_INET6) {
+			if (add_ipv6_filter(router, n) < 0)
+				return APS_ECONN;
+			continue;
+		}
+		if (ipv6) {
 			inet_ntop(AF_INET, n->addr, addr, sizeof(addr));
 			snprintf(net, sizeof(net), "::ffff:%s/%u", addr, 96 + n->prefix);
 		} else {

@@ -62,7 +62,7 @@ class Daemon:
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen([str(APSD), "--listen", self.endpoint, "--log_level",
                                       "debug", *extra], stdout=self.log, stderr=self.log)
-        self.wait_for_log("listening")
+        self.wait_for_log("listening endpoint=")  # not the insecure warning before the bind
 
     def wait_for_log(self, text, timeout=10):
         deadline = time.monotonic() + timeout
