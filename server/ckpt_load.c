@@ -19,8 +19,10 @@
 
 struct aps_ckpt_loader {
 	uv_loop_t *loop;
-	struct aps_ckpt_load *waiting, **tail; /* in the order they came */
+	struct aps_ckpt_load *waiting, **tail;  /* in the order they came */
+	struct aps_ckpt_load *on_pool[AT_ONCE]; /* NULL: a free place */
 	unsigned running;
+	uint64_t read_done; /* bytes read by the reads that ended */
 };
 
 struct aps_ckpt_load {
@@ -33,7 +35,6 @@ struct aps_ckpt_load {
 	struct aps_ckpt_want want;
 	uint64_t bytes;
 	_Atomic uint64_t read; /* of the file, by the pool's thread (want.progress) */
-	bool started;          /* on the pool (else waiting for its turn) */
 	aps_ckpt_loaded_cb done;
 	void *ctx;
 	int ret;
@@ -62,6 +63,9 @@ static void on_done(uv_work_t *w, int status)
 		snprintf(l->why, sizeof(l->why), "read cancelled");
 	}
 	q->running--;
+	q->read_done += atomic_load_explicit(&l->read, memory_order_relaxed);
+	for (unsigned i = 0; i < AT_ONCE; i++)
+		q->on_pool[i] = q->on_pool[i] == l ? NULL : q->on_pool[i];
 	l->done(l->ctx, l, l->job, l->bytes, l->ret, &l->ck, l->path, l->why);
 	aps_ckpt_free(&l->ck);
 	free(l);
@@ -76,8 +80,16 @@ static void start_next(struct aps_ckpt_loader *q)
 		if (q->waiting == NULL)
 			q->tail = &q->waiting;
 		q->running++;
+		for (unsigned i = 0; i < AT_ONCE; i++) {
+			if (q->on_pool[i] == NULL) {
+				q->on_pool[i] = l;
+				break;
+			}
+		}
 		if (uv_queue_work(q->loop, &l->work, on_read, on_done) < 0) {
 			q->running--;
+			for (unsigned i = 0; i < AT_ONCE; i++)
+				q->on_pool[i] = q->on_pool[i] == l ? NULL : q->on_pool[i];
 			l->ret = APS_ESYS;
 			snprintf(l->why, sizeof(l->why), "cannot queue the read");
 			l->done(l->ctx, l, l->job, l->bytes, l->ret, &l->ck, l->path, l->why);
@@ -137,4 +149,15 @@ void aps_ckpt_load_progress(const struct aps_ckpt_load *l, uint64_t *read, uint6
 
 	*bytes = l->bytes;
 	*read = got < l->bytes ? got : l->bytes;
+}
+
+uint64_t aps_ckpt_loader_read(const struct aps_ckpt_loader *q)
+{
+	uint64_t n = q->read_done;
+
+	for (unsigned i = 0; i < AT_ONCE; i++) {
+		if (q->on_pool[i] != NULL)
+			n += atomic_load_explicit(&q->on_pool[i]->read, memory_order_relaxed);
+	}
+	return n;
 }

@@ -37,6 +37,10 @@ int aps_ckpt_load_start(struct aps_ckpt_loader *q, const char *dir, const char *
  * read while it waits for its turn). On the loop thread. */
 void aps_ckpt_load_progress(const struct aps_ckpt_load *l, uint64_t *read, uint64_t *bytes);
 
+/* Bytes read by every read of q so far: it grows while the disk works, also for
+ * a read that waits for its turn (on the loop thread). */
+uint64_t aps_ckpt_loader_read(const struct aps_ckpt_loader *q);
+
 /* Reads, at most 2 at once on libuv's pool (the others wait in the order they
  * came: the pool's other threads are for snapshot copies and writes). Returns 0
  * or APS_ENOMEM. */

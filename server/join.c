@@ -451,17 +451,19 @@ void aps_handle_hello(struct aps_server *srv, struct aps_session *s, const struc
 
 /*
  * How far job's checkpoint read is, to s (NULL: each of its ranks connected): a
- * HEARTBEAT flagged ALIVE whose total_count is the file's KiB and chunk_offset
- * those read (0 while the read waits for its turn). A client of 1.11 takes it
- * as progress: its join's timeout_ms counts from the last. Older clients let
- * it pass while they wait for their WELCOME.
+ * HEARTBEAT flagged ALIVE whose total_count is the file's KiB, chunk_offset
+ * those read (0 while the read waits for its turn) and step the KiB of every
+ * read apsd ran (they grow while the reads ahead of it go on). A client of
+ * 1.11 takes either growing as progress. Older clients let it pass while they
+ * wait for their WELCOME.
  */
 static void tell_loading(struct aps_server *srv, struct aps_job *job, struct aps_session *s)
 {
-	uint64_t read = 0, bytes = 0;
+	uint64_t read = 0, bytes = 0, all;
 	struct aps_msg m;
 
 	aps_ckpt_load_progress(job->loading, &read, &bytes);
+	all = aps_ckpt_loader_read(srv->loader);
 	for (uint32_t r = s != NULL ? s->rank : 0; r < job->world_size; r++) {
 		struct aps_session *to = job->ranks[r];
 		if (to != NULL && to->detached_ms == 0) {
@@ -469,6 +471,7 @@ static void tell_loading(struct aps_server *srv, struct aps_job *job, struct aps
 			m.flags = APS_MSG_FLAG_ALIVE;
 			m.total_count = (bytes + 1023) / 1024;
 			m.chunk_offset = read / 1024;
+			m.step = all / 1024;
 			aps_outbox_send(srv, &to->peer, &m, NULL);
 		}
 		if (s != NULL)

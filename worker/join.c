@@ -17,6 +17,9 @@
 #include <time.h>
 
 #define JOIN_CLOSES_MAX 8 /* closes without an answer before joining gives up */
+/* apsd tells how far a checkpoint read is every 250 ms: a join waits at least this
+ * long for the read to go on, whatever its timeout_ms. */
+#define LOADING_WAIT_MIN_MS 1000
 
 /* Joining: what await_welcome waits for. */
 struct join {
@@ -30,6 +33,7 @@ struct join {
 	int64_t loading_said; /* when the log last said how far apsd reads the checkpoint */
 	int64_t loading_read; /* KiB of it apsd said it had read (-1: it said nothing) */
 	uint64_t loading_kib; /* of the file */
+	uint64_t loading_all; /* KiB apsd said its reads of every job's had read */
 };
 
 static void arm_connect(const struct aps_client *c, struct join *j)
@@ -160,11 +164,12 @@ static int join_timed_out(struct aps_client *c, const struct join *j)
 	if (j->loading_read >= 0)
 		return aps_api_fail(APS_ETIMEDOUT,
 		                    "joining the job: apsd at %.120s reads the checkpoint of job "
-		                    "'%s' (%.1f of %.1f MiB read), and the read did not go on "
-		                    "within timeout_ms = %d (a slow or stalled disk, or other "
-		                    "jobs' reads ahead of it: apsd runs 2 at once)",
+		                    "'%s' (%.1f of %.1f MiB read), and neither it nor the reads "
+		                    "ahead of it went on within timeout_ms = %d (%d at least): a "
+		                    "slow or stalled disk?",
 		                    c->endpoint, c->job, (double)j->loading_read / 1024.0,
-		                    (double)j->loading_kib / 1024.0, c->timeout_ms);
+		                    (double)j->loading_kib / 1024.0, c->timeout_ms,
+		                    LOADING_WAIT_MIN_MS);
 	return aps_api_fail(APS_ETIMEDOUT,
 	                    "joining the job: apsd at %.120s took the connection but did not "
 	                    "answer within timeout_ms = %d (is it stopped or overloaded, or is "
@@ -197,20 +202,23 @@ static int held_name(struct aps_client *c, struct join *j, const struct aps_msg 
 
 /*
  * apsd reads the job's checkpoint before its WELCOME (protocol 1.11), and says
- * how far: total_count KiB, chunk_offset of them read. A read that goes on is
- * progress: the join's timeout_ms counts from its last step, so a checkpoint
- * that takes longer to read than timeout_ms is waited for while it is read, and
- * one that stalls (or a daemon that says the same forever) is not. The log says
- * how far every 10 s.
+ * how far: total_count KiB, chunk_offset of them read, step the KiB that every
+ * read of apsd's has read (those ahead of this one, while it waits its turn).
+ * Reads that go on are progress: the join's timeout_ms (LOADING_WAIT_MIN_MS at
+ * least) counts from the last, so a checkpoint that takes longer to read than
+ * timeout_ms is waited for while it is read, and one that stalls (or a daemon
+ * that says the same forever) is not. The log says how far every 10 s.
  */
 static int reading_checkpoint(struct aps_client *c, struct join *j, const struct aps_msg *m)
 {
 	int64_t now = aps_client_now_ms();
+	int wait = c->timeout_ms > LOADING_WAIT_MIN_MS ? c->timeout_ms : LOADING_WAIT_MIN_MS;
 
-	if ((int64_t)m->chunk_offset > j->loading_read)
-		j->deadline = now + c->timeout_ms;
+	if ((int64_t)m->chunk_offset > j->loading_read || m->step > j->loading_all)
+		j->deadline = now + wait;
 	j->loading_read = (int64_t)m->chunk_offset;
 	j->loading_kib = m->total_count;
+	j->loading_all = m->step > j->loading_all ? m->step : j->loading_all;
 	if (m->total_count == 0 || (j->loading_said != 0 && now - j->loading_said < 10000))
 		return 0;
 	j->loading_said = now;

@@ -36,7 +36,7 @@ class RogueDaemon:
         self.answer = honest
         self.ask_again = 0  # AGAINs for the first chunk before each step's results
         self.pushes = []    # the chunk offset of every PUSH read
-        self.reading = ()   # KiB read said to a HELLO, one every 150 ms, before the WELCOME
+        self.reading = ()   # how far a read is, said to a HELLO every 150 ms, before the WELCOME
         self.welcome = True
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.run, daemon=True)
@@ -61,9 +61,10 @@ class RogueDaemon:
             m = decode(frames[0])
             ident = {k: m[k] for k in ("job", "rank", "world_size") if k in m}
             if m["type"] == HELLO:
-                for kib in self.reading:
+                for kib in self.reading:  # KiB read, or (of this file, of every read)
+                    read, every = kib if isinstance(kib, tuple) else (kib, 0)
                     self.send(peer, type=HEARTBEAT, flags=FLAG_ALIVE, total_count=4096,
-                              chunk_offset=kib, version_minor=11, **ident)
+                              chunk_offset=read, step=every, version_minor=11, **ident)
                     time.sleep(0.15)
                 if self.welcome:
                     self.send(peer, type=WELCOME, keepalive_ms=60000,
@@ -199,13 +200,26 @@ def test_a_checkpoint_read_longer_than_timeout_ms_is_waited_for(rogue, caplog):
             "4.0 MiB read") in caplog.text
 
 
+def test_a_checkpoint_read_that_waits_its_turn_is_waited_for(rogue):
+    # (found by helper-34) 2 reads run at once: a third job's read said 0 KiB
+    # read until its turn came, and its clients of timeout_ms 600 failed while
+    # the reads ahead of it went on. Now the KiB of every read count too.
+    rogue.reading = [(0, every) for every in range(0, 40960, 4096)] + [2048, 4096]
+    t0 = time.monotonic()
+    aps.Client(rogue.endpoint, 0, 1, format="e4m3", job="rogue", timeout_ms=500).close()
+    assert time.monotonic() - t0 > 1.6
+
+
 def test_a_checkpoint_read_that_stalls_fails_the_join_within_timeout_ms(rogue):
-    # a disk that hangs, or a daemon that says the same forever: 4 s of it
+    # a disk that hangs, or a daemon that says the same forever: 4 s of it.
+    # A join waits 1 s at least (apsd says how far every 250 ms: a timeout_ms of
+    # 200 failed a read that went on)
     rogue.reading, rogue.welcome = [0, 256] + [512] * 25, False
     t0 = time.monotonic()
     with pytest.raises(aps.Error, match=r"reads the checkpoint of job 'rogue' \(0.5 of 4.0 MiB "
-                       r"read\), and the read did not go on within timeout_ms = 500") as e:
-        aps.Client(rogue.endpoint, 0, 1, format="e4m3", job="rogue", timeout_ms=500)
+                       r"read\), and neither it nor the reads ahead of it went on within "
+                       r"timeout_ms = 200 \(1000 at least\)") as e:
+        aps.Client(rogue.endpoint, 0, 1, format="e4m3", job="rogue", timeout_ms=200)
     took = time.monotonic() - t0
     assert e.value.name == "APS_ETIMEDOUT"
-    assert 0.75 < took < 1.5, took  # 500 ms after the last KiB that came, at 300 ms
+    assert 1.2 < took < 2.0, took  # 1000 ms after the last KiB that came, at 300 ms
