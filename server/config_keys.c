@@ -329,6 +329,33 @@ static int parse_string(const char *text, char *field, char *reason)
 	return 0;
 }
 
+/* A tcp:// address: HOST:PORT, [IPV6]:PORT; PORT digits or * (any free one). */
+static int check_tcp_address(const char *addr, char *reason)
+{
+	const char *close = addr[0] == '[' ? strchr(addr, ']') : NULL;
+	const char *colon = strrchr(addr, ':');
+	const char *port = colon != NULL ? colon + 1 : NULL;
+
+	if (addr[0] == '[' && (close == NULL || close[1] != ':')) {
+		snprintf(reason, REASON_MAX,
+		         "an IPv6 address in brackets needs ]:PORT after it "
+		         "(tcp://[::1]:5555)");
+		return APS_ECONFIG;
+	}
+	if (addr[0] != '[' && colon != NULL && strchr(addr, ':') != colon) {
+		snprintf(reason, REASON_MAX, "an IPv6 address goes in brackets (tcp://[::1]:5555)");
+		return APS_ECONFIG;
+	}
+	if (port == NULL || port[0] == '\0' ||
+	    (strcmp(port, "*") != 0 && (strspn(port, "0123456789") != strlen(port) ||
+	                                strlen(port) > 5 || atoi(port) > 65535))) {
+		snprintf(reason, REASON_MAX,
+		         "needs HOST:PORT, PORT 0 to 65535 or * (tcp://HOST:5555)");
+		return APS_ECONFIG;
+	}
+	return 0;
+}
+
 static int parse_endpoint(const char *text, char *field, char *reason)
 {
 	static const char *const schemes[] = { "tcp://", "ipc://", "inproc://" };
@@ -346,6 +373,8 @@ static int parse_endpoint(const char *text, char *field, char *reason)
 			snprintf(reason, REASON_MAX, "no address after %s", schemes[i]);
 			return APS_ECONFIG;
 		}
+		if (i == 0 && check_tcp_address(text + n, reason) < 0)
+			return APS_ECONFIG;
 		strcpy(field, text);
 		return 0;
 	}

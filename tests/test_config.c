@@ -220,6 +220,18 @@ static void test_config_file_errors(void **state)
 		{ "listen = http://x", "1: listen = 'http://x': must start with tcp://, ipc:// or "
 		                       "inproc://" },
 		{ "listen = tcp://", "1: listen = 'tcp://': no address after tcp://" },
+		/* before: apsd started and failed to bind ("No such device") */
+		{ "listen = tcp://::1:5555",
+		  "1: listen = 'tcp://::1:5555': an IPv6 address goes in "
+		  "brackets (tcp://[::1]:5555)" },
+		{ "listen = tcp://[::1:5555", "1: listen = 'tcp://[::1:5555': an IPv6 address in "
+		                              "brackets needs ]:PORT after it (tcp://[::1]:5555)" },
+		{ "listen = tcp://127.0.0.1",
+		  "1: listen = 'tcp://127.0.0.1': needs HOST:PORT, PORT 0 "
+		  "to 65535 or * (tcp://HOST:5555)" },
+		{ "listen = tcp://127.0.0.1:70000",
+		  "1: listen = 'tcp://127.0.0.1:70000': needs "
+		  "HOST:PORT, PORT 0 to 65535 or * (tcp://HOST:5555)" },
 		{ "max_message_bytes = 1T", "1: max_message_bytes = '1T': not a size (a number "
 		                            "with an optional k, M or G suffix)" },
 		{ "max_message_bytes = 1.5G", "1: max_message_bytes = '1.5G': not a size (a number "
