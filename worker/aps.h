@@ -276,7 +276,9 @@ size_t aps_client_opts_size(void);
  * trace file cannot be written), APS_ECONN (no connection could be
  * made within connect_timeout_ms, or timeout_ms if that is shorter: the message says whether it was
  * refused or nothing answered; or apsd closed it again and again), APS_ETIMEDOUT (apsd took the
- * connection but did not answer within timeout_ms), APS_EBUSY (the rank is held by a live session),
+ * connection but did not answer within timeout_ms; while apsd reads the job's checkpoint, protocol
+ * 1.11, the wait lasts as long as the read goes on, and fails when it stalls for timeout_ms, 1 s
+ * at least), APS_EBUSY (the rank is held by a live session),
  * APS_EMISMATCH (the job's world size or options differ) or APS_EACCES (the job token differs, or
  * apsd refused this client's CURVE key: "authentication failed").
  */
