@@ -241,7 +241,8 @@ static int start(struct daemon *d, uv_loop_t *loop)
 	}
 	if (d->cfg.stats[0] != '\0')
 		snprintf(d->stats_path, sizeof(d->stats_path), "%s", d->cfg.stats);
-	else if (aps_stats_default_path(d->cfg.listen, d->stats_path, sizeof(d->stats_path)) < 0)
+	else if (aps_stats_default_path(aps_server_endpoint(d->srv), d->stats_path,
+	                                sizeof(d->stats_path)) < 0) /* its port, not a 0 */
 		path = "";
 	ret = path[0] ? aps_stats_open(&d->stats, loop, path, d->srv) : APS_ERANGE;
 	if (ret < 0)
@@ -298,8 +299,8 @@ int main(int argc, char **argv)
 		               (uint64_t)watchdog_ms);
 	notify_check(&d, aps_notify_ready(&d.notify), "READY");
 	notify_status(&d);
-	aps_log_info("apsd", "listening endpoint=%s stats=%s version=%s %s", d.cfg.listen,
-	             d.stats_path, APS_VERSION, d.summary);
+	aps_log_info("apsd", "listening endpoint=%s stats=%s version=%s %s",
+	             aps_server_endpoint(d.srv), d.stats_path, APS_VERSION, d.summary);
 	uv_run(loop, UV_RUN_DEFAULT);
 	aps_server_log_counters(d.srv);
 	aps_server_free(d.srv);

@@ -400,6 +400,11 @@ void aps_server_stop(struct aps_server *srv)
 	aps_engine_close(srv->engine);
 }
 
+const char *aps_server_endpoint(const struct aps_server *srv)
+{
+	return aps_zbridge_endpoint(srv->bridge);
+}
+
 void aps_server_free(struct aps_server *srv)
 {
 	if (srv == NULL)

@@ -99,6 +99,9 @@ int aps_server_new(struct aps_server **out, uv_loop_t *loop, const struct aps_se
 void aps_server_stop(struct aps_server *srv);
 
 /* Frees a stopped server. */
+/* The endpoint it listens on, as bound (tcp://127.0.0.1:0 made tcp://127.0.0.1:41234). */
+const char *aps_server_endpoint(const struct aps_server *srv);
+
 void aps_server_free(struct aps_server *srv);
 
 const struct aps_server_counters *aps_server_counters(const struct aps_server *srv);

@@ -147,4 +147,7 @@ int aps_zbridge_drop(struct aps_zbridge *b, uint64_t conn);
 
 const struct aps_zbridge_counters *aps_zbridge_counters(struct aps_zbridge *b);
 
+/* The endpoint the router is bound to, as libzmq says (a port 0 or * made real). */
+const char *aps_zbridge_endpoint(const struct aps_zbridge *b);
+
 #endif

@@ -42,6 +42,11 @@ uint64_t aps__zbridge_now_ms(const struct aps_zbridge *b)
 	return uv_now(b->loop) > 0 ? uv_now(b->loop) : 1;
 }
 
+const char *aps_zbridge_endpoint(const struct aps_zbridge *b)
+{
+	return b->endpoint;
+}
+
 const struct aps_zbridge_counters *aps_zbridge_counters(struct aps_zbridge *b)
 {
 	const struct aps_conns_counters *c = &b->conns.cnt;

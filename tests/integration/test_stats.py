@@ -8,8 +8,10 @@ import socket
 import subprocess
 import time
 
+import numpy as np
 import pytest
 
+import aps
 from conftest import APSD, BUILD, SANITIZED, ask, start_worker
 
 APSCTL = BUILD / "worker" / "apsctl"
@@ -460,3 +462,20 @@ def test_the_tensors_listing_escapes_names_and_costs_the_loop_little(daemon_fact
     if not SANITIZED:
         assert each < 0.040, each
     p.close()
+
+
+def test_daemons_on_port_0_say_their_port_and_keep_their_own_stats(daemon_factory):
+    # Before: the log said "listening endpoint=tcp://127.0.0.1:0", and the stats
+    # socket was named after port 0 (/tmp/apsd-UID-0.sock): a second daemon on
+    # port 0 found the first one's answering there and would not start.
+    daemons = [daemon_factory(endpoint="tcp://127.0.0.1:0") for _ in range(2)]
+    bound = []
+    for d in daemons:
+        log = d.log_path.read_text()
+        bound.append(re.search(r"listening endpoint=(tcp://127\.0\.0\.1:(\d+))", log).group(1))
+        assert not bound[-1].endswith(":0"), bound
+    assert bound[0] != bound[1] and daemons[0].stats_path() != daemons[1].stats_path()
+    for d, endpoint in zip(daemons, bound):
+        with aps.Client(endpoint, 0, 1, format="fp32", timeout_ms=10000) as c:
+            c.allreduce("x", np.ones(3, np.float32))
+        assert d.ask("stats")["counters"]["rounds"] == 1
