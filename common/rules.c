@@ -65,7 +65,7 @@ static int check_one(const char *glob, const char *fmt, void *arg)
 	}
 	if (aps_format_parse(fmt, &f) < 0) {
 		snprintf(c->why, c->len, "rule '%s=%s': '%s' is not a format", glob, fmt, fmt);
-		return APS_ECONFIG;
+		return APS_EFORMAT;
 	}
 	return 0;
 }

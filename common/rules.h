@@ -13,7 +13,8 @@
 
 #define APS_RULES_MAX 512
 
-/* Checks the syntax and the formats; returns 0, or APS_ECONFIG with the reason in why. */
+/* Checks the syntax and the formats; returns 0, or with the reason in why
+ * APS_EFORMAT (a format unknown) or APS_ECONFIG (anything else). */
 int aps_rules_check(const char *rules, char *why, size_t why_len);
 
 /* The format of the first rule whose glob matches name; false when none does. */

@@ -46,7 +46,7 @@ static void test_policy_rules_pin_by_name(void **state)
 	for (uint64_t s = 0; s < 10; s++)
 		assert_false(aps_policy_observe(&cfg, &p, s, 0.9, 0.9));
 	assert_int_equal(aps_policy_check_rules("*.bias", why, sizeof(why)), APS_ECONFIG);
-	assert_int_equal(aps_policy_check_rules("a=e9m9", why, sizeof(why)), APS_ECONFIG);
+	assert_int_equal(aps_policy_check_rules("a=e9m9", why, sizeof(why)), APS_EFORMAT);
 	assert_non_null(strstr(why, "'e9m9' is not a format"));
 	/* an empty rule was skipped: --rules ",,," ran with none, and libaps refuses it */
 	assert_int_equal(aps_policy_check_rules(",,,", why, sizeof(why)), APS_ECONFIG);

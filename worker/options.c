@@ -102,45 +102,16 @@ static int check_endpoints(const char *list)
 	return ret;
 }
 
-/* s without its leading and trailing spaces, in place. */
-static char *trim(char *s)
-{
-	size_t n;
-
-	s += strspn(s, " ");
-	for (n = strlen(s); n > 0 && s[n - 1] == ' '; n--)
-		s[n - 1] = '\0';
-	return s;
-}
-
-/* GLOB=FORMAT items separated by commas, none empty; an unknown format is APS_EFORMAT.
- * NULL or "" is no rules, as apsd's `rules =`. */
+/* GLOB=FORMAT items separated by commas, none empty (common/rules.h); an unknown
+ * format is APS_EFORMAT. NULL or "" is no rules, as apsd's `rules =`. */
 static int check_rules(const char *rules)
 {
-	char copy[APS_RULES_MAX], why[160];
-	struct aps_format f;
+	char why[160];
+	int ret = aps_rules_check(rules, why, sizeof(why));
 
-	if (rules == NULL || rules[0] == '\0')
+	if (ret == 0)
 		return 0;
-	if (strlen(rules) >= sizeof(copy))
-		return aps_api_fail(APS_EINVAL, "rules are longer than %d bytes",
-		                    APS_RULES_MAX - 1);
-	snprintf(copy, sizeof(copy), "%s", rules);
-	for (char *item = copy, *next; item != NULL; item = next) {
-		char *eq, *fmt;
-		next = strchr(item, ',');
-		if (next != NULL)
-			*next++ = '\0';
-		if (trim(item)[0] == '\0')
-			return aps_api_fail(APS_EINVAL, "rules '%.200s' hold an empty rule", rules);
-		eq = strchr(item, '=');
-		fmt = eq != NULL ? trim(eq + 1) : "";
-		if (fmt[0] != '\0' && aps_format_parse(fmt, &f) < 0)
-			return aps_api_fail(APS_EFORMAT, "rules: '%.32s' is not a format", fmt);
-	}
-	if (aps_rules_check(rules, why, sizeof(why)) < 0)
-		return aps_api_fail(APS_EINVAL, "rules: %s", why);
-	return 0;
+	return aps_api_fail(ret == APS_EFORMAT ? APS_EFORMAT : APS_EINVAL, "rules: %s", why);
 }
 
 static int check_formats(const struct aps_client_opts *o, struct aps_format *fmt,
