@@ -459,23 +459,21 @@ void aps_handle_hello(struct aps_server *srv, struct aps_session *s, const struc
  */
 static void tell_loading(struct aps_server *srv, struct aps_job *job, struct aps_session *s)
 {
-	uint64_t read = 0, bytes = 0, all;
+	uint64_t read = 0, bytes = 0, all = aps_ckpt_loader_read(srv->loader);
+	uint32_t from = s != NULL ? s->rank : 0, to = s != NULL ? s->rank + 1 : job->world_size;
 	struct aps_msg m;
 
 	aps_ckpt_load_progress(job->loading, &read, &bytes);
-	all = aps_ckpt_loader_read(srv->loader);
-	for (uint32_t r = s != NULL ? s->rank : 0; r < job->world_size; r++) {
-		struct aps_session *to = job->ranks[r];
-		if (to != NULL && to->detached_ms == 0) {
-			aps_outbox_init(&m, APS_MSG_HEARTBEAT, job, r);
-			m.flags = APS_MSG_FLAG_ALIVE;
-			m.total_count = (bytes + 1023) / 1024;
-			m.chunk_offset = read / 1024;
-			m.step = all / 1024;
-			aps_outbox_send(srv, &to->peer, &m, NULL);
-		}
-		if (s != NULL)
-			break;
+	for (uint32_t r = from; r < to; r++) {
+		struct aps_session *rank = job->ranks[r];
+		if (rank == NULL || rank->detached_ms != 0)
+			continue;
+		aps_outbox_init(&m, APS_MSG_HEARTBEAT, job, r);
+		m.flags = APS_MSG_FLAG_ALIVE;
+		m.total_count = (bytes + 1023) / 1024;
+		m.chunk_offset = read / 1024;
+		m.step = all / 1024;
+		aps_outbox_send(srv, &rank->peer, &m, NULL);
 	}
 }
 
