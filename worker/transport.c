@@ -592,6 +592,10 @@ int aps_transport_recv(struct aps_transport *t, int timeout_ms, struct aps_rxmsg
 			return 0;
 		if (zmq_poll(items, 2, timeout_ms) < 0 && errno != EINTR)
 			return APS_ECONN;
+		/* zmq_poll took the monitor's ZMQ_FD signal: its events are read now, or
+		 * a loss that came with the message returned next (a WELCOME, then the
+		 * connection reset) would wait unseen by the I/O thread's poll. */
+		t->held |= read_events(t);
 		timeout_ms = (int)(deadline_ms - monotonic_ms());
 		if (timeout_ms < 0)
 			timeout_ms = 0; /* a last look */

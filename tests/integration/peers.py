@@ -214,11 +214,30 @@ def settle(measure, target, timeout=10.0, slack=0):
     return value
 
 
+# ZMTP 3.0's greeting of a peer of the NULL mechanism, not the server of it
+NULL_GREETING = b"\xff" + bytes(8) + b"\x7f\x03\x00" + b"NULL".ljust(20, b"\x00") + bytes(32)
+
+
 def zmtp_frame(body, more=False, command=False):
     flags = (1 if more else 0) | (4 if command else 0)
     if len(body) > 255:
         return bytes([flags | 2]) + struct.pack(">Q", len(body)) + body
     return bytes([flags, len(body)]) + body
+
+
+def zmtp_read_frame(s):
+    """(flags, body) of the next ZMTP frame on the socket s; EOFError when it closed."""
+    def exact(n):
+        got = b""
+        while len(got) < n:
+            more = s.recv(n - len(got))
+            if not more:
+                raise EOFError
+            got += more
+        return got
+    flags = exact(1)[0]
+    n = struct.unpack(">Q", exact(8))[0] if flags & 2 else exact(1)[0]
+    return flags, exact(n)
 
 
 def ready_bomb(endpoint, source, hello=True):
@@ -230,7 +249,7 @@ def ready_bomb(endpoint, source, hello=True):
     s = socket.create_connection((host, int(port)), timeout=10, source_address=(source, 0))
     began, got, closed = time.monotonic(), b"", False
     try:  # (closed at accept, or cut off while it is sent) the daemon's READY, a HELLO
-        s.sendall(b"\xff" + bytes(8) + b"\x7f\x03\x00" + b"NULL".ljust(20, b"\x00") + bytes(32))
+        s.sendall(NULL_GREETING)
         closed = len(s.recv(64, socket.MSG_WAITALL)) < 64
         if not closed:
             s.sendall(zmtp_frame(ready, command=True))

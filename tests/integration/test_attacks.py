@@ -17,9 +17,9 @@ import zmq
 import aps
 from conftest import SANITIZED, run_workers
 from peers import (BROADCAST, BYE, EACCES, ENOSESSION, ERANGE, ERROR, ETIMEDOUT, FLAG_ALIVE,
-                   FLAG_NO_CRC, FLAG_RESUME, HEARTBEAT, HELLO, PULL, PUSH, REGISTER, REGISTERED,
-                   RESULT, WELCOME, Peer, crc32c, envelope, open_fds, ready_bomb, rss_kib, settle,
-                   zmtp_frame)
+                   FLAG_NO_CRC, FLAG_RESUME, HEARTBEAT, HELLO, NULL_GREETING, PULL, PUSH, REGISTER,
+                   REGISTERED, RESULT, WELCOME, Peer, crc32c, envelope, open_fds, ready_bomb,
+                   rss_kib, settle, zmtp_frame)
 from test_daemon import assert_all_ok
 
 FAST = ["--heartbeat_ms", "200", "--heartbeat_timeout_ms", "1000"]
@@ -475,8 +475,7 @@ def raw_zmtp(endpoint, source=None, timeout=10):
     s = socket.create_connection((host, int(port)), timeout=timeout,
                                  source_address=(source, 0) if source else None)
     ready = b"\x05READY\x0bSocket-Type" + struct.pack(">I", 6) + b"DEALER"
-    s.sendall(b"\xff" + bytes(8) + b"\x7f\x03\x00" + b"NULL".ljust(20, b"\x00") + bytes(32)
-              + bytes([0x04, len(ready)]) + ready)
+    s.sendall(NULL_GREETING + bytes([0x04, len(ready)]) + ready)
     got = b""
     while b"READY" not in got:
         got += s.recv(4096)
