@@ -959,7 +959,7 @@ def test_memory_of_a_finished_job_goes_back(daemon_factory):
             waiting.send(type=HEARTBEAT, job=job, rank=0, world_size=2, flags=FLAG_ALIVE)
             time.sleep(0.1)
         peak = rss_kib(pid)
-        assert peak > base + 60_000, (base, peak)  # the round did hold its memory
+        assert peak >= base + 60_000, (base, peak)  # the round did hold its memory
         waiting.send(type=BYE, job=job, rank=0, world_size=2)
         waiting.close()
         with pytest.raises(aps.Error):
