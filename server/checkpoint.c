@@ -1,17 +1,19 @@
 /*
  * Checkpoint file I/O. A file is, little-endian:
- *   "APSCKPT2", u64 file length, u64 step, string job, string optimizer,
+ *   "APSCKPT3", u64 file length, u64 step, string job, string optimizer,
  *   u8 owner set, 16 bytes salt, 32 bytes BLAKE2b digest of the job token,
- *   u32 CRC32C of the header so far (the owner is read, and trusted, before
- *   the rest), u32 tensors, then per tensor: string name, u64 count, u64 updates,
+ *   string writer, u32 CRC32C of the header so far (the owner and the writer
+ *   are read, and trusted, before the rest), u32 tensors, then per tensor:
+ *   string name, u64 count, u64 updates,
  *   u64 state_t, u32 arrays, arrays * count fp32 values;
  *   and last a u32 CRC32C of every byte before it.
  * (a string is a u32 length and its bytes). A file whose length, CRC or
  * structure is wrong is refused as a whole: a torn write (the daemon killed
  * mid-write before the rename, or a disk that lost the tail) never yields
- * half-old weights. "APSCKPT1" files (before 2026-12-07) have no owner:
- * they are read as a job without a token's. This module never touches the
- * daemon's state.
+ * half-old weights. "APSCKPT2" files have no writer ("": ckpt_room.c counts
+ * them as one writer's); "APSCKPT1" files (before 2026-12-07) have no owner
+ * either: they are read as a job without a token's. This module never touches
+ * the daemon's state.
  */
 #include "server/checkpoint.h"
 
@@ -32,7 +34,8 @@
 #include <unistd.h>
 
 #define MAGIC_LEN 8
-static const char magic[MAGIC_LEN] = { 'A', 'P', 'S', 'C', 'K', 'P', 'T', '2' };
+static const char magic[MAGIC_LEN] = { 'A', 'P', 'S', 'C', 'K', 'P', 'T', '3' };
+static const char magic_v2[MAGIC_LEN] = { 'A', 'P', 'S', 'C', 'K', 'P', 'T', '2' };
 static const char magic_v1[MAGIC_LEN] = { 'A', 'P', 'S', 'C', 'K', 'P', 'T', '1' };
 #define OWNER_LEN (1 + APS_CKPT_SALT_BYTES + APS_CKPT_DIGEST_BYTES)
 
@@ -160,7 +163,7 @@ static void put_str(struct out *o, const char *s)
 uint64_t aps_ckpt_size(const struct aps_ckpt *ck)
 {
 	uint64_t n = sizeof(magic) + 8 + 8 + 4 + strlen(ck->job) + 4 + strlen(ck->optimizer) +
-	             OWNER_LEN + 4 + 4;
+	             OWNER_LEN + 4 + strlen(ck->writer) + 4 + 4;
 
 	for (uint32_t i = 0; i < ck->n_tensors; i++) {
 		const struct aps_ckpt_tensor *t = &ck->tensors[i];
@@ -179,6 +182,7 @@ static void put_all(struct out *o, const struct aps_ckpt *ck)
 	put(o, &(uint8_t){ ck->owner.set }, 1);
 	put(o, ck->owner.salt, sizeof(ck->owner.salt));
 	put(o, ck->owner.digest, sizeof(ck->owner.digest));
+	put_str(o, ck->writer);
 	put_u32(o, o->crc); /* the header's */
 	put_u32(o, ck->n_tensors);
 	for (uint32_t i = 0; i < ck->n_tensors; i++) {
@@ -326,41 +330,6 @@ static void prune(const char *dir, const char *job, unsigned keep)
 	}
 	free(steps);
 	remove_torn(dir, job);
-}
-
-static bool ends_with(const char *s, const char *tail)
-{
-	size_t n = strlen(s), t = strlen(tail);
-
-	return n >= t && strcmp(s + n - t, tail) == 0;
-}
-
-int aps_ckpt_room(const char *dir, uint64_t need, uint64_t max_bytes, char *why, size_t why_len)
-{
-	uint64_t used = 0;
-	struct dirent *e;
-	struct stat st;
-	DIR *d;
-
-	if (max_bytes == 0)
-		return 0;
-	if ((d = opendir(dir)) == NULL)
-		return sys_fail(why, why_len, "cannot list", dir, errno);
-	while ((e = readdir(d)) != NULL) {
-		if ((ends_with(e->d_name, ".ckpt") || ends_with(e->d_name, ".ckpt.tmp")) &&
-		    fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
-		    S_ISREG(st.st_mode))
-			used += (uint64_t)st.st_size;
-	}
-	closedir(d);
-	if (used + need <= max_bytes)
-		return 0;
-	snprintf(why, why_len,
-	         "checkpoint_max_bytes is %llu: %.200s holds %llu bytes of checkpoints, this one "
-	         "needs %llu more",
-	         (unsigned long long)max_bytes, dir, (unsigned long long)used,
-	         (unsigned long long)need);
-	return APS_ESYS;
 }
 
 int aps_ckpt_write(const char *dir, const struct aps_ckpt *ck, unsigned keep, char *why,
@@ -545,13 +514,14 @@ static int get_tensor(struct in *in, struct aps_ckpt_tensor *t)
 	return 0;
 }
 
-/* The header, up to the tensors: magic, length, step, job, optimizer, owner. */
+/* The header, up to the tensors: magic, length, step, job, optimizer, owner, writer. */
 static void get_head(struct in *in, struct aps_ckpt *ck, uint64_t *len)
 {
 	const uint8_t *m = take(in, MAGIC_LEN), *o;
 	bool v1 = m != NULL && memcmp(m, magic_v1, MAGIC_LEN) == 0;
+	bool v2 = m != NULL && memcmp(m, magic_v2, MAGIC_LEN) == 0;
 
-	if (m == NULL || (!v1 && memcmp(m, magic, MAGIC_LEN) != 0)) {
+	if (m == NULL || (!v1 && !v2 && memcmp(m, magic, MAGIC_LEN) != 0)) {
 		in->bad = true;
 		return;
 	}
@@ -560,21 +530,25 @@ static void get_head(struct in *in, struct aps_ckpt *ck, uint64_t *len)
 	get_str(in, ck->job, sizeof(ck->job));
 	get_str(in, ck->optimizer, sizeof(ck->optimizer));
 	memset(&ck->owner, 0, sizeof(ck->owner));
+	ck->writer[0] = '\0';
 	if (v1 || (o = take(in, OWNER_LEN)) == NULL)
 		return;
 	ck->owner.set = o[0] != 0;
 	memcpy(ck->owner.salt, o + 1, sizeof(ck->owner.salt));
 	memcpy(ck->owner.digest, o + 1 + sizeof(ck->owner.salt), sizeof(ck->owner.digest));
+	if (!v2)
+		get_str(in, ck->writer, sizeof(ck->writer));
 	if (aps_crc32c(0, m, (size_t)(in->p - m)) != get_u32(in))
 		in->bad = true;
 }
 
 /* The longest header get_head reads. */
-#define HEAD_MAX (MAGIC_LEN + 8 + 8 + 4 + APS_MSG_JOB_MAX + 4 + APS_OPTIM_SPEC_MAX + OWNER_LEN + 4)
+#define HEAD_MAX                                                                            \
+	(MAGIC_LEN + 8 + 8 + 4 + APS_MSG_JOB_MAX + 4 + APS_OPTIM_SPEC_MAX + OWNER_LEN + 4 + \
+	 APS_CKPT_WRITER_MAX + 4)
 
-/* A file's header alone, and its length said there. */
-static int read_head(const char *path, struct aps_ckpt *ck, uint64_t *len, char *why,
-                     size_t why_len)
+int aps_ckpt_read_head(const char *path, struct aps_ckpt *ck, uint64_t *len, char *why,
+                       size_t why_len)
 {
 	uint8_t buf[HEAD_MAX];
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -707,7 +681,7 @@ int aps_ckpt_check_newest(const char *dir, const char *job, const struct aps_ckp
 	for (size_t i = 0; i < n; i++) {
 		memset(&head, 0, sizeof(head));
 		if (aps_ckpt_path(dir, job, steps[i], path, sizeof(path)) < 0 ||
-		    read_head(path, &head, &len, why, sizeof(why)) < 0)
+		    aps_ckpt_read_head(path, &head, &len, why, sizeof(why)) < 0)
 			continue; /* aps_ckpt_load_newest skips it too, and says why */
 		ret = refuses(&head, len, want, path, refusal, refusal_len);
 		ret = ret < 0 ? ret : 1;
@@ -736,7 +710,7 @@ int aps_ckpt_load_newest(const char *dir, const char *job, const struct aps_ckpt
 		if (aps_ckpt_path(dir, job, steps[i], path, path_len) < 0)
 			continue;
 		memset(&head, 0, sizeof(head));
-		if (read_head(path, &head, &len, why, sizeof(why)) == 0 &&
+		if (aps_ckpt_read_head(path, &head, &len, why, sizeof(why)) == 0 &&
 		    (ret = refuses(&head, len, want, path, refusal, refusal_len)) < 0)
 			break;
 		if (want->progress != NULL) /* a file read before this one was skipped */

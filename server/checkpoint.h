@@ -21,6 +21,7 @@
 #define APS_CKPT_PATH_MAX     512
 #define APS_CKPT_SALT_BYTES   16
 #define APS_CKPT_DIGEST_BYTES 32
+#define APS_CKPT_WRITER_MAX   63 /* "key " and a Z85 key, or an address's origin */
 
 /*
  * Who may resume a checkpoint: the job token it was written under, kept as a
@@ -54,6 +55,10 @@ struct aps_ckpt {
 	char job[APS_MSG_JOB_MAX + 1];
 	char optimizer[APS_OPTIM_SPEC_MAX]; /* canonical spec (aps_optim_describe) */
 	struct aps_ckpt_owner owner;        /* who may resume it */
+	/* Who wrote it: the CURVE key ("key " and its Z85) of the job's first rank, or
+	 * without CURVE its address's origin (access.h); "" read from the files of
+	 * before APSCKPT3. Room is made from the largest writer's files (ckpt_room.h). */
+	char writer[APS_CKPT_WRITER_MAX + 1];
 	uint64_t step; /* names the file: the largest update count of its tensors */
 	uint32_t n_tensors;
 	struct aps_ckpt_tensor *tensors; /* owned */
@@ -77,13 +82,11 @@ int aps_ckpt_write(const char *dir, const struct aps_ckpt *ck, unsigned keep, ch
 /* Bytes of the file aps_ckpt_write would write for ck. */
 uint64_t aps_ckpt_size(const struct aps_ckpt *ck);
 
-/*
- * Whether dir has room for a file of need bytes within max_bytes (0: any):
- * what its checkpoint files (and temporary ones) of every job take, with the
- * new one beside them (the oldest are removed only after it is written).
- * Returns 0, or APS_ESYS with why naming checkpoint_max_bytes.
- */
-int aps_ckpt_room(const char *dir, uint64_t need, uint64_t max_bytes, char *why, size_t why_len);
+/* The header of the file at path alone (job, optimizer, owner, writer, step: no
+ * tensors), and the length it says the file has. Returns 0, or APS_EPROTO (a bad
+ * header) / APS_ESYS with why. */
+int aps_ckpt_read_head(const char *path, struct aps_ckpt *ck, uint64_t *len, char *why,
+                       size_t why_len);
 
 /* Reads and checks one file. Returns 0, or APS_EPROTO (torn, corrupt) / APS_ESYS with why. */
 int aps_ckpt_read(const char *path, struct aps_ckpt *out, char *why, size_t why_len);

@@ -1,7 +1,9 @@
 /*
  * The checkpoint write queue: a FIFO of snapshots, one uv_work_t at a time on
- * libuv's thread pool. The worker thread only calls aps_ckpt_write (no
- * logging, no daemon state); the result is reported on the loop thread.
+ * libuv's thread pool. The worker thread only makes room (ckpt_room.c) and
+ * calls aps_ckpt_write (no logging, no daemon state: the names of the jobs
+ * apsd has are taken on the loop as the write starts); the result is
+ * reported on the loop thread.
  */
 #include "server/ckpt_queue.h"
 
@@ -21,18 +23,20 @@ struct aps_ckpt_queue {
 	char dir[APS_CKPT_PATH_MAX];
 	unsigned keep;
 	uint64_t max_bytes;
+	aps_ckpt_live_cb live;
 	aps_ckpt_done_cb done;
 	void *ctx;
 	struct entry *head; /* waiting, oldest first */
 	uv_work_t work;
-	struct aps_ckpt *writing; /* NULL: no write running */
-	int ret;                  /* of the running write */
+	struct aps_ckpt *writing;  /* NULL: no write running */
+	struct aps_ckpt_room room; /* the running write's */
+	int ret;                   /* of the running write */
 	char why[256];
 	uint64_t started_ns;
 };
 
 int aps_ckpt_queue_new(struct aps_ckpt_queue **out, uv_loop_t *loop, const char *dir, unsigned keep,
-                       uint64_t max_bytes, aps_ckpt_done_cb done, void *ctx)
+                       uint64_t max_bytes, aps_ckpt_live_cb live, aps_ckpt_done_cb done, void *ctx)
 {
 	struct aps_ckpt_queue *q = calloc(1, sizeof(*q));
 
@@ -42,6 +46,7 @@ int aps_ckpt_queue_new(struct aps_ckpt_queue **out, uv_loop_t *loop, const char 
 	snprintf(q->dir, sizeof(q->dir), "%s", dir);
 	q->keep = keep;
 	q->max_bytes = max_bytes;
+	q->live = live;
 	q->done = done;
 	q->ctx = ctx;
 	q->work.data = q;
@@ -60,13 +65,21 @@ static void on_write(uv_work_t *w)
 	struct aps_ckpt_queue *q = w->data;
 
 	q->why[0] = '\0';
-	q->ret = aps_ckpt_room(q->dir, aps_ckpt_size(q->writing), q->max_bytes, q->why,
-	                       sizeof(q->why));
+	q->ret = aps_ckpt_room_make(&q->room, q->why, sizeof(q->why));
 	if (q->ret == 0)
 		q->ret = aps_ckpt_write(q->dir, q->writing, q->keep, q->why, sizeof(q->why));
 }
 
 static void start_next(struct aps_ckpt_queue *q);
+
+static void end_write(struct aps_ckpt_queue *q)
+{
+	for (size_t i = 0; i < q->room.n_live; i++)
+		free(q->room.live[i]);
+	free(q->room.live);
+	free_ckpt(q->writing);
+	q->writing = NULL;
+}
 
 static void on_written(uv_work_t *w, int status)
 {
@@ -77,9 +90,8 @@ static void on_written(uv_work_t *w, int status)
 		q->ret = APS_ESYS;
 		snprintf(q->why, sizeof(q->why), "write cancelled");
 	}
-	q->done(q->ctx, q->writing, q->ret, q->why, seconds);
-	free_ckpt(q->writing);
-	q->writing = NULL;
+	q->done(q->ctx, q->writing, q->ret, q->why, &q->room, seconds);
+	end_write(q);
 	start_next(q);
 }
 
@@ -93,10 +105,13 @@ static void start_next(struct aps_ckpt_queue *q)
 	q->writing = e->ck;
 	free(e);
 	q->started_ns = uv_hrtime();
+	q->room = (struct aps_ckpt_room){ .dir = q->dir,
+		                          .max_bytes = q->max_bytes,
+		                          .ck = q->writing };
+	q->room.keep_all = q->live(q->ctx, &q->room.live, &q->room.n_live) < 0;
 	if (uv_queue_work(q->loop, &q->work, on_write, on_written) < 0) {
-		q->done(q->ctx, q->writing, APS_ESYS, "cannot queue the write", 0);
-		free_ckpt(q->writing);
-		q->writing = NULL;
+		q->done(q->ctx, q->writing, APS_ESYS, "cannot queue the write", &q->room, 0);
+		end_write(q);
 	}
 }
 
@@ -114,7 +129,7 @@ void aps_ckpt_queue_push(struct aps_ckpt_queue *q, struct aps_ckpt *ck)
 	}
 	e = calloc(1, sizeof(*e));
 	if (e == NULL) {
-		q->done(q->ctx, ck, APS_ENOMEM, "out of memory", 0);
+		q->done(q->ctx, ck, APS_ENOMEM, "out of memory", NULL, 0);
 		free_ckpt(ck);
 		return;
 	}

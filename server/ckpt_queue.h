@@ -9,20 +9,27 @@
 #define APS_SERVER_CKPT_QUEUE_H
 
 #include "server/checkpoint.h"
+#include "server/ckpt_room.h"
 
 #include <stdbool.h>
 #include <uv.h>
 
 struct aps_ckpt_queue;
 
-/* Called on the loop thread when a write ended: ret 0, or APS_ESYS with why. */
+/* Called on the loop thread when a write ended: ret 0, or APS_ESYS with why;
+ * room says which files were removed to make room for it (ckpt_room.h). */
 typedef void (*aps_ckpt_done_cb)(void *ctx, const struct aps_ckpt *ck, int ret, const char *why,
-                                 double seconds);
+                                 const struct aps_ckpt_room *room, double seconds);
 
-/* dir is copied; max_bytes bounds every job's files together (aps_ckpt_room; 0: no
- * bound). Returns 0 or APS_ENOMEM. */
+/* The jobs apsd has, asked on the loop thread as a write starts: *names a heap
+ * array of heap strings, *n of them (the queue frees them). Returns 0, or
+ * APS_ENOMEM: then that write removes no file to make room. */
+typedef int (*aps_ckpt_live_cb)(void *ctx, char ***names, size_t *n);
+
+/* dir is copied; max_bytes bounds every job's files together (ckpt_room.h; 0: no
+ * bound), and live names the jobs whose files stay. Returns 0 or APS_ENOMEM. */
 int aps_ckpt_queue_new(struct aps_ckpt_queue **out, uv_loop_t *loop, const char *dir, unsigned keep,
-                       uint64_t max_bytes, aps_ckpt_done_cb done, void *ctx);
+                       uint64_t max_bytes, aps_ckpt_live_cb live, aps_ckpt_done_cb done, void *ctx);
 
 /* Queues ck (heap-allocated; the queue takes ownership and frees it). */
 void aps_ckpt_queue_push(struct aps_ckpt_queue *q, struct aps_ckpt *ck);

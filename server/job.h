@@ -153,9 +153,10 @@ struct aps_job {
 	/* Its snapshot being copied (ckpt_copy.h; a tag, not owned): its weights must
 	 * not change meanwhile, and the finishes that would step them wait here. */
 	const struct aps_ckpt_copy *copying;
-	struct aps_deferred_finish *deferred; /* newest first */
-	struct aps_ckpt_owner ckpt_owner;     /* its token's, written in its checkpoints */
-	uint64_t last_ckpt_step;              /* step of the last checkpoint queued */
+	struct aps_deferred_finish *deferred;      /* newest first */
+	struct aps_ckpt_owner ckpt_owner;          /* its token's, written in its checkpoints */
+	char ckpt_writer[APS_CKPT_WRITER_MAX + 1]; /* who writes them (checkpoint.h) */
+	uint64_t last_ckpt_step;                   /* step of the last checkpoint queued */
 	bool unsaved; /* stepped since its last checkpoint was queued, or that one failed */
 	/*
 	 * Why the first rank that was lost or left did so, "" while every rank is

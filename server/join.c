@@ -104,6 +104,10 @@ static int create_job(struct aps_server *srv, const struct aps_session *s, const
 		aps_log_warn("checkpoint",
 		             "no randomness: job=%s writes checkpoints anyone resumes", job->name);
 	aps_access_origin(s->address, job->origin);
+	if (s->user[0] != '\0')
+		snprintf(job->ckpt_writer, sizeof(job->ckpt_writer), "key %s", s->user);
+	else
+		snprintf(job->ckpt_writer, sizeof(job->ckpt_writer), "%s", job->origin);
 	ret = aps_jobs_share_held(&srv->jobs, job, job->origin,
 	                          aps_access_origin_local(job->origin), &srv->held);
 	if (ret < 0) {

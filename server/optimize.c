@@ -343,6 +343,7 @@ static int snapshot(struct aps_job *job, struct aps_ckpt *ck, enum take how)
 	snprintf(ck->job, sizeof(ck->job), "%s", job->name);
 	snprintf(ck->optimizer, sizeof(ck->optimizer), "%s", job->optim_spec);
 	ck->owner = job->ckpt_owner;
+	snprintf(ck->writer, sizeof(ck->writer), "%s", job->ckpt_writer);
 	ck->step = job->resume.step; /* the largest update count: each file of the job's
 	                              * names a step past those before it (the smallest named a
 	                              * snapshot of a tensor registered late before an older one) */

@@ -258,11 +258,56 @@ static int init_downlink(struct aps_server *srv)
 	return aps_format_parse(d, &srv->default_downlink) < 0 ? APS_ECONFIG : 0;
 }
 
+/* The jobs the daemon has: their checkpoint files are not removed to make room. */
+static int live_jobs(void *ctx, char ***names, size_t *n)
+{
+	struct aps_server *srv = ctx;
+	size_t i = 0;
+
+	*names = calloc(srv->jobs.n_jobs + 1, sizeof(**names));
+	*n = 0;
+	if (*names == NULL)
+		return APS_ENOMEM;
+	for (const struct aps_job *job = srv->jobs.jobs; job != NULL; job = job->next) {
+		if (((*names)[i] = strdup(job->name)) == NULL)
+			return APS_ENOMEM;
+		*n = ++i;
+	}
+	return 0;
+}
+
+/* The files a write removed to make room, one line each (the first few). */
+static void log_evicted(struct aps_server *srv, const struct aps_ckpt *ck,
+                        const struct aps_ckpt_room *room)
+{
+	uint32_t shown =
+	        room->n_evicted < APS_CKPT_ROOM_SHOWN ? room->n_evicted : APS_CKPT_ROOM_SHOWN;
+
+	srv->counters.checkpoints_evicted += room->n_evicted;
+	for (uint32_t i = 0; i < shown; i++) {
+		const struct aps_ckpt_evicted *e = &room->shown[i];
+		aps_log_warn("checkpoint",
+		             "evicted job=%s step=%llu bytes=%llu writer=\"%s\" for=%s "
+		             "reason=\"checkpoint_max_bytes: the files of ended jobs, the "
+		             "largest writer's oldest first\"",
+		             e->job[0] != '\0' ? e->job : "(unreadable)",
+		             (unsigned long long)e->step, (unsigned long long)e->bytes, e->writer,
+		             ck->job);
+	}
+	if (room->n_evicted > shown)
+		aps_log_warn(
+		        "checkpoint", "evicted files=%u bytes=%llu for=%s (lines for %u of them)",
+		        room->n_evicted, (unsigned long long)room->evicted_bytes, ck->job, shown);
+}
+
 static void on_checkpoint(void *ctx, const struct aps_ckpt *ck, int ret, const char *why,
-                          double seconds)
+                          const struct aps_ckpt_room *room, double seconds)
 {
 	struct aps_server *srv = ctx;
 	struct aps_job *job;
+
+	if (room != NULL)
+		log_evicted(srv, ck, room);
 
 	if (ret < 0) {
 		srv->counters.checkpoint_failures++;
@@ -336,7 +381,7 @@ int aps_server_new(struct aps_server **out, uv_loop_t *loop, const struct aps_se
 	ret = init_downlink(srv);
 	if (ret == 0 && o->checkpoint_dir != NULL && o->checkpoint_dir[0] != '\0')
 		ret = aps_ckpt_queue_new(&srv->ckpt, loop, o->checkpoint_dir, o->checkpoint_keep,
-		                         o->checkpoint_max_bytes, on_checkpoint, srv);
+		                         o->checkpoint_max_bytes, live_jobs, on_checkpoint, srv);
 	if (ret == 0 && srv->ckpt != NULL)
 		ret = aps_ckpt_loader_new(&srv->loader, loop);
 	srv->tick_timer = ret == 0 ? malloc(sizeof(*srv->tick_timer)) : NULL;

@@ -33,6 +33,7 @@
 	X(updates, "optimizer updates applied (optimize mode, one per tensor and step)")      \
 	X(checkpoints, "checkpoints written")                                                 \
 	X(checkpoint_failures, "checkpoints that could not be written")                       \
+	X(checkpoints_evicted, "checkpoint files of ended jobs removed for a new checkpoint") \
 	X(resumed, "jobs resumed from a checkpoint")                                          \
 	X(refused_token, "HELLOs refused: the job token differs, or the key may not join")    \
 	X(refused_resume, "HELLOs to resume a session apsd does not know (token, job, rank)") \

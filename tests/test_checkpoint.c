@@ -1,11 +1,14 @@
 /*
  * Checkpoint files: a round trip of every field, the file name and its
  * escaping, the atomic write leaving no temporary file, pruning to the newest
- * files, and loading the newest intact file while skipping truncated,
- * corrupted, foreign and half-written ones.
+ * files, loading the newest intact file while skipping truncated,
+ * corrupted, foreign and half-written ones, and room made within
+ * checkpoint_max_bytes from the files of ended jobs, the largest writer first.
  */
 #include "server/checkpoint.h"
+#include "server/ckpt_room.h"
 
+#include "common/crc32c.h"
 #include "common/err.h"
 #include "common/log.h"
 
@@ -19,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -315,6 +319,188 @@ static void test_checkpoint_skips_torn_and_corrupt(void **state)
 	expect_newest(10);
 }
 
+/* A file of job at step by writer, its time set to age seconds ago; its bytes. */
+static uint64_t write_by(const char *job, uint64_t step, const char *writer, int age)
+{
+	struct timespec t[2];
+	struct aps_ckpt ck;
+	char why[256] = "";
+	uint64_t bytes;
+
+	make(&ck, job, step);
+	snprintf(ck.writer, sizeof(ck.writer), "%s", writer);
+	if (aps_ckpt_write(dir, &ck, 8, why, sizeof(why)) != 0)
+		fail_msg("write: %s", why);
+	bytes = aps_ckpt_size(&ck);
+	aps_ckpt_free(&ck);
+	clock_gettime(CLOCK_REALTIME, &t[0]);
+	t[0].tv_sec -= age;
+	t[1] = t[0];
+	assert_int_equal(utimensat(AT_FDCWD, path_of(job, step), t, 0), 0);
+	return bytes;
+}
+
+static bool exists(const char *job, uint64_t step)
+{
+	return access(path_of(job, step), F_OK) == 0;
+}
+
+static void test_checkpoint_says_its_writer(void **state)
+{
+	struct aps_ckpt head;
+	char why[256];
+	uint64_t len, bytes;
+
+	(void)state;
+	bytes = write_by("w", 3, "key rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7", 0);
+	assert_int_equal(aps_ckpt_read_head(path_of("w", 3), &head, &len, why, sizeof(why)), 0);
+	assert_string_equal(head.writer, "key rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7");
+	assert_string_equal(head.job, "w");
+	assert_int_equal(head.step, 3);
+	assert_int_equal(len, bytes);
+	{
+		struct aps_ckpt back;
+		char path[APS_CKPT_PATH_MAX];
+		assert_int_equal(load(dir, "w", "", &back, path), 1); /* and the whole file reads */
+		assert_string_equal(back.writer, head.writer);
+		aps_ckpt_free(&back);
+	}
+}
+
+/* A file as apsd wrote it before APSCKPT3 (no writer) still reads, as a writer's "". */
+static void test_checkpoint_of_before_writers_reads(void **state)
+{
+	struct aps_ckpt ck, back;
+	char why[256] = "", path[APS_CKPT_PATH_MAX];
+	uint8_t buf[4096];
+	uint64_t len;
+	uint32_t crc;
+	size_t at;
+	ssize_t n;
+	int fd;
+
+	(void)state;
+	make(&ck, "old", 5); /* writer "": its string is 4 bytes of length 0 */
+	assert_int_equal(aps_ckpt_write(dir, &ck, 2, why, sizeof(why)), 0);
+	fd = open(path_of("old", 5), O_RDWR);
+	n = read(fd, buf, sizeof(buf));
+	assert_true(n > 64 && (size_t)n < sizeof(buf));
+	/* magic, length, step, job, optimizer, owner: then the writer */
+	at = 8 + 8 + 8 + 4 + strlen(ck.job) + 4 + strlen(ck.optimizer) + 1 + 16 + 32;
+	memmove(buf + at, buf + at + 4, (size_t)n - at - 4);
+	n -= 4;
+	buf[7] = '2';
+	len = (uint64_t)n;
+	memcpy(buf + 8, &len, 8);
+	crc = aps_crc32c(0, buf, at);
+	memcpy(buf + at, &crc, 4);
+	crc = aps_crc32c(0, buf, (size_t)n - 4);
+	memcpy(buf + n - 4, &crc, 4);
+	assert_int_equal(ftruncate(fd, 0), 0);
+	assert_int_equal(pwrite(fd, buf, (size_t)n, 0), n);
+	close(fd);
+	assert_int_equal(load(dir, "old", "", &back, path), 1);
+	assert_same(&ck, &back);
+	assert_string_equal(back.writer, "");
+	aps_ckpt_free(&back);
+	aps_ckpt_free(&ck);
+}
+
+/*
+ * A stranger (10.0.0.66) filled the bound with jobs after jobs; an honest
+ * writer (10.0.0.1) has one ended job's file and a job that runs. Room for
+ * the honest job's new file comes from the stranger's files, oldest first:
+ * not from the honest ended job's, the running job's, or the job's own.
+ */
+static void test_checkpoint_room_comes_from_the_largest_writer(void **state)
+{
+	char why[512] = "", *live[] = { "running" };
+	struct aps_ckpt next;
+	struct aps_ckpt_room room = { .dir = dir, .live = live, .n_live = 1, .ck = &next };
+	uint64_t s = 0, h0, run, own, need;
+
+	(void)state;
+	for (int i = 0; i < 6; i++) {
+		char job[8];
+		snprintf(job, sizeof(job), "s%d", i);
+		s = write_by(job, 1, "10.0.0.66", 100 - 10 * i); /* s0 the oldest */
+	}
+	h0 = write_by("h0", 1, "10.0.0.1", 500); /* older than every stranger's file */
+	run = write_by("running", 7, "10.0.0.66", 600);
+	own = write_by("honest", 1, "10.0.0.1", 400); /* the job's own fallback */
+	make(&next, "honest", 2);
+	snprintf(next.writer, sizeof(next.writer), "10.0.0.1");
+	need = aps_ckpt_size(&next);
+
+	/* Room that two of the stranger's files make: its two oldest go. */
+	room.max_bytes = 4 * s + h0 + run + own + need + s / 2;
+	assert_int_equal(aps_ckpt_room_make(&room, why, sizeof(why)), 0);
+	assert_int_equal(room.n_evicted, 2);
+	assert_int_equal(room.evicted_bytes, 2 * s);
+	assert_string_equal(room.shown[0].job, "s0");
+	assert_string_equal(room.shown[0].writer, "10.0.0.66");
+	assert_int_equal(room.shown[0].bytes, s);
+	assert_string_equal(room.shown[1].job, "s1");
+	assert_false(exists("s0", 1) || exists("s1", 1));
+	assert_true(exists("s2", 1) && exists("h0", 1) && exists("running", 7) &&
+	            exists("honest", 1));
+
+	/* Down to the last of the stranger's files, then that one, and the
+	 * honest ended job's file is still there: it holds the fewest bytes. */
+	room.max_bytes = s + h0 + run + own + need;
+	assert_int_equal(aps_ckpt_room_make(&room, why, sizeof(why)), 0);
+	assert_int_equal(room.n_evicted, 3);
+	assert_true(exists("s5", 1) && exists("h0", 1));
+	room.max_bytes = h0 + run + own + need;
+	assert_int_equal(aps_ckpt_room_make(&room, why, sizeof(why)), 0);
+	assert_int_equal(room.n_evicted, 1);
+	assert_string_equal(room.shown[0].job, "s5");
+	assert_true(exists("h0", 1));
+
+	/* What runs and the job's own fallback leave no room even without h0:
+	 * nothing goes, h0 included. */
+	room.max_bytes = run + own + need / 2;
+	assert_int_equal(aps_ckpt_room_make(&room, why, sizeof(why)), APS_ESYS);
+	assert_int_equal(room.n_evicted, 0);
+	assert_non_null(strstr(why, "checkpoint_max_bytes is"));
+	assert_true(exists("h0", 1) && exists("running", 7) && exists("honest", 1));
+	aps_ckpt_free(&next);
+}
+
+/* Files no job could resume go first: a header that does not read, a temporary
+ * file a killed daemon left. Without the names of the jobs that run, none goes. */
+static void test_checkpoint_room_takes_unreadable_files_first(void **state)
+{
+	char why[512] = "", tmp[APS_CKPT_PATH_MAX + 8];
+	struct aps_ckpt next;
+	uint64_t one = write_by("big", 1, "10.0.0.66", 50);
+	struct aps_ckpt_room room = { .dir = dir, .ck = &next, .keep_all = true };
+	int fd;
+
+	(void)state;
+	write_by("torn", 1, "10.0.0.1", 10);
+	truncate_file(path_of("torn", 1), 40);
+	snprintf(tmp, sizeof(tmp), "%s.tmp", path_of("left", 9));
+	fd = open(tmp, O_WRONLY | O_CREAT, 0600);
+	assert_true(fd >= 0);
+	assert_int_equal(ftruncate(fd, (off_t)one), 0);
+	close(fd);
+	make(&next, "new", 1);
+
+	room.max_bytes = 2 * one + one / 2; /* 1 + 1 + 40 bytes there, 1 more: one must go */
+	assert_int_equal(aps_ckpt_room_make(&room, why, sizeof(why)), APS_ESYS);
+	assert_int_equal(room.n_evicted, 0);
+	assert_true(access(tmp, F_OK) == 0 && exists("torn", 1) && exists("big", 1));
+
+	room.keep_all = false;
+	assert_int_equal(aps_ckpt_room_make(&room, why, sizeof(why)), 0);
+	assert_true(room.n_evicted >= 1 && room.n_evicted <= 2);
+	assert_string_equal(room.shown[0].job, "");
+	assert_true(exists("big", 1));
+	assert_false(access(tmp, F_OK) == 0 && exists("torn", 1));
+	aps_ckpt_free(&next);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -326,6 +512,13 @@ int main(void)
 		                                teardown),
 		cmocka_unit_test_setup_teardown(test_checkpoint_skips_torn_and_corrupt, setup,
 		                                teardown),
+		cmocka_unit_test_setup_teardown(test_checkpoint_says_its_writer, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_checkpoint_of_before_writers_reads, setup,
+		                                teardown),
+		cmocka_unit_test_setup_teardown(test_checkpoint_room_comes_from_the_largest_writer,
+		                                setup, teardown),
+		cmocka_unit_test_setup_teardown(test_checkpoint_room_takes_unreadable_files_first,
+		                                setup, teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -496,38 +496,75 @@ def test_a_checkpoint_counts_against_max_total_bytes_before_it_is_read(daemon_fa
     assert d.counter("resumed") == 2 and d.counter("refused_memory") == 1
 
 
+def step_once_and_end(d, job, endpoint=None, n=1 << 18):
+    """A one-rank job in optimize mode (plain sgd: 1 MiB a file) that steps once
+    and ends: its checkpoint is written at its end."""
+    c = aps.Client(endpoint or d.endpoint, 0, 1, format="fp32", optimizer="sgd", job=job)
+    w = np.ones(n, np.float32)
+    c.broadcast("w", w)
+    c.step("w", np.ones(n, np.float32), w, 0.1)
+    c.close()
+    wait_for(d, f"job={job} step=1")
+
+
 def test_checkpoints_of_every_job_stay_within_checkpoint_max_bytes(daemon_factory, tmp_path):
     # (found by the same attack) One-rank jobs under new names, each stepped
     # once and ended, wrote a file each with no bound: 80 files, 1221 MiB in
     # 15 s, and a full disk fails every job's checkpoints (and the host's
     # logs). Now checkpoint_max_bytes bounds them (a quarter of the
-    # filesystem by default): a write past it fails, logged and counted, and
-    # a job that took no step writes nothing.
+    # filesystem by default), a job that took no step writes nothing, and
+    # room for a new file comes from the files of ended jobs, the oldest of
+    # their writer's first (one writer here: 127.0.0.1).
     ckdir = tmp_path / "ck"
     ckdir.mkdir()
     d = daemon_factory(extra=["--checkpoint_dir", str(ckdir), "--checkpoint_steps", "0",
                               "--checkpoint_max_bytes", "3M"])
-    n = 1 << 18  # plain sgd: the weights alone, 1 MiB a file
     c = aps.Client(d.endpoint, 0, 1, format="fp32", optimizer="sgd", job="broadcast-only")
-    c.broadcast("w", np.ones(n, np.float32))
+    c.broadcast("w", np.ones(1 << 18, np.float32))
     c.close()
     for i in range(4):
-        c = aps.Client(d.endpoint, 0, 1, format="fp32", optimizer="sgd", job=f"j{i}")
-        w = np.ones(n, np.float32)
-        c.broadcast("w", w)
-        c.step("w", np.ones(n, np.float32), w, 0.1)
-        c.close()
-        wait_for(d, f"job=j{i} step=1")
+        step_once_and_end(d, f"j{i}")
     # "queued" comes first: the write's own line follows from its thread
-    d.wait_for_log("checkpoint: written job=j1 step=1")
-    d.wait_for_log("checkpoint: failed job=j3 step=1")
-    log = d.log_path.read_text()
-    assert "checkpoint: written job=j1 step=1" in log
-    assert "checkpoint: failed job=j3 step=1 reason=\"checkpoint_max_bytes is 3145728" in log
-    assert d.counter("checkpoint_failures") == 2 and d.counter("checkpoints") == 2
+    log = wait_for(d, "checkpoint: written job=j3 step=1")
+    assert re.search(r'checkpoint: evicted job=j0 step=1 bytes=\d+ writer="127.0.0.1" for=j2 ',
+                     log), log
+    assert "evicted job=j1 step=1" in log and "for=j3" in log
+    assert d.counter("checkpoint_failures") == 0 and d.counter("checkpoints") == 4
+    assert d.counter("checkpoints_evicted") == 2
     files = sorted(os.listdir(ckdir))
-    assert files == ["j0.00000000000000000001.ckpt", "j1.00000000000000000001.ckpt"], files
+    assert files == ["j2.00000000000000000001.ckpt", "j3.00000000000000000001.ckpt"], files
     assert sum((ckdir / f).stat().st_size for f in files) <= 3 << 20
+
+
+def test_a_stranger_who_fills_checkpoint_max_bytes_removes_its_own_files(daemon_factory,
+                                                                          tmp_path):
+    # Before: a stranger whose jobs stepped once each and ended filled
+    # checkpoint_max_bytes, and from then on every honest job's checkpoint
+    # failed (checkpoint_failures; here honest-new's). Now room comes from the
+    # files of jobs that ended, the writer holding the most bytes first (the
+    # stranger, 127.0.0.2), its oldest first: the honest ended job's file stays.
+    ckdir = tmp_path / "ck"
+    ckdir.mkdir()
+    d = daemon_factory(extra=["--checkpoint_dir", str(ckdir), "--checkpoint_steps", "0",
+                              "--checkpoint_max_bytes", "4M"])  # 3 files of 1 MiB and a header
+    stranger = d.endpoint.replace("tcp://", "tcp://127.0.0.2:0;")
+    step_once_and_end(d, "honest-old")
+    for i in range(6):
+        step_once_and_end(d, f"s{i}", stranger)
+    step_once_and_end(d, "honest-new")
+    log = wait_for(d, "checkpoint: written job=honest-new step=1")
+    assert d.counter("checkpoint_failures") == 0, log
+    assert d.counter("checkpoints") == 8 and d.counter("checkpoints_evicted") == 5
+    assert re.search(r'evicted job=s4 step=1 bytes=\d+ writer="127.0.0.2" for=honest-new ', log)
+    assert "evicted job=honest-old" not in log
+    files = sorted(f.split(".")[0] for f in os.listdir(ckdir))
+    assert files == ["honest-new", "honest-old", "s5"], files
+    assert sum((ckdir / f).stat().st_size for f in os.listdir(ckdir)) <= 4 << 20
+    # the file resumes: what was evicted is gone, what stayed is whole
+    c = aps.Client(d.endpoint, 0, 1, format="fp32", optimizer="sgd", job="honest-old")
+    assert c.updates("w", np.zeros(1 << 18, np.float32)) == 1
+    c.close()
+    assert d.counter("resumed") == 1
 
 
 def beside_another_job(d, work):
