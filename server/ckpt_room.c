@@ -238,10 +238,9 @@ static void note(struct aps_ckpt_room *r, const struct file *f)
 static void evict(struct aps_ckpt_room *r, struct listing *l, uint64_t need)
 {
 	char path[APS_CKPT_PATH_MAX + 300];
-	size_t n;
-	struct group *h;
-
 	uint64_t may_go = 0;
+	struct group *h;
+	size_t n;
 
 	for (size_t i = 0; i < l->n; i++)
 		may_go += l->files[i].bytes;
