@@ -34,6 +34,10 @@ int aps_ckpt_queue_new(struct aps_ckpt_queue **out, uv_loop_t *loop, const char 
 /* Queues ck (heap-allocated; the queue takes ownership and frees it). */
 void aps_ckpt_queue_push(struct aps_ckpt_queue *q, struct aps_ckpt *ck);
 
+/* On the loop thread, before a job that may resume looks for its files: while a
+ * write runs, its room removes none of them (job: the job's name). */
+void aps_ckpt_queue_job_starts(struct aps_ckpt_queue *q, const char *job);
+
 /* True when nothing is written or waiting. */
 bool aps_ckpt_queue_idle(const struct aps_ckpt_queue *q);
 

@@ -141,9 +141,11 @@ static int read_heads(const struct aps_ckpt_room *r, struct listing *l)
 		}
 		snprintf(path, sizeof(path), "%s/%s", r->dir, f.name);
 		memset(&head, 0, sizeof(head));
-		if (!f.bad)
-			f.bad = aps_ckpt_read_head(path, &head, &len, why, sizeof(why)) != 0;
-		if (!f.bad && stays(r, head.job)) {
+		/* A header that does not read is a bad file; one that cannot be opened (no
+		 * descriptor, no permission) says nothing of it: it stays. */
+		int got = f.bad ? 0 : aps_ckpt_read_head(path, &head, &len, why, sizeof(why));
+		f.bad = f.bad || got == APS_EPROTO;
+		if (got == APS_ESYS || (!f.bad && stays(r, head.job))) {
 			free(f.name);
 			continue;
 		}
@@ -233,8 +235,15 @@ static void note(struct aps_ckpt_room *r, const struct file *f)
 	r->evicted_bytes += f->bytes;
 }
 
+static int remove_one(const struct aps_ckpt_room *r, const char *job, const char *path)
+{
+	if (r->remove != NULL)
+		return r->remove(r->remove_ctx, job, path);
+	return unlink(path) == 0 || errno == ENOENT ? 0 : APS_ESYS;
+}
+
 /* Removes files of l, the heap's top group's oldest first, while used + need is
- * past the bound; none when all of them would not make room. */
+ * past the bound and what may still go would make room (none for nothing). */
 static void evict(struct aps_ckpt_room *r, struct listing *l, uint64_t need)
 {
 	char path[APS_CKPT_PATH_MAX + 300];
@@ -244,15 +253,15 @@ static void evict(struct aps_ckpt_room *r, struct listing *l, uint64_t need)
 
 	for (size_t i = 0; i < l->n; i++)
 		may_go += l->files[i].bytes;
-	if (l->used - (may_go < l->used ? may_go : l->used) + need > r->max_bytes)
-		return; /* not even all of them would make room: none goes for nothing */
 	qsort(l->files, l->n, sizeof(*l->files), order);
 	h = heap_of(l->files, l->n, &n);
-	while (h != NULL && n > 0 && l->used + need > r->max_bytes) {
+	while (h != NULL && n > 0 && l->used + need > r->max_bytes &&
+	       l->used - (may_go < l->used ? may_go : l->used) + need <= r->max_bytes) {
 		const struct file *f = &l->files[h[0].next++];
 		snprintf(path, sizeof(path), "%s/%s", r->dir, f->name);
 		h[0].bytes -= f->bytes;
-		if (unlink(path) == 0 || errno == ENOENT) {
+		may_go -= f->bytes;
+		if (remove_one(r, f->job, path) == 0) {
 			l->used -= f->bytes < l->used ? f->bytes : l->used;
 			note(r, f);
 		}

@@ -7,7 +7,10 @@
  * after jobs so removes its own files, not an honest job's; the files of jobs
  * that run, and the older files of the job being written, are never removed.
  * Files whose header does not read (no job could resume them) go before any
- * writer's. Plain file I/O on the caller's thread (ckpt_queue.c: libuv's pool).
+ * writer's; a file that cannot be opened stays. A file that will not go (its
+ * job started meanwhile, or unlink fails) is passed over, and removals stop
+ * when what may still go would not make room. Plain file I/O on the caller's thread (ckpt_queue.c:
+ * libuv's pool).
  */
 #ifndef APS_SERVER_CKPT_ROOM_H
 #define APS_SERVER_CKPT_ROOM_H
@@ -36,6 +39,11 @@ struct aps_ckpt_room {
 	char **live;               /* the jobs apsd has: their files stay */
 	size_t n_live;
 	bool keep_all; /* the jobs apsd has are not known (no memory): no file goes */
+	/* Removes the file at path of job ("" when its header did not read): 0, or < 0
+	 * when it stays (a job of that name started meanwhile: ckpt_queue.c checks and
+	 * removes under one lock). NULL: unlink. */
+	int (*remove)(void *ctx, const char *job, const char *path);
+	void *remove_ctx;
 	/* out */
 	uint32_t n_evicted; /* files removed */
 	uint64_t evicted_bytes;

@@ -13,6 +13,7 @@
 
 #include "server/access.h"
 #include "server/ckpt_load.h"
+#include "server/ckpt_queue.h"
 #include "server/leave.h"
 #include "server/optimize.h"
 #include "server/outbox.h"
@@ -432,6 +433,8 @@ void aps_handle_hello(struct aps_server *srv, struct aps_session *s, const struc
 	if (ret == 0 && job == NULL)
 		ret = new_job_refuses(srv, s, m, why, sizeof(why));
 	if (ret == 0 && job == NULL) { /* its checkpoint: another token's, or too large */
+		if (optim.kind != APS_OPTIM_NONE) /* a write's room leaves its files alone */
+			aps_ckpt_queue_job_starts(srv->ckpt, m->job);
 		resume = aps_optimize_resume_check(srv, m, &optim, &want, &resume_bytes, why,
 		                                   sizeof(why));
 		srv->counters.refused_token += resume == APS_EACCES;

@@ -6,6 +6,7 @@
  * checkpoint_max_bytes from the files of ended jobs, the largest writer first.
  */
 #include "server/checkpoint.h"
+#include "server/ckpt_queue.h"
 #include "server/ckpt_room.h"
 
 #include "common/crc32c.h"
@@ -501,6 +502,93 @@ static void test_checkpoint_room_takes_unreadable_files_first(void **state)
 	aps_ckpt_free(&next);
 }
 
+/* A remover that keeps the files of one job (as if it could not be removed). */
+static int remove_but_junk(void *ctx, const char *job, const char *path)
+{
+	(void)ctx;
+	(void)path;
+	return strcmp(job, "") == 0 ? APS_ESYS : unlink(path);
+}
+
+/* A file that will not go (an operator's immutable file, a job started meanwhile)
+ * is passed over; when what may still go would not make room, nothing more goes. */
+static void test_checkpoint_room_removes_nothing_for_nothing(void **state)
+{
+	char why[512] = "", junk[APS_CKPT_PATH_MAX + 8];
+	struct aps_ckpt next;
+	uint64_t h = write_by("h", 1, "10.0.0.1", 50);
+	struct aps_ckpt_room room = { .dir = dir, .ck = &next, .remove = remove_but_junk };
+	int fd;
+
+	(void)state;
+	snprintf(junk, sizeof(junk), "%s/junk.ckpt", dir);
+	fd = open(junk, O_WRONLY | O_CREAT, 0600);
+	assert_true(fd >= 0);
+	assert_int_equal(ftruncate(fd, (off_t)(3 * h)), 0); /* zeros: no header */
+	close(fd);
+	make(&next, "n", 1);
+	/* junk (3h) goes first but will not; h alone would not make room for n */
+	room.max_bytes = 4 * h - h / 2;
+	assert_int_equal(aps_ckpt_room_make(&room, why, sizeof(why)), APS_ESYS);
+	assert_int_equal(room.n_evicted, 0);
+	assert_true(exists("h", 1) && access(junk, F_OK) == 0);
+	aps_ckpt_free(&next);
+}
+
+static struct aps_ckpt_queue *queue;
+static int written_ret = 1;
+static uint32_t written_evicted;
+
+/* The jobs apsd has: none; "victim" starts as the write begins (after this list
+ * was taken, before its room removes anything). */
+static int none_but_victim_starts(void *ctx, char ***names, size_t *n)
+{
+	(void)ctx;
+	*names = NULL;
+	*n = 0;
+	aps_ckpt_queue_job_starts(queue, "victim");
+	return 0;
+}
+
+static void on_written(void *ctx, const struct aps_ckpt *ck, int ret, const char *why,
+                       const struct aps_ckpt_room *room, double seconds)
+{
+	(void)ctx;
+	(void)ck;
+	(void)why;
+	(void)seconds;
+	written_ret = ret;
+	written_evicted = room != NULL ? room->n_evicted : 0;
+}
+
+/* (found by helper-35) The jobs whose files stay were taken as the write began:
+ * a job that started meanwhile had its files removed while it ran. Now a job
+ * that starts during a write keeps them: the writer holding the most (victim's)
+ * gives nothing, the other's file goes. */
+static void test_checkpoint_room_leaves_a_job_that_starts_during_the_write(void **state)
+{
+	struct aps_ckpt *next = calloc(1, sizeof(*next));
+	uint64_t u = write_by("victim", 1, "10.0.0.7", 300);
+	uv_loop_t loop;
+
+	(void)state;
+	write_by("victim", 2, "10.0.0.7", 200);
+	write_by("other", 1, "10.0.0.8", 100);
+	make(next, "newer", 1);
+	assert_int_equal(uv_loop_init(&loop), 0);
+	assert_int_equal(aps_ckpt_queue_new(&queue, &loop, dir, 2, 3 * u + u / 2,
+	                                    none_but_victim_starts, on_written, NULL),
+	                 0);
+	aps_ckpt_queue_push(queue, next);
+	uv_run(&loop, UV_RUN_DEFAULT);
+	assert_int_equal(written_ret, 0);
+	assert_int_equal(written_evicted, 1);
+	assert_true(exists("victim", 1) && exists("victim", 2) && exists("newer", 1));
+	assert_false(exists("other", 1));
+	aps_ckpt_queue_free(queue);
+	assert_int_equal(uv_loop_close(&loop), 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -519,6 +607,11 @@ int main(void)
 		                                setup, teardown),
 		cmocka_unit_test_setup_teardown(test_checkpoint_room_takes_unreadable_files_first,
 		                                setup, teardown),
+		cmocka_unit_test_setup_teardown(test_checkpoint_room_removes_nothing_for_nothing,
+		                                setup, teardown),
+		cmocka_unit_test_setup_teardown(
+		        test_checkpoint_room_leaves_a_job_that_starts_during_the_write, setup,
+		        teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
