@@ -130,7 +130,6 @@ static int read_heads(const struct aps_ckpt_room *r, struct listing *l)
 	struct aps_ckpt head;
 	uint64_t len;
 	size_t kept = 0;
-
 	int ret = 0;
 
 	for (size_t i = 0; i < l->n; i++) {
