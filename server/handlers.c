@@ -421,6 +421,8 @@ void aps_handle_heartbeat(struct aps_server *srv, struct aps_session *s, const s
 	r.tensor_id = m->tensor_id;
 	r.step = m->step;
 	if (strcmp(m->tensor_name, "@barrier") == 0) {
+		/* named as it was asked: a client finds its barrier by the name */
+		snprintf(r.tensor_name, sizeof(r.tensor_name), "@barrier");
 		for (uint32_t i = 0; i < job->world_size && r.n_waiting_for < APS_MSG_LIST_MAX;
 		     i++) {
 			if (!job->barrier_has[i])

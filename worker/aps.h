@@ -340,7 +340,11 @@ int aps_request_wait(aps_request *req);
  */
 int aps_request_done(const aps_request *req);
 
-/** Broadcast from rank 0: every rank's buf[0..count) receives rank 0's values. */
+/**
+ * Broadcast from rank 0: every rank's buf[0..count) receives rank 0's values.
+ * Rank 0's values must be finite: one inf or NaN refuses the call before
+ * anything is sent (APS_ENONFINITE). Other errors as aps_client_allreduce.
+ */
 int aps_client_broadcast(aps_client *c, uint32_t tensor_id, float *buf, uint64_t count,
                          int32_t timeout_ms);
 

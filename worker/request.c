@@ -449,7 +449,11 @@ int aps_conn_broadcast_start(aps_client *c, uint32_t tensor_id, float *buf, uint
 	if (ret < 0)
 		return ret;
 	r->fmt = aps_format_fp32();
-	/* Only the root sends values; the others ask. */
+	/* Only the root sends values (finite ones: apsd refuses the others); the
+	 * others ask. */
+	size_t nonfinite = c->rank == 0 ? aps_codec_count_nonfinite_f32(buf, r->count) : 0;
+	if (nonfinite > 0)
+		return refuse_nonfinite(r, nonfinite);
 	if (c->rank == 0 && aps_request_encode(c, r) < 0) {
 		aps_request_free(r);
 		return aps_api_fail(APS_ENOMEM, "out of memory");

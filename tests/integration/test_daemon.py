@@ -7,8 +7,10 @@ import signal
 import subprocess
 import time
 
+import numpy as np
 import pytest
 
+import aps
 from conftest import APSD, kill_rank_2_while_the_others_wait, run_workers, start_worker
 
 SMALL = [1, 7, 4097]
@@ -218,6 +220,30 @@ def test_world_size_mismatch_is_refused(daemon):
 def test_nonfinite_tensor_is_refused_before_sending(daemon):
     out = run_workers(daemon.endpoint, 1, [100], steps=1, mode="nan")[0][1]
     assert "APS_ENONFINITE" in out and "nothing was sent" in out, out
+
+
+def test_a_broadcast_of_nan_is_refused_before_sending(daemon):
+    # (found by helper-36) rank 0's NaN went to apsd, which refused the payload:
+    # APS_EPROTO "protocol error: BROADCAST: payload holds 1 inf or NaN fp32 codes"
+    with aps.Client(daemon.endpoint, 0, 1, job="nanb", timeout_ms=5000) as c:
+        x = np.ones(64, np.float32)
+        x[3] = np.nan
+        with pytest.raises(aps.Error, match="1 NaN or inf values; nothing was sent") as e:
+            c.broadcast("w", x)
+        assert e.value.name == "APS_ENONFINITE"
+        c.broadcast("w", np.ones(64, np.float32))  # the client goes on
+    assert daemon.counter("errors_sent") == 0  # nothing reached apsd to refuse
+
+
+def test_a_barrier_that_times_out_names_the_rank_it_waits_for(daemon):
+    # (found by helper-36) apsd answered a barrier's heartbeats without the
+    # barrier's name, the client never matched them, and the timeout said "no
+    # answer from apsd ... (is the daemon running?)" of a running daemon
+    with aps.Client(daemon.endpoint, 0, 2, job="lonely", timeout_ms=5000) as c:
+        with pytest.raises(aps.Error, match=r"no progress within 2500 ms; apsd still waits "
+                                            r"for rank 1") as e:
+            c.barrier(timeout_ms=2500)
+        assert e.value.name == "APS_ETIMEDOUT"
 
 
 def test_sigterm_says_bye_and_exits_zero(daemon_factory):
