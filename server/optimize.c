@@ -520,6 +520,10 @@ void aps_handle_pull(struct aps_server *srv, struct aps_session *s, const struct
 	if (why == NULL)
 		return send_weights(srv, s, t);
 	srv->counters.bad_state++;
-	aps_outbox_error(srv, &s->peer, APS_EPROTO, m, "pull of tensor id %u: it %s", m->tensor_id,
-	                 why);
+	if (t != NULL)
+		aps_outbox_error(srv, &s->peer, APS_EPROTO, m, "pull of tensor '%s' (id %u): it %s",
+		                 t->name, m->tensor_id, why);
+	else
+		aps_outbox_error(srv, &s->peer, APS_EPROTO, m, "pull of tensor id %u: it %s",
+		                 m->tensor_id, why);
 }

@@ -360,8 +360,8 @@ int aps_client_allreduce_part(aps_client *c, uint32_t tensor_id, float *buf, uin
 		return aps_api_fail(APS_EINVAL, "request pointer is NULL");
 	if (c != NULL && aps_client_optimize_mode(c))
 		return aps_api_fail(APS_EINVAL,
-		                    "the job is in optimize mode (%s): use "
-		                    "aps_client_step",
+		                    "the job is in optimize mode (%s): step it on the daemon "
+		                    "(aps_client_step; Client.step in Python)",
 		                    c->optimizer);
 	ret = aps_request_data(c, REQ_ALLREDUCE, tensor_id, buf, buf, count, timeout_ms, &r);
 	if (ret < 0)

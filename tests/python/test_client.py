@@ -13,6 +13,8 @@ import torch
 
 import aps
 import aps._env
+import aps._lib
+import aps.client
 import aps.daemon
 from conftest import run_ranks
 
@@ -88,6 +90,11 @@ def test_connect_timeout_ms_bounds_joining():
     ({"job": ""}, ValueError, "job name must have 1 to 64 bytes"),
     ({"job_token": "two words"}, ValueError, "job_token must be 1 to 128 visible ASCII"),
     ({"job_token": "x" * 129}, ValueError, "job_token must be 1 to 128 visible ASCII"),
+    # (found by helper-36) "no" and "False" were truthy: they meant yes
+    ({"error_feedback": "no"}, TypeError, "error_feedback must be True or False, not 'no'"),
+    ({"rejoin": "False"}, TypeError, "rejoin must be True or False"),
+    ({"payload_crc": "off"}, TypeError, "payload_crc must be True or False"),
+    ({"payload_crc": 2}, TypeError, "payload_crc must be True or False, not 2"),
 ])
 def test_bad_options_are_refused_before_connecting(kwargs, exc, match):
     args = {"endpoint": "tcp://127.0.0.1:1", "rank": 0, "world_size": 1, **kwargs}
@@ -148,6 +155,61 @@ def test_nonfinite_raises_or_is_sent_as_zeros(apsd):
         assert np.array_equal(x, np.zeros(3, np.float32)) and np.array_equal(y, [0.5, 0.25])
         with pytest.raises(ValueError):
             c.allreduce_many_async([("g", x)], nonfinite="ignore")
+
+
+def test_batches_calls_and_waits_say_what_is_wrong(apsd):
+    # (found by helper-36's audit) each of these passed or failed with another
+    # call's words before
+    with aps.Client(apsd, 0, 1, format="fp32") as c:
+        x = np.ones(4, np.float32)
+        with pytest.raises(ValueError, match="tensor 'g' comes twice in one batch"):
+            c.allreduce_many_async([("g", x), ("g", x.copy())])  # was APS_EBUSY
+        with pytest.raises(ValueError, match="timeout -1.0 is out of range"):
+            c.allreduce_async("g", x).wait(timeout=-1)  # was TimeoutError
+        # a tensor whose registration failed takes its next first use's size
+        with pytest.raises(aps.ArgumentError, match="4294967296"):
+            c.codes_layouts([("huge", 2**33)])
+        assert np.array_equal(c.allreduce("huge", x), np.ones(4, np.float32))
+        codes = np.zeros((4, 8), np.uint8)[:, :4]
+        with pytest.raises(ValueError, match="codes of 'huge' must be C-contiguous"):
+            c.allreduce_codes_async([("huge", "fp32", codes, 0, np.zeros(16, np.uint8),
+                                      np.zeros(1, np.int32))])
+
+
+@pytest.mark.parametrize("flushed,exc,match", [
+    (2**70, ValueError, r"flushed counts of 't' 1180591620717411303424 is out of range"),
+    ("abc", TypeError, "flushed counts of 't' must be ints, not <U3"),
+    (None, TypeError, "flushed counts of 't' must be an int"),
+    (1.7, TypeError, "flushed counts of 't' must be ints, not float64"),
+    ([1, -1], ValueError, "flushed counts of 't' must be non-negative, not -1"),
+    ([[1]], ValueError, "one count per chunk, not 2-d"),
+])
+def test_flushed_counts_are_checked(flushed, exc, match):
+    # (found by helper-36) 1.7 was cut to 1, 2**70 raised a bare OverflowError
+    with pytest.raises(exc, match=match):
+        aps.client._flushed_counts(aps._lib.CodesCall(), flushed, "t")
+    counts = aps.client._flushed_counts(aps._lib.CodesCall(), [3, 0], "t")
+    assert counts.tolist() == [3, 0] and counts.dtype == np.uint64
+
+
+def test_step_reads_a_read_only_gradient(apsd):
+    # (found by helper-36) a read-only gradient or like was refused as if
+    # written into ("tensor 'w' is read-only: the result is written into it")
+    with aps.Client(apsd, 0, 1, format="fp32", optimizer="sgd", job="ro") as c:
+        w = np.ones(8, np.float32)
+        c.broadcast("w", w)
+        grad = np.full(8, 2.0, np.float32)
+        grad.flags.writeable = False
+        assert c.updates("w", grad) == 0
+        c.step("w", grad, w, 0.5)
+        assert np.array_equal(w, np.zeros(8, np.float32))
+        with pytest.raises(ValueError, match="weights of 'w' is read-only"):
+            c.step("w", np.ones(8, np.float32), grad, 0.5)
+        with pytest.raises(aps.Error, match=r"Client.step in Python"):
+            c.allreduce("w", np.ones(8, np.float32))
+        with pytest.raises(aps.Error, match=r"pull of tensor 'never' \(id 1\): it has no "
+                                            r"weights yet"):  # was "tensor id 1"
+            c.pull("never", np.zeros(4, np.float32))
 
 
 def test_closed_client_raises(apsd):

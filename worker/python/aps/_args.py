@@ -35,6 +35,15 @@ def check_int(value, what, bounds=INT32):
     return value
 
 
+def check_bool(value, what):
+    """value as a bool: True, False, or the ints 1 and 0 ("no" is truthy: refused)."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)) and value in (0, 1):
+        return bool(value)
+    raise TypeError(f"{what} must be True or False, not {value!r}")
+
+
 def check_float(value, what, bounds=(-math.inf, math.inf)):
     """value as a finite Python float within bounds (lo, hi), both included."""
     if isinstance(value, (bool, str, bytes)) or not hasattr(value, "__float__"):

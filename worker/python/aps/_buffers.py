@@ -67,17 +67,21 @@ def raw_buffer(x, dtype, what="x", writable=True):
 
         check_has_data(x, what)
         want = getattr(torch, _TORCH_DTYPES[dtype])
-        if x.dtype != want or x.device.type != "cpu" or x.is_sparse or not x.is_contiguous():
+        if x.dtype != want or x.device.type != "cpu":
             raise TypeError(f"{what} must be a contiguous CPU tensor of {want}, not "
                             f"{x.dtype} on {x.device}")
+        if x.is_sparse or not x.is_contiguous():
+            raise ValueError(f"{what} must be a dense contiguous tensor (use .contiguous())")
         if writable:
             check_writable(x, what)
         return x.data_ptr(), x.numel()
     if not isinstance(x, np.ndarray):
         raise TypeError(f"{what} must be a numpy.ndarray or torch.Tensor, "
                         f"not {type(x).__name__}")
-    if x.dtype != dtype or not x.flags.c_contiguous:
-        raise TypeError(f"{what} must be a C-contiguous array of {np.dtype(dtype)}, not {x.dtype}")
+    if x.dtype != dtype:
+        raise TypeError(f"{what} must be an array of {np.dtype(dtype)}, not {x.dtype}")
+    if not x.flags.c_contiguous:
+        raise ValueError(f"{what} must be C-contiguous (use numpy.ascontiguousarray)")
     if writable:
         check_writable(x, what)
     return x.ctypes.data, x.size

@@ -20,6 +20,8 @@ import concurrent.futures
 import queue
 import threading
 
+from aps._args import SECONDS, check_float
+
 _STOP = object()
 
 
@@ -48,6 +50,8 @@ class Handle:
         """Blocks until the call has finished and returns its result (for an
         all-reduce, the reduced tensor); raises the call's error. timeout in
         seconds (None: as long as it takes; the C call has its own deadline)."""
+        if timeout is not None:
+            timeout = check_float(timeout, "timeout", SECONDS)
         try:
             return self._future.result(timeout)
         except concurrent.futures.TimeoutError:

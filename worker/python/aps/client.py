@@ -26,8 +26,8 @@ import threading
 import numpy as np
 
 from aps import _env
-from aps._args import (ANY_INT, INT32, POSITIVE_INT32, UINT32, UINT64, check_float, check_int,
-                       check_str)
+from aps._args import (ANY_INT, INT32, POSITIVE_INT32, UINT32, UINT64, check_bool,
+                       check_float, check_int, check_str)
 from aps._buffers import float32_buffer, raw_buffer
 from aps._io import Deferred, IOThread
 from aps import _lib
@@ -136,9 +136,9 @@ class Client:
          opts.curve_server_key, opts.curve_public_key, opts.curve_secret_key,
          opts.optimizer, opts.job_token) = self._strings
         opts.policy_auto = 1 if policy == "auto" else 0
-        opts.error_feedback = 1 if error_feedback else 0
-        opts.rejoin = 1 if rejoin else 0
-        opts.no_payload_crc = 0 if payload_crc else 1
+        opts.error_feedback = 1 if check_bool(error_feedback, "error_feedback") else 0
+        opts.rejoin = 1 if check_bool(rejoin, "rejoin") else 0
+        opts.no_payload_crc = 0 if check_bool(payload_crc, "payload_crc") else 1
         rank = check_int(rank, "rank", ANY_INT)
         world_size = check_int(world_size, "world_size", ANY_INT)
         if not 0 <= rank < world_size <= UINT32[1]:
@@ -230,7 +230,7 @@ class Client:
         rank waits, and the handle's wait() returns the names of those tensors."""
         if nonfinite not in NONFINITE_POLICIES:
             raise ValueError(f"nonfinite must be one of {NONFINITE_POLICIES}, not {nonfinite!r}")
-        calls = [self._prepare(name, x) for name, x in items]
+        calls = [self._prepare(name, x) for name, x in _once_each(items)]
         what = f"all-reduce of {', '.join(repr(c[0]) for c in calls[:3])}" + \
             (f" and {len(calls) - 3} more" if len(calls) > 3 else "")
         return self._queue_reduce(calls, nonfinite == "zero", timeout_ms, what, lambda bad: bad)
@@ -339,8 +339,8 @@ class Client:
         one queued call; returns a Handle whose wait() returns None."""
         lr = check_float(lr, "learning rate", (0.0, math.inf))
         calls = []
-        for name, grad, weights in items:
-            name, gaddr, n = self._prepare(name, grad)
+        for name, grad, weights in _once_each(items):
+            name, gaddr, n = self._prepare(name, grad, writable=False)
             waddr, wn = float32_buffer(weights, f"weights of {name!r}")
             if wn != n:
                 raise ValueError(f"tensor {name!r}: gradient of {n} elements, weights of {wn}")
@@ -367,7 +367,7 @@ class Client:
         """Optimize mode: the optimizer updates tensor name had when it was
         registered (0 for a new job, the checkpoint's count when the daemon
         resumed it). like: a float32 array of the tensor's size (registers it)."""
-        name, _, n = self._prepare(name, like)
+        name, _, n = self._prepare(name, like, writable=False)
 
         def run():
             value = ctypes.c_uint64()
@@ -427,10 +427,11 @@ class Client:
         # <= 0: the client's own (aps.h)
         return 0 if timeout_ms is None else check_int(timeout_ms, "timeout_ms", INT32)
 
-    def _prepare(self, name, x):
-        """Checks name and x on the calling thread: (name, address, count)."""
+    def _prepare(self, name, x, writable=True):
+        """Checks name and x (written into if writable) on the calling thread:
+        (name, address, count)."""
         _check_name(name)
-        addr, n = float32_buffer(x, f"tensor {name!r}")
+        addr, n = float32_buffer(x, f"tensor {name!r}", writable)
         name, n = self._prepare_count(name, n)
         return name, addr, n
 
@@ -451,7 +452,7 @@ class Client:
     def _codes_calls(self, items, lr, timeout_ms, before):
         """Queues the codes calls of items (lr: None for all-reduces, else steps)."""
         calls = []
-        for name, fmt, codes, scale_exp, result, result_exps, *flushed in items:
+        for name, fmt, codes, scale_exp, result, result_exps, *flushed in _once_each(items):
             call = CodesCall()
             counts = _flushed_counts(call, flushed[0] if flushed else (), name)
             call.format = check_str(fmt, f"format of {name!r}")
@@ -525,8 +526,12 @@ class Client:
         entry = self._ids.get(name)
         if entry is None:
             tid = ctypes.c_uint32()
-            check(lib.aps_client_register(self._c, check_str(name, "tensor name"), n,
-                                          ctypes.byref(tid)))
+            ret = lib.aps_client_register(self._c, check_str(name, "tensor name"), n,
+                                          ctypes.byref(tid))
+            if ret < 0:  # not registered: its next use may give another count
+                with self._lock:
+                    self._counts.pop(name, None)
+                check(ret)
             entry = self._ids[name] = (tid.value, _packed_bytes(self.format, n,
                                                                 self.block_size))
         return entry[0]
@@ -588,13 +593,41 @@ def _flushed_counts(call, flushed, name):
     """Sets call's flushed counts from flushed (an int: the whole tensor's,
     counted with its first chunk; or one count per chunk) and returns the
     array that holds them (to keep alive with the call)."""
-    counts = np.atleast_1d(np.asarray(flushed, dtype=np.int64))
-    if counts.ndim != 1 or np.any(counts < 0):
-        raise ValueError(f"flushed counts of {name!r} must be non-negative integers")
-    counts = np.ascontiguousarray(counts.astype(np.uint64))
+    what = f"flushed counts of {name!r}"
+    try:
+        given = np.asarray(flushed)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"{what} must be an int or a sequence of ints: {e}") from None
+    if given.ndim > 1:
+        raise ValueError(f"{what} must be an int or one count per chunk, not {given.ndim}-d")
+    if given.size == 0:  # none given
+        given = np.zeros(0, np.uint64)
+    elif given.dtype.kind in "iu":
+        if given.size and given.min() < 0:
+            raise ValueError(f"{what} must be non-negative, not {given.min()}")
+    elif given.dtype == object:  # Python ints past int64, or a mix: one by one
+        given = np.array([check_int(v, what, UINT64) for v in given.reshape(-1)],
+                         dtype=np.uint64)
+    else:
+        raise TypeError(f"{what} must be ints, not {given.dtype}")
+    counts = np.ascontiguousarray(np.atleast_1d(given).astype(np.uint64))
     call.flushed = counts.ctypes.data if counts.size else None
     call.n_flushed = counts.size
     return counts
+
+
+def _once_each(items):
+    """items (tuples led by a tensor name) as a list, or ValueError when a name
+    comes twice: one call of a batch a tensor."""
+    items = list(items)
+    seen = set()
+    for item in items:
+        _check_name(item[0])
+        if item[0] in seen:
+            raise ValueError(f"tensor {item[0]!r} comes twice in one batch: a tensor "
+                             "has one call in flight")
+        seen.add(item[0])
+    return items
 
 
 def _check_name(name):
