@@ -299,9 +299,10 @@ def run(args):
             report["faults"]["daemon_" + sig.name.lower()] += 1
             for job in jobs:
                 job.restarted_daemon = time.monotonic()
-                if job.rejoin:
-                    job.survival.append((job.incarnation, job.restarted_daemon,
-                                         job.results_so_far()))
+                # every job: one started just before the restart may join the new
+                # daemon and go on (its mark then clears, so that it is killed again)
+                job.survival.append((job.incarnation, job.restarted_daemon,
+                                     job.results_so_far()))
             daemon.start()
             report["rss_kib"] = []
         elif now >= next_blip:
@@ -318,12 +319,12 @@ def run(args):
                           j.results_so_far() > 0]
             if candidates:
                 rng.choice(candidates).kill_one(rng)
-        for job in jobs:  # did the rejoin job go on across the restart, and make progress?
+        for job in jobs:  # did a job go on across the restart, and make progress?
             for mark in [x for x in job.survival if now - x[1] > 4.0]:
                 job.survival.remove(mark)
                 inc, when, before = mark
                 if job.incarnation == inc and job.results_so_far() > before:
-                    report["restarts_survived"] += 1
+                    report["restarts_survived"] += job.rejoin
                     if job.restarted_daemon == when:  # no later restart: a later
                         job.restarted_daemon = None  # failure has another cause
         rss = rss_kib(daemon.proc.pid)
