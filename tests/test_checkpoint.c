@@ -468,6 +468,16 @@ static void test_checkpoint_room_comes_from_the_largest_writer(void **state)
 	aps_ckpt_free(&next);
 }
 
+/* A file of bytes zeros at path. */
+static void zeros_at(const char *path, uint64_t bytes)
+{
+	int fd = open(path, O_WRONLY | O_CREAT, 0600);
+
+	assert_true(fd >= 0);
+	assert_int_equal(ftruncate(fd, (off_t)bytes), 0);
+	close(fd);
+}
+
 /* Files no job could resume go first: a header that does not read, a temporary
  * file a killed daemon left. Without the names of the jobs that run, none goes. */
 static void test_checkpoint_room_takes_unreadable_files_first(void **state)
@@ -476,16 +486,12 @@ static void test_checkpoint_room_takes_unreadable_files_first(void **state)
 	struct aps_ckpt next;
 	uint64_t one = write_by("big", 1, "10.0.0.66", 50);
 	struct aps_ckpt_room room = { .dir = dir, .ck = &next, .keep_all = true };
-	int fd;
 
 	(void)state;
 	write_by("torn", 1, "10.0.0.1", 10);
 	truncate_file(path_of("torn", 1), 40);
 	snprintf(tmp, sizeof(tmp), "%s.tmp", path_of("left", 9));
-	fd = open(tmp, O_WRONLY | O_CREAT, 0600);
-	assert_true(fd >= 0);
-	assert_int_equal(ftruncate(fd, (off_t)one), 0);
-	close(fd);
+	zeros_at(tmp, one);
 	make(&next, "new", 1);
 
 	room.max_bytes = 2 * one + one / 2; /* 1 + 1 + 40 bytes there, 1 more: one must go */
@@ -502,7 +508,8 @@ static void test_checkpoint_room_takes_unreadable_files_first(void **state)
 	aps_ckpt_free(&next);
 }
 
-/* A remover that keeps the files of one job (as if it could not be removed). */
+/* A remover that cannot remove unreadable files (as if an operator made them
+ * immutable), and removes the others. */
 static int remove_but_junk(void *ctx, const char *job, const char *path)
 {
 	(void)ctx;
@@ -518,14 +525,10 @@ static void test_checkpoint_room_removes_nothing_for_nothing(void **state)
 	struct aps_ckpt next;
 	uint64_t h = write_by("h", 1, "10.0.0.1", 50);
 	struct aps_ckpt_room room = { .dir = dir, .ck = &next, .remove = remove_but_junk };
-	int fd;
 
 	(void)state;
 	snprintf(junk, sizeof(junk), "%s/junk.ckpt", dir);
-	fd = open(junk, O_WRONLY | O_CREAT, 0600);
-	assert_true(fd >= 0);
-	assert_int_equal(ftruncate(fd, (off_t)(3 * h)), 0); /* zeros: no header */
-	close(fd);
+	zeros_at(junk, 3 * h); /* no header */
 	make(&next, "n", 1);
 	/* junk (3h) goes first but will not; h alone would not make room for n */
 	room.max_bytes = 4 * h - h / 2;
