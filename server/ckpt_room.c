@@ -81,10 +81,10 @@ static int add_file(struct listing *l, const char *name, const struct stat *st, 
 	return 0;
 }
 
-/* Every checkpoint file of dir (what they take in l->used); with files, in
- * l->files too. A temporary file is a write's that a killed daemon left (this
- * thread runs the only write): as bad as a file whose header does not read. */
-static int list(const char *dir, struct listing *l, bool files, char *why, size_t why_len)
+/* Every checkpoint file of dir, in l->files (what they take in l->used). A temporary file is a
+ * write's that a killed daemon left (this thread runs the only write): as bad as a file whose
+ * header does not read. */
+static int list(const char *dir, struct listing *l, char *why, size_t why_len)
 {
 	struct dirent *e;
 	struct stat st;
@@ -102,8 +102,7 @@ static int list(const char *dir, struct listing *l, bool files, char *why, size_
 		    !S_ISREG(st.st_mode))
 			continue;
 		l->used += (uint64_t)st.st_size;
-		if (files)
-			ret = add_file(l, e->d_name, &st, tmp);
+		ret = add_file(l, e->d_name, &st, tmp);
 	}
 	closedir(d);
 	if (ret < 0)
@@ -281,11 +280,9 @@ int aps_ckpt_room_make(struct aps_ckpt_room *r, char *why, size_t why_len)
 	r->evicted_bytes = 0;
 	if (r->max_bytes == 0)
 		return 0;
-	ret = list(r->dir, &l, false, why, why_len);
+	ret = list(r->dir, &l, why, why_len);
 	if (ret == 0 && l.used + need > r->max_bytes && !r->keep_all) {
-		l.used = 0;
-		ret = list(r->dir, &l, true, why, why_len);
-		if (ret == 0 && (ret = read_heads(r, &l)) < 0)
+		if ((ret = read_heads(r, &l)) < 0)
 			snprintf(why, why_len, "out of memory reading the headers in %s", r->dir);
 		if (ret == 0)
 			evict(r, &l, need);

@@ -505,6 +505,7 @@ static void send_weights(struct aps_server *srv, struct aps_session *s, struct a
 void aps_handle_pull(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m)
 {
 	struct aps_tensor *t = aps_job_tensor(s->job, m->tensor_id);
+	char tensor[APS_MSG_NAME_MAX + 40];
 	const char *why = NULL;
 
 	if (t == NULL || !t->registered[s->rank])
@@ -521,9 +522,8 @@ void aps_handle_pull(struct aps_server *srv, struct aps_session *s, const struct
 		return send_weights(srv, s, t);
 	srv->counters.bad_state++;
 	if (t != NULL)
-		aps_outbox_error(srv, &s->peer, APS_EPROTO, m, "pull of tensor '%s' (id %u): it %s",
-		                 t->name, m->tensor_id, why);
+		snprintf(tensor, sizeof(tensor), "tensor '%s' (id %u)", t->name, m->tensor_id);
 	else
-		aps_outbox_error(srv, &s->peer, APS_EPROTO, m, "pull of tensor id %u: it %s",
-		                 m->tensor_id, why);
+		snprintf(tensor, sizeof(tensor), "tensor id %u", m->tensor_id);
+	aps_outbox_error(srv, &s->peer, APS_EPROTO, m, "pull of %s: it %s", tensor, why);
 }
