@@ -283,6 +283,7 @@ def test_allreduce_numpy_and_torch_is_the_exact_mean(apsd, world):
 def rank_async(rank, world, endpoint):
     with aps.Client(endpoint, rank, world, format="e4m3", job="async") as c:
         xs = [np.full(5, rank + i, np.float32) for i in range(3)]
+        c.barrier()  # both have joined: rank 1's sleep is not spent on rank 0's start
         if rank == 1:
             time.sleep(0.5)
         handles = [c.allreduce_async(f"a{i}", x) for i, x in enumerate(xs)]
