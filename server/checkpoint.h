@@ -17,7 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define APS_CKPT_ARRAYS_MAX   (1 + APS_OPTIM_SLOTS_MAX) /* weights, then the state */
+#define APS_CKPT_ARRAYS_MAX   APS_OPTIM_SAVED_MAX /* weights, then the state */
 #define APS_CKPT_PATH_MAX     512
 #define APS_CKPT_SALT_BYTES   16
 #define APS_CKPT_DIGEST_BYTES 32

@@ -155,9 +155,10 @@ const struct key aps_config_keys[] = {
 	  .help = "checkpoint files kept per job, newest first" },
 	{ KEY(checkpoint_max_bytes), .type = KEY_SIZE, .min = 0, .max = 1024 * 1024 * GIB,
 	  .def = "0",
-	  .help = "bytes the checkpoint files of every job may take together; a write past it "
-	          "fails and the job's last files stay (0: a quarter of checkpoint_dir's "
-	          "filesystem)" },
+	  .help = "bytes the checkpoint files of every job may take together; room for a new "
+	          "file comes from the files of ended jobs (the largest writer's oldest "
+	          "first), else the write fails and the job's last files stay (0: a quarter "
+	          "of checkpoint_dir's filesystem)" },
 };
 
 const size_t aps_config_nkeys = sizeof(aps_config_keys) / sizeof(aps_config_keys[0]);

@@ -200,13 +200,12 @@ static void free_tensor(struct aps_job *job, struct aps_tensor *tensor)
 static void free_job(struct aps_job *job)
 {
 	for (uint32_t i = 0; job->copying != NULL && i < job->n_tensors; i++) {
-		/* Its arrays are read on a thread: freed when the copy is done. */
-		struct aps_optim_tensor *o = &job->tensors[i]->opt;
-		aps_ckpt_copy_free_later(job->copying, o->weights);
-		o->weights = NULL;
-		for (unsigned s = 0; s < o->slots; s++) {
-			aps_ckpt_copy_free_later(job->copying, o->state[s]);
-			o->state[s] = NULL;
+		/* The arrays it saves are read on a thread: freed when the copy is done. */
+		float **saved[APS_OPTIM_SAVED_MAX];
+		unsigned n = aps_optim_tensor_saved(&job->tensors[i]->opt, saved);
+		for (unsigned a = 0; a < n; a++) {
+			aps_ckpt_copy_free_later(job->copying, *saved[a]);
+			*saved[a] = NULL;
 		}
 	}
 	for (struct aps_deferred_finish *d = job->deferred, *next; d != NULL; d = next) {

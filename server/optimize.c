@@ -297,16 +297,17 @@ static int take_array(float **dst, float **src, size_t n, enum take how)
 static int snapshot_tensor(struct aps_tensor *t, struct aps_ckpt_tensor *ct, enum take how)
 {
 	struct aps_optim_tensor *o = &t->opt;
-	int ret = take_array(&ct->arrays[0], &o->weights, o->count, how);
+	float **saved[APS_OPTIM_SAVED_MAX];
+	int ret = 0;
 
 	snprintf(ct->name, sizeof(ct->name), "%s", t->name);
 	ct->count = o->count;
 	ct->updates = o->updates;
 	ct->state_t = o->state_t;
-	ct->n_arrays = 1 + o->slots;
+	ct->n_arrays = aps_optim_tensor_saved(o, saved);
 	ct->borrowed = how == TAKE_BORROW;
-	for (unsigned s = 0; ret == 0 && s < o->slots; s++)
-		ret = take_array(&ct->arrays[1 + s], &o->state[s], o->count, how);
+	for (unsigned a = 0; ret == 0 && a < ct->n_arrays; a++)
+		ret = take_array(&ct->arrays[a], saved[a], o->count, how);
 	return ret;
 }
 
@@ -322,8 +323,9 @@ static int snapshot_unclaimed(const struct aps_ckpt_tensor *src, struct aps_ckpt
 	return ret;
 }
 
-/* A tensor in the middle of a step (some chunks applied, or being applied on an
- * engine thread) or left torn by a lost rank. */
+/* A tensor in the middle of a step (some of its chunks applied) or left torn by
+ * a lost rank. Optimize mode's rounds have a transform: their chunks are applied
+ * on the loop thread (round.h aps_round_offloaded). */
 static const struct aps_tensor *half_stepped(const struct aps_job *job)
 {
 	for (uint32_t i = 0; i < job->n_tensors; i++) {
@@ -432,8 +434,8 @@ void aps_optimize_checkpoint(struct aps_server *srv, struct aps_job *job, const 
 	aps_ckpt_queue_push(srv->ckpt, ck);
 }
 
-/* The chunks of t's step in progress whose update is in its weights (or is being
- * put there, on an engine thread): 0 between steps. */
+/* The chunks of t's step in progress whose update is in its weights: 0 between
+ * steps. */
 static uint32_t stepped_chunks(const struct aps_tensor *t)
 {
 	return t->round.kind == APS_ROUND_ALLREDUCE

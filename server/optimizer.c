@@ -263,6 +263,14 @@ void aps_optim_tensor_fini(struct aps_optim_tensor *t)
 	memset(t, 0, sizeof(*t));
 }
 
+unsigned aps_optim_tensor_saved(struct aps_optim_tensor *t, float **out[APS_OPTIM_SAVED_MAX])
+{
+	out[0] = &t->weights;
+	for (unsigned s = 0; s < t->slots; s++)
+		out[1 + s] = &t->state[s];
+	return 1 + t->slots;
+}
+
 void aps_optim_tensor_step_chunk(const struct aps_optim_config *c, struct aps_optim_tensor *t,
                                  size_t off, float *mean, size_t n)
 {

@@ -72,6 +72,12 @@ int aps_optim_tensor_init(struct aps_optim_tensor *t, const struct aps_optim_con
                           size_t count);
 void aps_optim_tensor_fini(struct aps_optim_tensor *t);
 
+/* The arrays a checkpoint saves, in the file's order: the weights, then the
+ * state slots. Fills out with the addresses of t's pointers (so that a caller
+ * may take or lend them) and returns how many: 1 + t->slots. */
+#define APS_OPTIM_SAVED_MAX (1 + APS_OPTIM_SLOTS_MAX)
+unsigned aps_optim_tensor_saved(struct aps_optim_tensor *t, float **out[APS_OPTIM_SAVED_MAX]);
+
 /*
  * Optimize-mode result of one chunk [off, off + n): mean holds the chunk's
  * mean gradient and becomes the difference between the new master weights

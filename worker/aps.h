@@ -279,16 +279,19 @@ size_t aps_client_opts_size(void);
  * connection but did not answer within timeout_ms; while apsd reads the job's checkpoint, protocol
  * 1.11, the wait lasts as long as the read goes on, and fails when it stalls for timeout_ms, 1 s
  * at least), APS_EBUSY (the rank is held by a live session),
- * APS_EMISMATCH (the job's world size or options differ) or APS_EACCES (the job token differs, or
- * apsd refused this client's CURVE key: "authentication failed").
+ * APS_EMISMATCH (the job's world size or options differ), APS_ERANGE (a limit of apsd's:
+ * max_jobs, max_jobs_per_address, or the job's checkpoint is larger than the memory left to
+ * resume it) or APS_EACCES (the job token differs, or apsd refused this client's CURVE key:
+ * "authentication failed").
  */
 int aps_client_new(aps_client **out, const struct aps_client_opts *o);
 
 /**
  * Registers a tensor of count fp32 elements (1..2^32) under name (1..255 visible
  * ASCII bytes; every rank registers the same tensors) and writes its id. Returns
- * 0, APS_EINVAL (checked before anything is sent), APS_EMISMATCH
- * (another rank registered another count), APS_ETIMEDOUT or APS_ECLOSED.
+ * 0, APS_EINVAL (checked before anything is sent), APS_ENOMEM, APS_EMISMATCH
+ * (another rank registered another count), APS_ERANGE (a limit of apsd's: max_tensors,
+ * max_job_bytes or max_total_bytes), APS_ETIMEDOUT or APS_ECLOSED.
  */
 int aps_client_register(aps_client *c, const char *name, uint64_t count, uint32_t *tensor_id);
 
@@ -371,8 +374,9 @@ int aps_client_step_start(aps_client *c, uint32_t tensor_id, const float *grad, 
  * Optimize mode: copies the daemon's fp32 master weights of a tensor into
  * weights[0..count) and, when updates is not NULL, the number of optimizer
  * updates they have had. Any rank, any time (not between a step's start and
- * its wait on the same tensor: APS_EBUSY). Errors: APS_EINVAL, APS_EPROTO (the
- * job is in all-reduce mode, or no weights yet), APS_ETIMEDOUT, APS_ECLOSED.
+ * its wait on the same tensor: APS_EBUSY). Errors: APS_EINVAL (also when the job is
+ * in all-reduce mode: the daemon holds no weights), APS_EPROTO (no weights yet: rank 0
+ * broadcasts them first), APS_ETIMEDOUT, APS_ECLOSED.
  */
 int aps_client_pull(aps_client *c, uint32_t tensor_id, float *weights, uint64_t count,
                     int32_t timeout_ms, uint64_t *updates);

@@ -104,8 +104,11 @@ class Client:
     whether it was refused or nothing answered, APS_ETIMEDOUT when the daemon
     took the connection but did not answer, APS_EBUSY when the rank is taken,
     APS_EMISMATCH when the job's world size or options differ, APS_EACCES when
-    the job token differs or CURVE refused the key) or aps.ArgumentError for
-    bad options.
+    the job token differs or CURVE refused the key). A limit of the daemon's
+    (max_jobs, max_jobs_per_address, a checkpoint larger than the memory left
+    to resume it) is APS_ERANGE, raised as aps.ArgumentError (an aps.Error and
+    a ValueError). A bad option raises TypeError or ValueError before anything
+    connects.
     """
 
     def __init__(self, endpoint, rank, world_size, format="e4m3", scaling="local",
