@@ -659,7 +659,7 @@ static int refuses(const struct aps_ckpt *head, uint64_t len, const struct aps_c
 	if (want->max_bytes != 0 && len > want->max_bytes) {
 		snprintf(why, why_len,
 		         "job '%.64s': its checkpoint %.200s (step %llu) holds %llu bytes, "
-		         "and %llu fit max_job_bytes and max_total_bytes now",
+		         "and %llu fit max_job_bytes, max_address_bytes and max_total_bytes now",
 		         head->job, path, (unsigned long long)head->step, (unsigned long long)len,
 		         (unsigned long long)want->max_bytes);
 		return APS_ERANGE;

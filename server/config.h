@@ -50,6 +50,7 @@ struct aps_config {
 	uint64_t max_job_bytes;          /* fp32 bytes of one job's tensors */
 	uint64_t max_message_bytes;      /* largest frame accepted; 0: chunk_bytes + 64k */
 	uint64_t max_total_bytes;        /* of every job together; 0: half the memory */
+	uint64_t max_address_bytes;      /* of the jobs of one address; 0: max_total_bytes / 2 */
 	uint64_t max_held_bytes;         /* early pushes held, every job; 0: max_total_bytes / 4 */
 	int max_connections;             /* 0: from RLIMIT_NOFILE */
 	int max_connections_per_address; /* 0: no limit */

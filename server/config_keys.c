@@ -78,6 +78,10 @@ const struct key aps_config_keys[] = {
 	{ KEY(max_total_bytes), .type = KEY_SIZE, .min = 0, .max = 1024 * 1024 * GIB, .def = "0",
 	  .help = "bytes the tensors of every job together may hold, their values and what "
 	          "each keeps per rank (0: half the memory of the machine or of its cgroup)" },
+	{ KEY(max_address_bytes), .type = KEY_SIZE, .min = 0, .max = 1024 * 1024 * GIB, .def = "0",
+	  .help = "bytes of max_total_bytes the jobs started from one IP address (IPv6: its "
+	          "/64; ipc: one user) may hold together, so that one address cannot register "
+	          "all of it (0: half of max_total_bytes)" },
 	{ KEY(max_held_bytes), .type = KEY_SIZE, .min = 0, .max = 1024 * 1024 * GIB, .def = "0",
 	  .help = "bytes of pushes that came before a lower rank's, held until their turn, over "
 	          "every job; past it such a push is not kept and its rank is asked for it again "

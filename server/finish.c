@@ -12,6 +12,7 @@
 #include "server/outbox.h"
 #include "server/resend.h"
 #include "server/server_impl.h"
+#include "server/tally.h"
 
 #include "common/err.h"
 #include "common/log.h"
@@ -211,15 +212,68 @@ void aps_finish_chunk(struct aps_server *srv, struct aps_job *job, struct aps_te
 	chunk_done(srv, job, t, arrived_ns, ret, &res);
 }
 
-/* A rank back in an elastic job learns the step of every tensor it registered. */
-static void send_steps(struct aps_server *srv, struct aps_job *job, struct aps_session *s)
+/*
+ * REGISTEREDs to a rank back that may wait in the bridge at once: its pipe
+ * takes what it can, one batch more waits, and the next goes once that one has
+ * left (at a tick). All at once, 6000 tensors' passed the bridge's 4096 a peer
+ * and dropped the rank as a slow reader, at every comeback (helper-38,
+ * 2026-12-08): its client had to reconnect and send its barrier again.
+ */
+#define STEPS_BATCH 512
+
+static void send_barrier(struct aps_server *srv, struct aps_job *job, struct aps_session *s,
+                         uint64_t step)
 {
-	for (uint32_t i = 0; i < job->n_tensors; i++) {
-		if (job->tensors[i]->registered[s->rank])
-			aps_outbox_registered(srv, job, s, job->tensors[i]);
+	struct aps_msg r;
+
+	aps_outbox_init(&r, APS_MSG_BARRIER, job, s->rank);
+	r.step = step;
+	aps_outbox_send(srv, &s->peer, &r, NULL);
+}
+
+/* Tells s, back in an elastic job, the step of every tensor it registered, as far
+ * as the bridge takes them; once all are out, the barrier that let it in. */
+static void send_steps(struct aps_server *srv, struct aps_session *s)
+{
+	struct aps_job *job = s->job;
+	struct aps_tally *tally = job->steps_unsent;
+
+	while (s->steps_next < job->n_tensors) {
+		if (tally != NULL && aps_tally_unsent(tally, s->rank) > 0)
+			return; /* the last batch waits for its pipe: a tick goes on */
+		for (uint32_t sent = 0; sent < STEPS_BATCH && s->steps_next < job->n_tensors;
+		     s->steps_next++) {
+			struct aps_tensor *t = job->tensors[s->steps_next];
+			if (t->registered[s->rank]) {
+				aps_outbox_registered(srv, job, s, t, tally);
+				sent++;
+			}
+		}
 	}
-	aps_log_info("server", "rank back job=%s rank=%u members=%u", job->name, s->rank,
-	             aps_job_members(job));
+	s->steps_due = false;
+	send_barrier(srv, job, s, s->steps_barrier);
+}
+
+static void start_steps(struct aps_server *srv, struct aps_job *job, struct aps_session *s,
+                        uint64_t barrier)
+{
+	if (job->steps_unsent == NULL &&
+	    (job->steps_unsent = aps_tally_new(job->world_size)) != NULL)
+		job->overhead_bytes += aps_tally_size(job->world_size);
+	s->steps_due = true;
+	s->steps_next = 0;
+	s->steps_barrier = barrier;
+	aps_log_info("server", "rank back job=%s rank=%u members=%u tensors=%u", job->name, s->rank,
+	             aps_job_members(job), job->n_tensors);
+	send_steps(srv, s);
+}
+
+void aps_finish_steps_tick(struct aps_server *srv)
+{
+	for (struct aps_session *s = srv->jobs.sessions; s != NULL; s = s->next) {
+		if (s->steps_due && s->detached_ms == 0) /* away: it goes on once back */
+			send_steps(srv, s);
+	}
 }
 
 /*
@@ -229,8 +283,6 @@ static void send_steps(struct aps_server *srv, struct aps_job *job, struct aps_s
  */
 void aps_finish_barrier(struct aps_server *srv, struct aps_job *job)
 {
-	struct aps_msg r;
-
 	if (job->barrier_arrived == 0)
 		return;
 	for (uint32_t rank = 0; rank < job->world_size; rank++) {
@@ -239,16 +291,15 @@ void aps_finish_barrier(struct aps_server *srv, struct aps_job *job)
 			return;
 	}
 	for (uint32_t rank = 0; rank < job->world_size; rank++) {
-		aps_outbox_init(&r, APS_MSG_BARRIER, job, rank);
-		r.step = job->barrier_step;
 		if (job->ranks[rank] == NULL)
 			continue;
 		/* A rank that is back learns its tensors' steps before the barrier returns. */
 		if (job->absent[rank]) {
 			job->absent[rank] = false;
-			send_steps(srv, job, job->ranks[rank]);
+			start_steps(srv, job, job->ranks[rank], job->barrier_step);
+		} else {
+			send_barrier(srv, job, job->ranks[rank], job->barrier_step);
 		}
-		aps_outbox_send(srv, &job->ranks[rank]->peer, &r, NULL);
 	}
 	memset(job->barrier_has, 0, job->world_size * sizeof(*job->barrier_has));
 	job->barrier_arrived = 0;

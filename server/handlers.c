@@ -86,10 +86,12 @@ static void step_mismatch(struct aps_server *srv, struct aps_job *job, const str
 }
 
 /*
- * A new tensor must fit max_job_bytes and max_total_bytes (every job
- * together): 0, or APS_ERANGE after an ERROR. Per element a job holds 4 fp32
- * bytes of sum, in optimize mode weights, view and state, and with reconnects
- * the last result kept.
+ * A new tensor must fit max_job_bytes, max_address_bytes (the jobs started
+ * from its job's address together: one address cannot register the whole of
+ * max_total_bytes, which costs it nothing until it pushes) and max_total_bytes
+ * (every job together): 0, or APS_ERANGE after an ERROR. Per element a job
+ * holds 4 fp32 bytes of sum, in optimize mode weights, view and state, and
+ * with reconnects the last result kept.
  */
 static int check_memory(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m)
 {
@@ -98,7 +100,8 @@ static int check_memory(struct aps_server *srv, struct aps_session *s, const str
 	uint64_t per =
 	        4 * (1 + kept +
 	             (job->optim.kind != APS_OPTIM_NONE ? 2 + aps_optim_slots(&job->optim) : 0));
-	uint64_t total, max = srv->opts.max_total_bytes, limit = srv->opts.max_job_bytes;
+	uint64_t total, mine, limit = srv->opts.max_job_bytes;
+	uint64_t max = srv->opts.max_total_bytes, max_mine = srv->opts.max_address_bytes;
 	const char *name = "max_job_bytes";
 
 	/* Counts < 2^32 elements and ranks < 2^13: the sum cannot overflow. */
@@ -110,22 +113,29 @@ static int check_memory(struct aps_server *srv, struct aps_session *s, const str
 	uint64_t taken = aps_optimize_resumed_bytes(job, m->tensor_name, m->total_count);
 
 	total = aps_jobs_bytes(&srv->jobs) + srv->ckpt_reading - taken;
-	if (job->tensor_bytes + values <= srv->opts.max_job_bytes) {
-		if (max == 0 || total + need <= max)
-			return 0;
+	mine = aps_jobs_origin_bytes(&srv->jobs, job->origin) - taken;
+	if (job->tensor_bytes + values > limit) {
+	} else if (max_mine != 0 && (max == 0 || max_mine < max) && mine + need > max_mine) {
+		name = "max_address_bytes";
+		limit = max_mine;
+	} else if (max != 0 && total + need > max) {
 		name = "max_total_bytes";
 		limit = max;
+	} else {
+		return 0;
 	}
 	srv->counters.bad_state++;
 	srv->counters.refused_memory++;
+	/* the limit first: an error's text is cut at 255 bytes */
 	aps_outbox_error(srv, &s->peer, APS_ERANGE, m,
-	                 "cannot register tensor '%.80s' (%llu elements): job '%s' would "
-	                 "hold %llu fp32 bytes and %llu of bookkeeping, every job %llu; %s is "
-	                 "%llu",
-	                 m->tensor_name, (unsigned long long)m->total_count, job->name,
+	                 "cannot register tensor '%.60s' (%llu elements): %s is %llu; job "
+	                 "'%.40s' would hold %llu fp32 bytes and %llu of bookkeeping, the jobs "
+	                 "from %s %llu, every job %llu",
+	                 m->tensor_name, (unsigned long long)m->total_count, name,
+	                 (unsigned long long)limit, job->name,
 	                 (unsigned long long)(job->tensor_bytes + values),
-	                 (unsigned long long)(job->overhead_bytes + need - values),
-	                 (unsigned long long)(total + need), name, (unsigned long long)limit);
+	                 (unsigned long long)(job->overhead_bytes + need - values), job->origin,
+	                 (unsigned long long)(mine + need), (unsigned long long)(total + need));
 	return APS_ERANGE;
 }
 
@@ -162,7 +172,7 @@ void aps_handle_register(struct aps_server *srv, struct aps_session *s, const st
 		}
 	}
 	t->registered[s->rank] = true;
-	aps_outbox_registered(srv, job, s, t);
+	aps_outbox_registered(srv, job, s, t, NULL);
 }
 
 /* The tensor and chunk a PUSH or BROADCAST is about, or NULL after an ERROR. */

@@ -163,12 +163,26 @@ struct aps_job *aps_jobs_find(struct aps_jobs *t, const char *name)
 	return NULL;
 }
 
+uint64_t aps_job_bytes(const struct aps_job *job)
+{
+	return job->tensor_bytes + job->overhead_bytes + job->resume_bytes;
+}
+
 uint64_t aps_jobs_bytes(const struct aps_jobs *t)
 {
 	uint64_t total = 0;
 
 	for (const struct aps_job *j = t->jobs; j != NULL; j = j->next)
-		total += j->tensor_bytes + j->overhead_bytes + j->resume_bytes;
+		total += aps_job_bytes(j);
+	return total;
+}
+
+uint64_t aps_jobs_origin_bytes(const struct aps_jobs *t, const char *origin)
+{
+	uint64_t total = 0;
+
+	for (const struct aps_job *j = t->jobs; j != NULL; j = j->next)
+		total += strcmp(j->origin, origin) == 0 ? aps_job_bytes(j) : 0;
 	return total;
 }
 
@@ -214,6 +228,7 @@ static void free_job(struct aps_job *job)
 	}
 	for (uint32_t i = 0; i < job->n_tensors; i++)
 		free_tensor(job, job->tensors[i]);
+	aps_tally_release(job->steps_unsent);
 	free(job->tensors);
 	free(job->by_name);
 	aps_ckpt_free(&job->resume);

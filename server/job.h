@@ -53,6 +53,11 @@ struct aps_session {
 	uint8_t token[APS_MSG_SESSION_LEN]; /* from its HELLO: what takes the session back */
 	struct aps_peer moved_from;         /* its routing id before it last moved (len 0: none):
 	                                       late messages from there are dropped */
+	/* A rank back in an elastic job hears its tensors' steps a batch at a time,
+	 * then the barrier that let it in (finish.c): */
+	bool steps_due;         /* REGISTEREDs from tensor steps_next on, then that BARRIER */
+	uint32_t steps_next;    /* a tensor id */
+	uint64_t steps_barrier; /* the barrier's step */
 };
 
 /* What the stats socket reports about a tensor. */
@@ -140,6 +145,9 @@ struct aps_job {
 	uint64_t answer_msgs;
 	uint64_t barrier_step;
 	bool *barrier_has;
+	/* Per rank: the REGISTEREDs to a rank back (s->steps_due) waiting in the bridge;
+	 * NULL until a rank is back, or out of memory (then sent all at once). */
+	struct aps_tally *steps_unsent;
 	uint32_t barrier_arrived;
 	uint64_t rounds_completed;
 	struct aps_optim_config optim;       /* kind APS_OPTIM_NONE: all-reduce mode */
@@ -223,6 +231,10 @@ struct aps_job *aps_jobs_find(struct aps_jobs *t, const char *name);
 /* What every job holds that max_total_bytes bounds: values, bookkeeping, checkpoints
  * loaded and not taken yet. */
 uint64_t aps_jobs_bytes(const struct aps_jobs *t);
+/* The same, of one job. */
+uint64_t aps_job_bytes(const struct aps_job *job);
+/* The same, of the jobs started from origin (max_address_bytes). */
+uint64_t aps_jobs_origin_bytes(const struct aps_jobs *t, const char *origin);
 /* A new job (world_size ranks, none connected). Returns 0 or APS_ENOMEM. */
 int aps_jobs_create(struct aps_jobs *t, const char *name, uint32_t world_size,
                     struct aps_job **out);

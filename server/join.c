@@ -433,10 +433,12 @@ void aps_handle_hello(struct aps_server *srv, struct aps_session *s, const struc
 	if (ret == 0 && job == NULL)
 		ret = new_job_refuses(srv, s, m, why, sizeof(why));
 	if (ret == 0 && job == NULL) { /* its checkpoint: another token's, or too large */
+		char origin[APS_JOB_ORIGIN_LEN];
+		aps_access_origin(s->address, origin);
 		if (optim.kind != APS_OPTIM_NONE) /* a write's room leaves its files alone */
 			aps_ckpt_queue_job_starts(srv->ckpt, m->job);
-		resume = aps_optimize_resume_check(srv, m, &optim, &want, &resume_bytes, why,
-		                                   sizeof(why));
+		resume = aps_optimize_resume_check(srv, m, origin, &optim, &want, &resume_bytes,
+		                                   why, sizeof(why));
 		srv->counters.refused_token += resume == APS_EACCES;
 		ret = resume < 0 ? resume : 0;
 	}

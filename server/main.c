@@ -139,6 +139,8 @@ static void resolve_limits(struct daemon *d, struct aps_server_opts *o)
 	o->max_connections_per_address = (size_t)cfg->max_connections_per_address;
 	o->max_total_bytes =
 	        cfg->max_total_bytes > 0 ? cfg->max_total_bytes : aps_hostlimits_memory() / 2;
+	o->max_address_bytes =
+	        cfg->max_address_bytes > 0 ? cfg->max_address_bytes : o->max_total_bytes / 2;
 	o->max_held_bytes = cfg->max_held_bytes > 0 ? cfg->max_held_bytes : o->max_total_bytes / 4;
 	o->max_message_bytes = (int64_t)(cfg->max_message_bytes > 0 ? cfg->max_message_bytes
 	                                                            : cfg->chunk_bytes + 65536);
@@ -150,12 +152,13 @@ static void resolve_limits(struct daemon *d, struct aps_server_opts *o)
 	o->io_threads = cfg->io_threads > 0 ? (unsigned)cfg->io_threads : (cpus + 3) / 4;
 	aps_log_info("apsd",
 	             "limits max_connections=%zu nofile=%llu max_total_bytes=%llu "
-	             "max_held_bytes=%llu max_message_bytes=%lld threads=%u io_threads=%u cpus=%u "
-	             "checkpoint_max_bytes=%llu",
+	             "max_address_bytes=%llu max_held_bytes=%llu max_message_bytes=%lld threads=%u "
+	             "io_threads=%u cpus=%u checkpoint_max_bytes=%llu",
 	             o->max_connections, (unsigned long long)nofile,
-	             (unsigned long long)o->max_total_bytes, (unsigned long long)o->max_held_bytes,
-	             (long long)o->max_message_bytes, o->threads, o->io_threads, cpus,
-	             (unsigned long long)o->checkpoint_max_bytes);
+	             (unsigned long long)o->max_total_bytes,
+	             (unsigned long long)o->max_address_bytes,
+	             (unsigned long long)o->max_held_bytes, (long long)o->max_message_bytes,
+	             o->threads, o->io_threads, cpus, (unsigned long long)o->checkpoint_max_bytes);
 }
 
 static struct aps_server_opts server_opts(struct daemon *d)

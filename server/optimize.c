@@ -53,19 +53,29 @@ static uint64_t ckpt_tensor_bytes(const struct aps_ckpt_tensor *ct)
 	return ct->arrays[0] != NULL ? (uint64_t)ct->n_arrays * ct->count * sizeof(float) : 0;
 }
 
-/* What max_job_bytes and max_total_bytes leave a job besides the others'. */
-static uint64_t room_for_job(const struct aps_server *srv)
+/* The least of bound - used over the bounds, at least 1 (nothing fits 1). */
+static uint64_t room_within(uint64_t room, uint64_t bound, uint64_t used)
 {
-	uint64_t used = aps_jobs_bytes(&srv->jobs) + srv->ckpt_reading;
-	uint64_t max = srv->opts.max_job_bytes;
-	uint64_t total = srv->opts.max_total_bytes;
-
-	if (total != 0 && (used >= total || total - used < max))
-		max = used >= total ? 1 : total - used;
-	return max;
+	if (bound == 0)
+		return room;
+	if (used >= bound)
+		return 1;
+	return bound - used < room ? bound - used : room;
 }
 
-int aps_optimize_resume_check(struct aps_server *srv, const struct aps_msg *m,
+/* What max_job_bytes, max_address_bytes and max_total_bytes leave a new job of
+ * origin besides the others'. */
+static uint64_t room_for_job(const struct aps_server *srv, const char *origin)
+{
+	uint64_t room = srv->opts.max_job_bytes;
+
+	room = room_within(room, srv->opts.max_address_bytes,
+	                   aps_jobs_origin_bytes(&srv->jobs, origin));
+	return room_within(room, srv->opts.max_total_bytes,
+	                   aps_jobs_bytes(&srv->jobs) + srv->ckpt_reading);
+}
+
+int aps_optimize_resume_check(struct aps_server *srv, const struct aps_msg *m, const char *origin,
                               const struct aps_optim_config *cfg, struct aps_ckpt_want *want,
                               uint64_t *bytes, char *why, size_t why_len)
 {
@@ -74,7 +84,8 @@ int aps_optimize_resume_check(struct aps_server *srv, const struct aps_msg *m,
 
 	if (cfg->kind == APS_OPTIM_NONE || dir == NULL || dir[0] == '\0')
 		return 0;
-	*want = (struct aps_ckpt_want){ .token = m->job_token, .max_bytes = room_for_job(srv) };
+	*want = (struct aps_ckpt_want){ .token = m->job_token,
+		                        .max_bytes = room_for_job(srv, origin) };
 	ret = aps_ckpt_check_newest(dir, m->job, want, bytes, why, why_len);
 	if (ret == APS_EACCES || ret == APS_ERANGE)
 		aps_log_warn("checkpoint", "not resumed job=%s: %s", m->job, why);
@@ -103,12 +114,12 @@ int aps_optimize_job_resume(struct aps_server *srv, struct aps_job *job, int ret
 		return 0;
 	for (uint32_t i = 0; i < ck->n_tensors; i++)
 		bytes += ckpt_tensor_bytes(&ck->tensors[i]);
-	room = room_for_job(srv);
+	room = room_for_job(srv, job->origin);
 	if (bytes > room) {
 		snprintf(
 		        out, out_len,
 		        "job '%.64s': its checkpoint %.200s (step %llu) holds %llu bytes, and %llu "
-		        "fit max_job_bytes and max_total_bytes now",
+		        "fit max_job_bytes, max_address_bytes and max_total_bytes now",
 		        job->name, path, (unsigned long long)ck->step, (unsigned long long)bytes,
 		        (unsigned long long)room);
 		aps_log_warn("checkpoint", "not resumed job=%s: %s", job->name, out);

@@ -20,12 +20,13 @@ int aps_optimize_parse_hello(const struct aps_msg *m, struct aps_optim_config *c
 /*
  * Before a new job of optimize mode starts: whether there is a checkpoint of
  * its name to resume, which the HELLO's job token must own (checkpoint.h) and
- * which must fit max_job_bytes and what max_total_bytes leaves, from the
+ * which must fit max_job_bytes and what max_address_bytes (of the jobs of
+ * origin, the HELLO's address: access.h) and max_total_bytes leave, from the
  * newest file's header. Returns 1 (*want and *bytes for aps_ckpt_load_start;
  * want->token is m's), 0 (none, or checkpoints off), or APS_EACCES /
  * APS_ERANGE with why: the HELLO is refused.
  */
-int aps_optimize_resume_check(struct aps_server *srv, const struct aps_msg *m,
+int aps_optimize_resume_check(struct aps_server *srv, const struct aps_msg *m, const char *origin,
                               const struct aps_optim_config *cfg, struct aps_ckpt_want *want,
                               uint64_t *bytes, char *why, size_t why_len);
 /* A new job in optimize mode: its settings. */

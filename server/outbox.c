@@ -175,7 +175,7 @@ void aps_outbox_error_job(struct aps_server *srv, struct aps_job *job, int code,
 }
 
 void aps_outbox_registered(struct aps_server *srv, struct aps_job *job, struct aps_session *s,
-                           const struct aps_tensor *t)
+                           const struct aps_tensor *t, struct aps_tally *tally)
 {
 	struct aps_msg r;
 
@@ -187,7 +187,7 @@ void aps_outbox_registered(struct aps_server *srv, struct aps_job *job, struct a
 	r.step = t->round.step;               /* the next step: where a rank that is back starts */
 	r.updates = t->opt.updates;           /* optimize mode: what a checkpoint restored */
 	snprintf(r.format, sizeof(r.format), "%s", t->policy.current.name);
-	aps_outbox_send(srv, &s->peer, &r, NULL);
+	pack_and_send(srv, &s->peer, &r, NULL, tally, s->rank);
 }
 
 void aps_outbox_again(struct aps_server *srv, struct aps_job *job, struct aps_tensor *t,

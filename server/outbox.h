@@ -60,9 +60,10 @@ void aps_outbox_error_job(struct aps_server *srv, struct aps_job *job, int code,
 void aps_outbox_error_rank(struct aps_server *srv, struct aps_job *job, uint32_t rank, int code,
                            const char *text);
 
-/* REGISTERED to s about t: its id, size, chunking, next step and format. */
+/* REGISTERED to s about t: its id, size, chunking, next step and format;
+ * counted in tally's slot s->rank until it leaves the bridge (NULL: not counted). */
 void aps_outbox_registered(struct aps_server *srv, struct aps_job *job, struct aps_session *s,
-                           const struct aps_tensor *t);
+                           const struct aps_tensor *t, struct aps_tally *tally);
 
 /* AGAIN to the rank whose declined push chunk of t now waits for, if one does
  * (aps_round_wanted): it sends that push again. */

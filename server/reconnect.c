@@ -79,6 +79,8 @@ static void move(struct aps_server *srv, struct aps_session *s, const struct aps
 	             (unsigned long long)(s->detached_ms ? now_ms(srv) - s->detached_ms : 0));
 	s->reconnects++;
 	srv->counters.reconnects++;
+	if (s->steps_due) /* what went to its last connection may be lost: all again */
+		s->steps_next = 0;
 	aps_jobs_move_session(&srv->jobs, s, &in->peer);
 	s->conn = in->conn;
 	s->detached_ms = 0;

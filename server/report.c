@@ -153,6 +153,8 @@ static json_t *jobs(const struct aps_server *srv)
 		              "optimizer", j->optim_spec, "last_checkpoint_step",
 		              (json_int_t)j->last_ckpt_step, "held_bytes", (json_int_t)held);
 		json_object_set_new(o, "stalls_unlisted", json_integer(unlisted));
+		json_object_set_new(o, "origin", json_string(j->origin));
+		json_object_set_new(o, "bytes", json_integer((json_int_t)aps_job_bytes(j)));
 		json_object_set_new(o, "reading_checkpoint", json_boolean(j->loading != NULL));
 		if (j->loading != NULL) { /* how far: bytes read of the file's */
 			uint64_t read, bytes;

@@ -106,6 +106,10 @@ bool aps_resend_barrier(struct aps_server *srv, struct aps_session *s, const str
 
 	if (s->reconnects == 0)
 		return false;
+	if (s->steps_due && m->step == s->steps_barrier) { /* its BARRIER follows its steps */
+		srv->counters.resent++;
+		return true;
+	}
 	if (m->step == job->barrier_step && job->barrier_has[s->rank]) {
 		srv->counters.resent++;
 		return true;

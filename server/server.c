@@ -243,6 +243,7 @@ static void on_tick(uv_timer_t *timer)
 		             (unsigned long long)(now - last));
 	}
 	aps_reconnect_tick(srv, now);
+	aps_finish_steps_tick(srv);
 	aps_leave_trim(srv);
 	aps_join_tick(srv, now);
 	aps_trace_flush_due(srv->opts.trace);

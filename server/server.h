@@ -39,7 +39,8 @@
 	X(refused_resume, "HELLOs to resume a session apsd does not know (token, job, rank)") \
 	X(silent_dropped, "ranks whose connection said nothing for heartbeat_timeout_ms")     \
 	X(jobs_expired, "jobs ended at join_timeout_ms: ranks missing, or a dead job kept")   \
-	X(refused_memory, "registrations refused: max_job_bytes or max_total_bytes")          \
+	X(refused_memory,                                                                     \
+	  "registrations refused: max_job_bytes, max_address_bytes, max_total_bytes")         \
 	X(pushes_declined, "pushes not kept: early, with max_held_bytes held; asked again")   \
 	X(asked_again, "AGAINs sent: a declined push's rank asked for it at its turn")        \
 	X(unread_dropped,                                                                     \
@@ -66,10 +67,11 @@ struct aps_server_opts {
 	uint32_t max_jobs_per_address; /* started from one address or ipc user; 0: any */
 	uint32_t max_ranks;
 	uint32_t max_tensors;
-	uint64_t max_job_bytes;   /* fp32 bytes of the tensors of one job */
-	uint64_t max_total_bytes; /* the same, of every job together */
-	uint64_t max_held_bytes;  /* pushes held until their rank's turn, every job together */
-	size_t max_connections;   /* open at once */
+	uint64_t max_job_bytes;     /* fp32 bytes of the tensors of one job */
+	uint64_t max_total_bytes;   /* the same, of every job together */
+	uint64_t max_address_bytes; /* the same, of the jobs started from one address; 0: any */
+	uint64_t max_held_bytes;    /* pushes held until their rank's turn, every job together */
+	size_t max_connections;     /* open at once */
 	size_t max_connections_per_address; /* open at once from one address; 0: any */
 	uint64_t join_timeout_ms;           /* to join (a connection), to fill (a job) */
 	unsigned max_silent_closes;         /* an address's closes without a message a minute */

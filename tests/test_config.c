@@ -138,7 +138,7 @@ static void test_config_defaults(void **state)
 	              "max_connections_per_address=1024 join_timeout_ms=60000 "
 	              "max_silent_closes=32 "
 	              "max_ranks=1024 max_tensors=65536 max_job_bytes=8G max_total_bytes=0 "
-	              "max_held_bytes=0 max_message_bytes=0 "
+	              "max_address_bytes=0 max_held_bytes=0 max_message_bytes=0 "
 	              "drain_batch=256 threads=0 io_threads=0 scaling=local sum=fp32 stats= "
 	              "metrics_listen= trace= "
 	              "curve_secret_key_file= curve_allow_file= allow_from= elastic=no insecure=no "

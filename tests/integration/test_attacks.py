@@ -971,7 +971,8 @@ def test_memory_of_a_finished_job_goes_back(daemon_factory):
 
 
 def test_max_total_bytes_bounds_every_job_together(daemon_factory):
-    d = daemon_factory(extra=["--max_total_bytes", "64M"])
+    # one address may hold all of it here (max_address_bytes is tested below)
+    d = daemon_factory(extra=["--max_total_bytes", "64M", "--max_address_bytes", "64M"])
     a, b = Peer(d.endpoint), Peer(d.endpoint)
     assert a.hello("a", 0, 1)["type"] == WELCOME
     assert b.hello("b", 0, 1)["type"] == WELCOME
@@ -985,12 +986,54 @@ def test_max_total_bytes_bounds_every_job_together(daemon_factory):
     assert reply["type"] == ERROR and "max_total_bytes" in reply["error_text"], reply
 
 
+def test_one_address_cannot_register_every_jobs_memory(daemon_factory):
+    # Before (helper-38's attack, 2026-12-08): a stranger's 3 one-rank jobs from one
+    # address registered tensors, halving each refused size, until max_total_bytes
+    # was full (103 REGISTERs, 0.04 s; a registration costs nothing until a push),
+    # and kept them with heartbeats: every other job's REGISTER got APS_ERANGE
+    # "max_total_bytes" and made no step. Now one address holds at most
+    # max_address_bytes (half of max_total_bytes by default).
+    d = daemon_factory(extra=["--max_total_bytes", "64M"])
+    stranger_ep = d.endpoint.replace("tcp://", "tcp://127.0.0.2:0;")
+    hogs = [Peer(stranger_ep) for _ in range(3)]
+    refusals = []
+    for j, p in enumerate(hogs):
+        assert p.hello(f"hog{j}", 0, 1)["type"] == WELCOME
+        count, i = 1 << 30, 0
+        while count >= 1:
+            p.send(type=REGISTER, job=f"hog{j}", rank=0, world_size=1,
+                   tensor_name=f"t{i}", total_count=count, format="e4m3")
+            reply = p.recv()
+            if reply["type"] == ERROR:
+                refusals.append(reply["error_text"])
+                count //= 2
+            i += 1
+    # the last refusal of each: even 1 element no longer fits the address's part
+    assert all("max_address_bytes is 33554432" in t and "127.0.0.2" in t
+               for t in refusals[-3:]), refusals[-3:]
+    jobs = {j["name"]: j for j in d.ask("jobs")["jobs"]}
+    held = sum(jobs[f"hog{j}"]["bytes"] for j in range(3))
+    assert all(jobs[f"hog{j}"]["origin"] == "127.0.0.2" for j in range(3)), jobs
+    assert 32 << 20 >= held > 31 << 20, held
+    for j, p in enumerate(hogs):  # the stranger's jobs stay: it keeps them alive
+        p.send(type=HEARTBEAT, job=f"hog{j}", rank=0, world_size=1, flags=FLAG_ALIVE)
+    # an honest job from another address still registers 2M elements (16 MiB
+    # with the result kept) and steps, exactly
+    x = np.arange(2 << 20, dtype=np.float32) / 7
+    with aps.Client(d.endpoint, 0, 1, job="honest", format="fp32", timeout_ms=10000) as c:
+        for _ in range(3):
+            assert np.array_equal(c.allreduce("w", x), x)
+    assert {j["name"] for j in d.ask("jobs")["jobs"]} >= {"hog0", "hog1", "hog2"}
+    for p in hogs:
+        p.close()
+
+
 def test_what_a_tensor_keeps_per_rank_counts_against_max_total_bytes(daemon_factory):
     # Before: rank 0 of a job of 1024 ranks (the others never come) registered
     # 32768 one-element tensors: 2.2 GiB of RSS in 16 s past --max_total_bytes 1G,
     # refused_memory 0 (a tensor's per-rank bookkeeping, ~70 KiB at 1024 ranks,
     # was not counted; only its 4 bytes of values were).
-    d = daemon_factory(extra=["--max_total_bytes", "64M"])
+    d = daemon_factory(extra=["--max_total_bytes", "64M", "--max_address_bytes", "64M"])
     pid = d.proc.pid
     base = rss_kib(pid)
     p = Peer(d.endpoint)

@@ -121,3 +121,50 @@ def test_a_rank_lost_inside_a_barrier_can_come_back(daemon_factory):
             f.result(timeout=20)
     for c in clients:
         c.close()
+
+
+def test_a_rank_back_in_a_job_of_many_tensors_is_told_their_steps_unhurried(daemon_factory):
+    # Before (helper-38, 2026-12-08): at the barrier that let a rank back in, apsd sent
+    # it one REGISTERED per tensor at once; past about 5000 tensors they passed what
+    # the bridge holds for a peer (4096 messages) and the rank was dropped as a slow
+    # reader at every comeback (6000 tensors: slow_readers 1, 4097 messages dropped, a
+    # reconnect and the barrier sent again). Now they go a batch at a time as its
+    # pipe takes them, and then its BARRIER.
+    import threading
+
+    import numpy as np
+
+    import aps
+    d = daemon_factory(extra=["--elastic", "yes"])
+    names = [f"layer{i:05d}.w" for i in range(6000)]
+
+    def step(c, rank):
+        xs = [np.full(4, rank + 1.0, np.float32) for _ in names]
+        c.allreduce_many_async(list(zip(names, xs))).wait()
+        return sum(not np.all(x == 1.5) for x in xs)
+
+    def client(rank):
+        return aps.Client(d.endpoint, rank, 2, job="wide", format="fp32", timeout_ms=30000)
+
+    back, wrong = threading.Event(), {}
+
+    def rank1():
+        with client(1) as c:
+            wrong["first"] = step(c, 1)
+        d.wait_for_log("job shrinks job=wide members=1")
+        with client(1) as c:
+            back.set()
+            c.barrier()
+            wrong["back"] = step(c, 1)
+
+    t = threading.Thread(target=rank1)
+    t.start()
+    with client(0) as c:
+        wrong["rank0 first"] = step(c, 0)
+        assert back.wait(60)
+        c.barrier()
+        wrong["rank0 back"] = step(c, 0)
+    t.join(60)
+    assert wrong == {"first": 0, "back": 0, "rank0 first": 0, "rank0 back": 0}, wrong
+    d.wait_for_log("rank back job=wide rank=1 members=2 tensors=6000")
+    assert (d.counter("slow_readers"), d.counter("dropped"), d.counter("reconnects")) == (0, 0, 0)
