@@ -9,11 +9,15 @@
 
 void aps_addrs_origin(const char *ip, char out[APS_ADDRS_ORIGIN_LEN])
 {
-	char net[INET6_ADDRSTRLEN];
+	char net[INET6_ADDRSTRLEN], bare[INET6_ADDRSTRLEN];
 	struct in6_addr a;
 
 	snprintf(out, APS_ADDRS_ORIGIN_LEN, "%s", ip);
-	if (strchr(ip, ':') == NULL || inet_pton(AF_INET6, ip, &a) != 1 || IN6_IS_ADDR_V4MAPPED(&a))
+	/* a link-local address names its interface ("fe80::1%eth0"), which inet_pton
+	 * refuses: without it, every address of the link is one /64 as any other */
+	snprintf(bare, sizeof(bare), "%.*s", (int)strcspn(ip, "%"), ip);
+	if (strchr(bare, ':') == NULL || inet_pton(AF_INET6, bare, &a) != 1 ||
+	    IN6_IS_ADDR_V4MAPPED(&a))
 		return;
 	memset(&a.s6_addr[8], 0, 8);
 	if (inet_ntop(AF_INET6, &a, net, sizeof(net)) != NULL)

@@ -402,6 +402,14 @@ void aps_handle_barrier(struct aps_server *srv, struct aps_session *s, const str
 
 	if (aps_resend_barrier(srv, s, m))
 		return;
+	if (s->steps_due) { /* back in an elastic job: told its steps, then barrier steps_barrier */
+		srv->counters.bad_state++;
+		aps_outbox_error(srv, &s->peer, APS_EPROTO, m,
+		                 "barrier %llu: this rank has not had the answer to barrier %llu "
+		                 "yet (apsd still tells it its tensors' steps)",
+		                 (unsigned long long)m->step, (unsigned long long)s->steps_barrier);
+		return;
+	}
 	if (m->step != job->barrier_step || job->barrier_has[s->rank]) {
 		srv->counters.bad_state++;
 		aps_outbox_error(srv, &s->peer, APS_EPROTO, m,

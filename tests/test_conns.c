@@ -361,6 +361,9 @@ static void test_addrs_count_an_ipv6_slash_64_as_one_address(void **state)
 	assert_int_equal(aps_addrs_open(&a, "2001:db8:0:1::1")->open, 1);  /* the next /64 */
 	assert_int_equal(aps_addrs_open(&a, "::ffff:10.0.0.1")->open, 1);
 	assert_int_equal(aps_addrs_open(&a, "::ffff:10.0.0.2")->open, 1); /* v4: as it is */
+	/* link-local, with its interface: one /64 (a stranger picked one per job before) */
+	assert_int_equal(aps_addrs_open(&a, "fe80::1%eth0")->open, 1);
+	assert_int_equal(aps_addrs_open(&a, "fe80::2:3%eth0")->open, 2);
 	aps_addrs_join(net, 1);
 	assert_int_equal(aps_addrs_find(&a, "2001:db8::7")->joined, 1);
 	aps_addrs_close(&a, net, true);
@@ -372,7 +375,7 @@ static void test_addrs_count_an_ipv6_slash_64_as_one_address(void **state)
 		snprintf(ip, sizeof(ip), "10.1.%d.%d", i / 256, i % 256);
 		assert_int_equal(aps_addrs_open(&a, ip)->open, 1);
 	}
-	assert_int_equal(a.n, 1003);
+	assert_int_equal(a.n, 1004);
 	assert_int_equal(aps_addrs_find(&a, "10.1.3.231")->open, 1);
 	aps_addrs_free(&a);
 }

@@ -168,3 +168,50 @@ def test_a_rank_back_in_a_job_of_many_tensors_is_told_their_steps_unhurried(daem
     assert wrong == {"first": 0, "back": 0, "rank0 first": 0, "rank0 back": 0}, wrong
     d.wait_for_log("rank back job=wide rank=1 members=2 tensors=6000")
     assert (d.counter("slow_readers"), d.counter("dropped"), d.counter("reconnects")) == (0, 0, 0)
+
+
+def test_a_rank_told_its_steps_gets_its_barriers_in_order(daemon_factory):
+    # (helper-39, 2026-12-08) A rank back that sent its next barrier while apsd still
+    # told it its tensors' steps had that barrier answered before the one that let it
+    # in (BARRIERs 1, 0). Now the next barrier is refused until then.
+    from peers import BARRIER, BYE, ERROR, REGISTER, REGISTERED, WELCOME, Peer
+    d = daemon_factory(extra=["--elastic", "yes"])
+    n = 3000  # more than the pipe and a batch hold: the telling waits for rank 1 to read
+
+    def hello(rank):
+        p = Peer(d.endpoint)
+        assert p.hello("told", rank, 2, version_minor=11, session=bytes([rank + 1]) * 16,
+                       )["type"] == WELCOME
+        return p
+
+    ps = [hello(0), hello(1)]
+    for r, p in enumerate(ps):
+        for first in range(0, n, 500):  # 500 at a time, read as it goes: no slow reader
+            for i in range(first, first + 500):
+                p.send(type=REGISTER, job="told", rank=r, world_size=2, tensor_name=f"t{i}",
+                       total_count=16, format="e4m3", version_minor=11)
+            for i in range(500):
+                assert p.recv_type(REGISTERED) is not None
+    ps[1].send(type=BYE, job="told", rank=1, world_size=2, version_minor=11)
+    ps[1].close()
+    d.wait_for_log("job shrinks job=told members=1")
+    ps[1] = hello(1)
+    for r, p in enumerate(ps):
+        p.send(type=BARRIER, job="told", rank=r, world_size=2, step=0, version_minor=11)
+    got = [ps[1].recv()["type"] for _ in range(100)]
+    assert set(got) == {REGISTERED}, got
+    for r, p in enumerate(ps):
+        p.send(type=BARRIER, job="told", rank=r, world_size=2, step=1, version_minor=11)
+    registered, barriers, refusals = 100, [], []
+    while (m := ps[1].recv(3000)) is not None:
+        if m["type"] == REGISTERED:
+            assert not barriers, "a REGISTERED after the BARRIER"
+            registered += 1
+        elif m["type"] == BARRIER:
+            barriers.append(m.get("step", 0))
+        elif m["type"] == ERROR:
+            refusals.append(m["error_text"])
+    assert (registered, barriers) == (n, [0]), (registered, barriers)
+    assert len(refusals) == 1 and "not had the answer to barrier 0" in refusals[0], refusals
+    for p in ps:
+        p.close()
