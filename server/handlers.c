@@ -129,8 +129,8 @@ static int check_memory(struct aps_server *srv, struct aps_session *s, const str
 	/* the limit first: an error's text is cut at 255 bytes */
 	aps_outbox_error(srv, &s->peer, APS_ERANGE, m,
 	                 "cannot register tensor '%.60s' (%llu elements): %s is %llu; job "
-	                 "'%.40s' would hold %llu fp32 bytes and %llu of bookkeeping, the jobs "
-	                 "from %s %llu, every job %llu",
+	                 "'%.40s' would hold %llu fp32 bytes and %llu of bookkeeping; the jobs "
+	                 "from %s %llu bytes, every job %llu",
 	                 m->tensor_name, (unsigned long long)m->total_count, name,
 	                 (unsigned long long)limit, job->name,
 	                 (unsigned long long)(job->tensor_bytes + values),
@@ -423,7 +423,13 @@ void aps_handle_barrier(struct aps_server *srv, struct aps_session *s, const str
 	aps_finish_barrier(srv, job);
 }
 
-/* A waiting rank's heartbeat: answered with the ranks its wait depends on. */
+/*
+ * A waiting rank's heartbeat: answered with the ranks its wait depends on,
+ * unless replies already wait for its pipe: then the answer would only pile up
+ * behind them (a client of 1.11 or older asks about every call in flight each
+ * second: 20000 calls' answers passed the bridge's 4096 a peer and dropped an
+ * honest rank as a slow reader, 2026-12-08). Its next heartbeat asks again.
+ */
 void aps_handle_heartbeat(struct aps_server *srv, struct aps_session *s, const struct aps_msg *m)
 {
 	struct aps_job *job = s->job;
@@ -436,6 +442,8 @@ void aps_handle_heartbeat(struct aps_server *srv, struct aps_session *s, const s
 		aps_outbox_send(srv, &s->peer, &r, NULL);
 		return;
 	}
+	if (aps_outbox_backed_up(srv, s))
+		return;
 	r.tensor_id = m->tensor_id;
 	r.step = m->step;
 	if (strcmp(m->tensor_name, "@barrier") == 0) {

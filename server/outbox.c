@@ -174,6 +174,11 @@ void aps_outbox_error_job(struct aps_server *srv, struct aps_job *job, int code,
 	}
 }
 
+bool aps_outbox_backed_up(struct aps_server *srv, const struct aps_session *s)
+{
+	return aps_zbridge_backed_up(srv->bridge, &s->peer);
+}
+
 void aps_outbox_registered(struct aps_server *srv, struct aps_job *job, struct aps_session *s,
                            const struct aps_tensor *t, struct aps_tally *tally)
 {

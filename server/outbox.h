@@ -60,6 +60,9 @@ void aps_outbox_error_job(struct aps_server *srv, struct aps_job *job, int code,
 void aps_outbox_error_rank(struct aps_server *srv, struct aps_job *job, uint32_t rank, int code,
                            const char *text);
 
+/* Whether replies to s wait behind its full pipe (what it asked about may wait). */
+bool aps_outbox_backed_up(struct aps_server *srv, const struct aps_session *s);
+
 /* REGISTERED to s about t: its id, size, chunking, next step and format;
  * counted in tally's slot s->rank until it leaves the bridge (NULL: not counted). */
 void aps_outbox_registered(struct aps_server *srv, struct aps_job *job, struct aps_session *s,

@@ -136,6 +136,9 @@ int aps_zbridge_send_tallied(struct aps_zbridge *b, const struct aps_peer *peer,
 /* Messages counted in a tally that wait for peer behind its full pipe. */
 size_t aps_zbridge_tallied_waiting(struct aps_zbridge *b, const struct aps_peer *peer);
 
+/* Whether any message waits for peer behind its full pipe. */
+bool aps_zbridge_backed_up(struct aps_zbridge *b, const struct aps_peer *peer);
+
 /* A session joined on conn (admitted: no deadline), or left it (the deadline runs again). */
 void aps_zbridge_admit(struct aps_zbridge *b, uint64_t conn, bool admitted);
 

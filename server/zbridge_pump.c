@@ -507,6 +507,11 @@ size_t aps_zbridge_tallied_waiting(struct aps_zbridge *b, const struct aps_peer 
 	return aps_outq_tallied(&b->outq, peer);
 }
 
+bool aps_zbridge_backed_up(struct aps_zbridge *b, const struct aps_peer *peer)
+{
+	return aps_outq_waiting(&b->outq, peer);
+}
+
 void aps_zbridge_admit(struct aps_zbridge *b, uint64_t conn, bool admitted)
 {
 	aps_conns_admit(&b->conns, conn, admitted, aps__zbridge_now_ms(b));

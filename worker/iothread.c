@@ -23,6 +23,11 @@
 #include <unistd.h>
 
 #define MAX_WAIT_MS 1000
+/* Calls in flight that ask apsd what they wait for (HEARTBEAT), every heartbeat_ms:
+ * the oldest, which time out first. Every call asked before: 20000 calls in
+ * flight sent 20000 heartbeats a second, each answer found its call by a walk of
+ * the list, and apsd's answers dropped the rank as a slow reader (2026-12-08). */
+#define HEARTBEAT_CALLS 32
 /* Messages read per turn of the loop, and batches read before a close. */
 #define RECV_BATCH    256
 #define CLOSE_BATCHES 16
@@ -604,7 +609,12 @@ static void timed_out(struct aps_client *c, struct aps_request *r)
 	for (uint32_t i = 0; i < r->n_waiting && used + 12 < sizeof(ranks); i++)
 		used += (size_t)snprintf(ranks + used, sizeof(ranks) - used, "%s%u", i ? ", " : "",
 		                         r->waiting[i]);
-	if (!r->heard)
+	if (!r->heard && c->last_recv_ms >= r->deadline_ms - r->timeout_ms)
+		snprintf(text, sizeof(text),
+		         "%s: no progress within %d ms; apsd answers, and was asked what the %d "
+		         "oldest of the calls in flight wait for, not this one",
+		         what, r->timeout_ms, HEARTBEAT_CALLS);
+	else if (!r->heard)
 		snprintf(text, sizeof(text),
 		         "%s: no answer from apsd at %.120s within %d ms (is the daemon running?)",
 		         what, c->endpoint, r->timeout_ms);
@@ -628,20 +638,25 @@ static void heartbeat(struct aps_client *c, struct aps_request *r)
 	aps_client_send(c, &hb, NULL, NULL, 0);
 }
 
-/* Deadlines and heartbeats; returns the milliseconds until the next one is due. */
+/* Deadlines and heartbeats; returns the milliseconds until the next one is due.
+ * Only the HEARTBEAT_CALLS oldest calls (the tail of the list, newest first) ask. */
 static int run_timers(struct aps_client *c)
 {
 	int64_t now = aps_client_now_ms(), next = now + MAX_WAIT_MS;
 	struct aps_request *r = c->active, *following;
+	size_t n = 0, i = 0;
 
-	for (; r != NULL; r = following) {
+	for (const struct aps_request *q = c->active; q != NULL; q = q->next)
+		n++;
+	for (; r != NULL; r = following, i++) {
 		following = r->next;
 		if (now >= r->deadline_ms) {
 			timed_out(c, r);
 			continue;
 		}
 		if (now >= r->next_heartbeat_ms) {
-			heartbeat(c, r);
+			if (i + HEARTBEAT_CALLS >= n)
+				heartbeat(c, r);
 			r->next_heartbeat_ms = now + c->heartbeat_ms;
 		}
 		next = r->deadline_ms < next ? r->deadline_ms : next;

@@ -400,3 +400,39 @@ def test_lowp_daemon_refuses_local_scaling(daemon_factory):
 def test_lowp_without_global_scaling_is_a_config_error():
     p = subprocess.run([str(APSD), "--sum", "lowp"], capture_output=True, text=True, timeout=10)
     assert p.returncode == 2 and "sum = lowp needs scaling = global" in p.stderr, p.stderr
+
+
+def test_many_calls_in_flight_ask_apsd_about_the_oldest_only(daemon_factory):
+    # Before (2026-12-08): every call in flight sent a HEARTBEAT each heartbeat_ms
+    # and apsd answered each: 20000 calls waiting for a slower rank sent 20000 a
+    # second, the client's I/O thread walked its list of calls for each answer, and
+    # the answers passed the bridge's 4096 a peer (an honest rank dropped as a slow
+    # reader, or its calls timed out). Now the 32 oldest calls ask.
+    import threading
+    d = daemon_factory()
+    names = [f"t{i}" for i in range(6000)]
+    wrong = {}
+
+    def step(c, rank, key, delay=0.0):
+        time.sleep(delay)
+        xs = [np.full(4, rank + 1.0, np.float32) for _ in names]
+        c.allreduce_many_async(list(zip(names, xs))).wait()
+        wrong[key] = sum(not np.all(x == 1.5) for x in xs)
+
+    clients = [aps.Client(d.endpoint, r, 2, job="wide", format="fp32", timeout_ms=30000)
+               for r in range(2)]
+    try:
+        for delay in (0.0, 2.5):  # the first step registers; in the second rank 0 waits
+            before = d.counter("msgs_in")
+            t = threading.Thread(target=step, args=(clients[1], 1, f"1@{delay}", delay))
+            t.start()
+            step(clients[0], 0, f"0@{delay}")
+            t.join(60)
+        heartbeats = d.counter("msgs_in") - before - 2 * len(names)  # one push a tensor
+    finally:
+        for c in clients:
+            c.close()
+    assert set(wrong.values()) == {0} and len(wrong) == 4, wrong
+    # rank 0's 6000 calls waited 2.5 s: 12000 heartbeats before, 32 a second now
+    assert heartbeats < 400, heartbeats
+    assert d.counter("slow_readers") == 0
