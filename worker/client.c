@@ -93,6 +93,7 @@ static void free_tensors(struct aps_client *c)
 		aps_sbuf_unref(c->tensors[i].spare);
 	}
 	free(c->tensors);
+	free(c->active_ids);
 }
 
 static void free_client(struct aps_client *c)

@@ -132,6 +132,12 @@ void aps_request_finish_locked(struct aps_client *c, struct aps_request *r, int 
 	pthread_cond_broadcast(&c->done_cv);
 }
 
+void aps_client_active_forget(struct aps_client *c)
+{
+	if (c->active_ids != NULL)
+		memset(c->active_ids, 0, c->n_active_ids * sizeof(*c->active_ids));
+}
+
 /* Fails every active request; with none, a job-wide error waits for the next call. */
 static void fail_all(struct aps_client *c, int code, const char *text, bool fatal)
 {
@@ -146,8 +152,10 @@ static void fail_all(struct aps_client *c, int code, const char *text, bool fata
 	while (c->active != NULL) {
 		struct aps_request *r = c->active;
 		c->active = r->next;
+		r->in_active = false;
 		aps_request_finish_locked(c, r, code, text);
 	}
+	aps_client_active_forget(c);
 	/* For good: what callers queued meanwhile will never be sent either. */
 	while (fatal && c->queue != NULL) {
 		struct aps_request *r = c->queue;

@@ -46,14 +46,43 @@ static void describe(const struct aps_request *r, char *buf, size_t len)
 		         (unsigned long long)r->step);
 }
 
+/* Calls of a tensor: indexed by its id (c->active_ids). */
+static bool of_a_tensor(const struct aps_request *r)
+{
+	return r->kind == REQ_ALLREDUCE || r->kind == REQ_BROADCAST || r->kind == REQ_PULL;
+}
+
+static void index_active(struct aps_client *c, struct aps_request *r)
+{
+	if (!of_a_tensor(r) || r->tensor_id >= (1u << 22)) /* ids a daemon gave: not trusted */
+		return;
+	if (r->tensor_id >= c->n_active_ids) {
+		size_t n = c->n_active_ids ? c->n_active_ids : 64;
+		while (n <= r->tensor_id)
+			n *= 2;
+		struct aps_request **grown = realloc(c->active_ids, n * sizeof(*grown));
+		if (grown == NULL)
+			return; /* find() walks the list */
+		memset(grown + c->n_active_ids, 0, (n - c->n_active_ids) * sizeof(*grown));
+		c->active_ids = grown;
+		c->n_active_ids = (uint32_t)n;
+	}
+	c->active_ids[r->tensor_id] = r;
+}
+
 static void unlink_active(struct aps_client *c, struct aps_request *r)
 {
-	struct aps_request **link = &c->active;
-
-	while (*link != NULL && *link != r)
-		link = &(*link)->next;
-	if (*link == r)
-		*link = r->next;
+	if (!r->in_active)
+		return;
+	if (r->prev != NULL)
+		r->prev->next = r->next;
+	else
+		c->active = r->next;
+	if (r->next != NULL)
+		r->next->prev = r->prev;
+	r->in_active = false;
+	if (of_a_tensor(r) && r->tensor_id < c->n_active_ids && c->active_ids[r->tensor_id] == r)
+		c->active_ids[r->tensor_id] = NULL;
 }
 
 /* Ends an active request: out of the active list, then done for its waiter. */
@@ -72,8 +101,16 @@ static void activate(struct aps_client *c, struct aps_request *r, enum request_s
 	r->state = state;
 	r->deadline_ms = now + r->timeout_ms;
 	r->next_heartbeat_ms = now + c->heartbeat_ms;
+	r->prev = NULL;
 	r->next = c->active;
+	if (c->active != NULL)
+		c->active->prev = r;
 	c->active = r;
+	r->in_active = true;
+	index_active(c, r);
+	if (r->next_heartbeat_ms < c->calls_due_ms || r->deadline_ms < c->calls_due_ms)
+		c->calls_due_ms = r->next_heartbeat_ms < r->deadline_ms ? r->next_heartbeat_ms
+		                                                        : r->deadline_ms;
 }
 
 static int start_one(struct aps_client *c, struct aps_request *r, bool *exchange)
@@ -160,6 +197,13 @@ static bool start_new(struct aps_client *c)
 static struct aps_request *find(struct aps_client *c, enum request_kind kind, uint32_t tensor_id,
                                 uint64_t step)
 {
+	struct aps_request *hit = kind != REQ_BARRIER && tensor_id < c->n_active_ids
+	                                  ? c->active_ids[tensor_id]
+	                                  : NULL;
+
+	/* the newest call of the tensor, as the walk below finds first */
+	if (hit != NULL && hit->kind == kind && (kind == REQ_PULL || hit->step == step))
+		return hit;
 	for (struct aps_request *r = c->active; r != NULL; r = r->next) {
 		if (r->kind != kind)
 			continue;
@@ -638,11 +682,11 @@ static void heartbeat(struct aps_client *c, struct aps_request *r)
 	aps_client_send(c, &hb, NULL, NULL, 0);
 }
 
-/* Deadlines and heartbeats; returns the milliseconds until the next one is due.
- * Only the HEARTBEAT_CALLS oldest calls (the tail of the list, newest first) ask. */
-static int run_timers(struct aps_client *c)
+/* The calls' deadlines and heartbeats; returns when the next one is due. Only
+ * the HEARTBEAT_CALLS oldest calls (the tail of the list, newest first) ask. */
+static int64_t run_calls(struct aps_client *c, int64_t now)
 {
-	int64_t now = aps_client_now_ms(), next = now + MAX_WAIT_MS;
+	int64_t next = now + MAX_WAIT_MS;
 	struct aps_request *r = c->active, *following;
 	size_t n = 0, i = 0;
 
@@ -662,6 +706,19 @@ static int run_timers(struct aps_client *c)
 		next = r->deadline_ms < next ? r->deadline_ms : next;
 		next = r->next_heartbeat_ms < next ? r->next_heartbeat_ms : next;
 	}
+	return next;
+}
+
+/* Deadlines and heartbeats; returns the milliseconds until the next one is due.
+ * The calls are walked only when one is due (a walk a turn of the loop cost 5 %
+ * of a rank's CPU with 20000 calls in flight). */
+static int run_timers(struct aps_client *c)
+{
+	int64_t now = aps_client_now_ms(), next;
+
+	if (now >= c->calls_due_ms)
+		c->calls_due_ms = run_calls(c, now);
+	next = c->calls_due_ms < now + MAX_WAIT_MS ? c->calls_due_ms : now + MAX_WAIT_MS;
 	if (c->rejoining) {
 		int64_t due = now + aps_rejoin_timers(c, now);
 		next = due < next ? due : next;
