@@ -118,6 +118,7 @@ struct aps_request {
 	uint32_t waiting[APS_CLIENT_WAITING_MAX]; /* from the daemon's heartbeat reply */
 	uint32_t n_waiting;
 	bool heard;      /* the daemon answered a heartbeat of this request */
+	bool asked;      /* a heartbeat of this request went (iothread.c HEARTBEAT_CALLS) */
 	bool reexchange; /* sent again after a rejoin: global mode exchanges its exponent
 	                    again but keeps its codes (the same max gives the same k) */
 	/* under c->lock: */
@@ -199,8 +200,10 @@ struct aps_client {
 	int keepalive_ms;      /* apsd takes this rank for dead after this much silence */
 	const char *send_lost; /* a send on the session's connection failed: renewed next */
 	int64_t last_sent_ms, last_recv_ms;
-	bool resuming;         /* HELLO flagged RESUME sent, WELCOME RESUMED due */
-	int64_t renew_due_ms;  /* the connection closed: a new one at this time (0: none) */
+	int64_t last_msg_ms;  /* a message from apsd last came (last_recv_ms: also a new connection)
+	                       */
+	bool resuming;        /* HELLO flagged RESUME sent, WELCOME RESUMED due */
+	int64_t renew_due_ms; /* the connection closed: a new one at this time (0: none) */
 	int64_t last_renew_ms; /* when the last new one went: the next waits RENEW_MS */
 };
 

@@ -24,9 +24,10 @@
 
 #define MAX_WAIT_MS 1000
 /* Calls in flight that ask apsd what they wait for (HEARTBEAT), every heartbeat_ms:
- * the oldest, which time out first. Every call asked before: 20000 calls in
- * flight sent 20000 heartbeats a second, each answer found its call by a walk of
- * the list, and apsd's answers dropped the rank as a slow reader (2026-12-08). */
+ * the oldest, which time out first, and barriers. Every call asked before: 20000
+ * calls in flight sent 20000 heartbeats a second, each answer found its call by a
+ * walk of the list, and apsd's answers dropped the rank as a slow reader
+ * (2026-12-08). */
 #define HEARTBEAT_CALLS 32
 /* Messages read per turn of the loop, and batches read before a close. */
 #define RECV_BATCH    256
@@ -101,6 +102,7 @@ static void activate(struct aps_client *c, struct aps_request *r, enum request_s
 	r->state = state;
 	r->deadline_ms = now + r->timeout_ms;
 	r->next_heartbeat_ms = now + c->heartbeat_ms;
+	r->asked = false;
 	r->prev = NULL;
 	r->next = c->active;
 	if (c->active != NULL)
@@ -633,7 +635,7 @@ static bool receive_some(struct aps_client *c)
 			aps_client_fail_for_good(c, APS_EACCES, aps_transport_refusal(c->tr));
 			return false;
 		}
-		c->last_recv_ms = aps_client_now_ms();
+		c->last_recv_ms = c->last_msg_ms = aps_client_now_ms();
 		if (aps_msg_parse(&c->limits, rx.hdr, rx.hdr_len, rx.payload, rx.payload_len,
 		                  rx.payload != NULL, &m, &fault) < 0) {
 			drop_noted(c, 1, "bad message from apsd: %s", fault.text);
@@ -653,7 +655,15 @@ static void timed_out(struct aps_client *c, struct aps_request *r)
 	for (uint32_t i = 0; i < r->n_waiting && used + 12 < sizeof(ranks); i++)
 		used += (size_t)snprintf(ranks + used, sizeof(ranks) - used, "%s%u", i ? ", " : "",
 		                         r->waiting[i]);
-	if (!r->heard && c->last_recv_ms >= r->deadline_ms - r->timeout_ms)
+	bool answers = c->last_msg_ms >= r->deadline_ms - r->timeout_ms;
+
+	if (!r->heard && answers && r->asked)
+		snprintf(
+		        text, sizeof(text),
+		        "%s: no progress within %d ms; apsd answers, but not this call's heartbeats "
+		        "(its replies to this client waited for the client to read)",
+		        what, r->timeout_ms);
+	else if (!r->heard && answers)
 		snprintf(text, sizeof(text),
 		         "%s: no progress within %d ms; apsd answers, and was asked what the %d "
 		         "oldest of the calls in flight wait for, not this one",
@@ -680,10 +690,12 @@ static void heartbeat(struct aps_client *c, struct aps_request *r)
 	if (r->kind == REQ_BARRIER)
 		snprintf(hb.tensor_name, sizeof(hb.tensor_name), "@barrier");
 	aps_client_send(c, &hb, NULL, NULL, 0);
+	r->asked = true;
 }
 
 /* The calls' deadlines and heartbeats; returns when the next one is due. Only
- * the HEARTBEAT_CALLS oldest calls (the tail of the list, newest first) ask. */
+ * the HEARTBEAT_CALLS oldest calls (the tail of the list, newest first) and
+ * barriers ask. */
 static int64_t run_calls(struct aps_client *c, int64_t now)
 {
 	int64_t next = now + MAX_WAIT_MS;
@@ -699,7 +711,8 @@ static int64_t run_calls(struct aps_client *c, int64_t now)
 			continue;
 		}
 		if (now >= r->next_heartbeat_ms) {
-			if (i + HEARTBEAT_CALLS >= n)
+			/* a barrier too: it may have a shorter timeout than the oldest calls */
+			if (i + HEARTBEAT_CALLS >= n || r->kind == REQ_BARRIER)
 				heartbeat(c, r);
 			r->next_heartbeat_ms = now + c->heartbeat_ms;
 		}

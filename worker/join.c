@@ -261,7 +261,7 @@ static int join_message(struct aps_client *c, struct join *j, const struct aps_r
 	c->downlink = m.fmt;
 	c->barrier_step = m.step; /* a rank back in an elastic job joins the next one */
 	aps_resume_welcomed(c, &m);
-	c->last_recv_ms = aps_client_now_ms();
+	c->last_recv_ms = c->last_msg_ms = aps_client_now_ms();
 	return 1;
 }
 

@@ -176,10 +176,10 @@ def test_a_rank_told_its_steps_gets_its_barriers_in_order(daemon_factory):
     # in (BARRIERs 1, 0). Now the next barrier is refused until then.
     from peers import BARRIER, BYE, ERROR, REGISTER, REGISTERED, WELCOME, Peer
     d = daemon_factory(extra=["--elastic", "yes"])
-    n = 3000  # more than the pipe and a batch hold: the telling waits for rank 1 to read
+    n = 3000  # more than the pipes and a batch hold: the telling waits for rank 1 to read
 
-    def hello(rank):
-        p = Peer(d.endpoint)
+    def hello(rank, **small):
+        p = Peer(d.endpoint, **small)
         assert p.hello("told", rank, 2, version_minor=11, session=bytes([rank + 1]) * 16,
                        )["type"] == WELCOME
         return p
@@ -195,7 +195,8 @@ def test_a_rank_told_its_steps_gets_its_barriers_in_order(daemon_factory):
     ps[1].send(type=BYE, job="told", rank=1, world_size=2, version_minor=11)
     ps[1].close()
     d.wait_for_log("job shrinks job=told members=1")
-    ps[1] = hello(1)
+    # its pipe holds little, so that the telling is still going when it sends barrier 1
+    ps[1] = hello(1, rcvhwm=1000, rcvbuf=4096)
     for r, p in enumerate(ps):
         p.send(type=BARRIER, job="told", rank=r, world_size=2, step=0, version_minor=11)
     got = [ps[1].recv()["type"] for _ in range(100)]
