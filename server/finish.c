@@ -270,9 +270,12 @@ static void start_steps(struct aps_server *srv, struct aps_job *job, struct aps_
 
 void aps_finish_steps_tick(struct aps_server *srv)
 {
-	for (struct aps_session *s = srv->jobs.sessions; s != NULL; s = s->next) {
-		if (s->steps_due && s->detached_ms == 0) /* away: it goes on once back */
-			send_steps(srv, s);
+	for (struct aps_job *job = srv->jobs.jobs; job != NULL; job = job->next) {
+		for (uint32_t r = 0; job->steps_unsent != NULL && r < job->world_size; r++) {
+			struct aps_session *s = job->ranks[r];
+			if (s != NULL && s->steps_due && s->detached_ms == 0) /* away: once back */
+				send_steps(srv, s);
+		}
 	}
 }
 

@@ -112,17 +112,20 @@ static int check_memory(struct aps_server *srv, struct aps_session *s, const str
 	/* what it takes of the job's checkpoint is counted already, until it takes it */
 	uint64_t taken = aps_optimize_resumed_bytes(job, m->tensor_name, m->total_count);
 
-	total = aps_jobs_bytes(&srv->jobs) + srv->ckpt_reading - taken;
-	mine = aps_jobs_origin_bytes(&srv->jobs, job->origin) - taken;
-	if (job->tensor_bytes + values > limit) {
-	} else if (max_mine != 0 && (max == 0 || max_mine < max) && mine + need > max_mine) {
-		name = "max_address_bytes";
-		limit = max_mine;
-	} else if (max != 0 && total + need > max) {
-		name = "max_total_bytes";
-		limit = max;
-	} else {
-		return 0;
+	total = aps_jobs_bytes(&srv->jobs, job->origin, &mine) + srv->ckpt_reading - taken;
+	mine -= taken;
+	if (max != 0 && max_mine >= max) /* the total binds first */
+		max_mine = 0;
+	if (job->tensor_bytes + values <= limit) {
+		if (max_mine != 0 && mine + need > max_mine) {
+			name = "max_address_bytes";
+			limit = max_mine;
+		} else if (max != 0 && total + need > max) {
+			name = "max_total_bytes";
+			limit = max;
+		} else {
+			return 0;
+		}
 	}
 	srv->counters.bad_state++;
 	srv->counters.refused_memory++;

@@ -168,21 +168,15 @@ uint64_t aps_job_bytes(const struct aps_job *job)
 	return job->tensor_bytes + job->overhead_bytes + job->resume_bytes;
 }
 
-uint64_t aps_jobs_bytes(const struct aps_jobs *t)
+uint64_t aps_jobs_bytes(const struct aps_jobs *t, const char *origin, uint64_t *of_origin)
 {
 	uint64_t total = 0;
 
-	for (const struct aps_job *j = t->jobs; j != NULL; j = j->next)
+	*of_origin = 0;
+	for (const struct aps_job *j = t->jobs; j != NULL; j = j->next) {
 		total += aps_job_bytes(j);
-	return total;
-}
-
-uint64_t aps_jobs_origin_bytes(const struct aps_jobs *t, const char *origin)
-{
-	uint64_t total = 0;
-
-	for (const struct aps_job *j = t->jobs; j != NULL; j = j->next)
-		total += strcmp(j->origin, origin) == 0 ? aps_job_bytes(j) : 0;
+		*of_origin += strcmp(j->origin, origin) == 0 ? aps_job_bytes(j) : 0;
+	}
 	return total;
 }
 

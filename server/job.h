@@ -229,12 +229,11 @@ void aps_jobs_drop_session(struct aps_jobs *t, struct aps_session *s);
 
 struct aps_job *aps_jobs_find(struct aps_jobs *t, const char *name);
 /* What every job holds that max_total_bytes bounds: values, bookkeeping, checkpoints
- * loaded and not taken yet. */
-uint64_t aps_jobs_bytes(const struct aps_jobs *t);
+ * loaded and not taken yet; and in *of_origin, what the jobs started from origin
+ * hold (max_address_bytes). */
+uint64_t aps_jobs_bytes(const struct aps_jobs *t, const char *origin, uint64_t *of_origin);
 /* The same, of one job. */
 uint64_t aps_job_bytes(const struct aps_job *job);
-/* The same, of the jobs started from origin (max_address_bytes). */
-uint64_t aps_jobs_origin_bytes(const struct aps_jobs *t, const char *origin);
 /* A new job (world_size ranks, none connected). Returns 0 or APS_ENOMEM. */
 int aps_jobs_create(struct aps_jobs *t, const char *name, uint32_t world_size,
                     struct aps_job **out);

@@ -67,12 +67,10 @@ static uint64_t room_within(uint64_t room, uint64_t bound, uint64_t used)
  * origin besides the others'. */
 static uint64_t room_for_job(const struct aps_server *srv, const char *origin)
 {
-	uint64_t room = srv->opts.max_job_bytes;
+	uint64_t mine, total = aps_jobs_bytes(&srv->jobs, origin, &mine) + srv->ckpt_reading;
+	uint64_t room = room_within(srv->opts.max_job_bytes, srv->opts.max_address_bytes, mine);
 
-	room = room_within(room, srv->opts.max_address_bytes,
-	                   aps_jobs_origin_bytes(&srv->jobs, origin));
-	return room_within(room, srv->opts.max_total_bytes,
-	                   aps_jobs_bytes(&srv->jobs) + srv->ckpt_reading);
+	return room_within(room, srv->opts.max_total_bytes, total);
 }
 
 int aps_optimize_resume_check(struct aps_server *srv, const struct aps_msg *m, const char *origin,

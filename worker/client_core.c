@@ -132,10 +132,16 @@ void aps_request_finish_locked(struct aps_client *c, struct aps_request *r, int 
 	pthread_cond_broadcast(&c->done_cv);
 }
 
-void aps_client_active_forget(struct aps_client *c)
+struct aps_request *aps_client_take_active(struct aps_client *c)
 {
+	struct aps_request *list = c->active;
+
+	for (struct aps_request *r = list; r != NULL; r = r->next)
+		r->in_active = false;
+	c->active = NULL;
 	if (c->active_ids != NULL)
 		memset(c->active_ids, 0, c->n_active_ids * sizeof(*c->active_ids));
+	return list;
 }
 
 /* Fails every active request; with none, a job-wide error waits for the next call. */
@@ -149,13 +155,10 @@ static void fail_all(struct aps_client *c, int code, const char *text, bool fata
 		c->pending = code;
 		snprintf(c->pending_text, sizeof(c->pending_text), "%s", text);
 	}
-	while (c->active != NULL) {
-		struct aps_request *r = c->active;
-		c->active = r->next;
-		r->in_active = false;
+	for (struct aps_request *r = aps_client_take_active(c), *next; r != NULL; r = next) {
+		next = r->next;
 		aps_request_finish_locked(c, r, code, text);
 	}
-	aps_client_active_forget(c);
 	/* For good: what callers queued meanwhile will never be sent either. */
 	while (fatal && c->queue != NULL) {
 		struct aps_request *r = c->queue;

@@ -212,8 +212,8 @@ int64_t aps_client_now_ms(void);
 /* The arguments of a registration: 0, or APS_EINVAL with the message set. */
 int aps_check_register_args(const char *name, uint64_t count, const uint32_t *tensor_id);
 
-/* Forgets the index of the active calls (c->active_ids) once they left the list. */
-void aps_client_active_forget(struct aps_client *c);
+/* Takes every active call out of c->active (and its index): the list, newest first. */
+struct aps_request *aps_client_take_active(struct aps_client *c);
 
 /* Fails every request in flight (I/O thread); with none, a job-wide error waits
  * for the next call. */

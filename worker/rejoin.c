@@ -44,13 +44,10 @@ static void finish_rejoin(struct aps_client *c)
  */
 static void requeue_active(struct aps_client *c)
 {
-	struct aps_request *again = NULL, *r = c->active, *next;
+	struct aps_request *again = NULL, *r = aps_client_take_active(c), *next;
 
-	c->active = NULL;
-	aps_client_active_forget(c);
 	for (; r != NULL; r = next) { /* active is newest first: this reverses it */
 		next = r->next;
-		r->in_active = false;
 		r->state = REQ_NEW;
 		r->chunks_done = 0;
 		if (r->got != NULL) /* a new daemon: every chunk is answered anew */

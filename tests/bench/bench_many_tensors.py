@@ -20,7 +20,6 @@ import json
 import os
 import pathlib
 import resource
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,23 +27,9 @@ import threading
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT / "tests" / "integration")]
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def ask(path, command):
-    with socket.socket(socket.AF_UNIX) as s:
-        s.settimeout(5)
-        s.connect(path)
-        s.sendall(command.encode() + b"\n")
-        data = b""
-        while chunk := s.recv(65536):
-            data += chunk
-    return json.loads(data)
+from conftest import ask, free_port  # noqa: E402
 
 
 def child(args):
